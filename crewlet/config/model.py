@@ -1,0 +1,237 @@
+"""Tier A node config: the typed model, and the one place its defaults live.
+
+Every section forbids unknown keys, so a typo is an error rather than a
+silently ignored setting. Field defaults below are the defaults; nothing else
+in crewlet may restate them. All durations are float seconds.
+
+Validators raise ``ValueError`` with a message that reads as the tail of
+``<file>: <key>: <problem>``; :mod:`crewlet.config.load` turns pydantic's
+errors into :class:`~crewlet.config.load.ConfigError`. Cross-field checks are
+field validators that read earlier fields from ``info.data`` (so the error
+lands on the precise key) and use ``validate_default`` so they also run when
+the key is absent.
+
+The model is validated with an optional context ``{"base_dir": <dir>}``: the
+config file's directory, against which relative paths are resolved.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+# sun_path is 108 bytes including the terminating NUL.
+MAX_UNIX_SOCKET_PATH = 107
+# The ipc:// endpoints bound under run_dir; the longest name decides the check.
+RUN_DIR_SOCKETS = ("control", "health", "events", "estate", "applied")
+# The node id becomes a NATS server name and part of KV keys.
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+# Child processes in start order, keyed by the role that runs them.
+CHILD_FOR_ROLE = {"data": "data_applier", "ingress": "ingress", "seats": "seats", "workers": "workers"}
+
+Role = Literal["data", "ingress", "seats", "workers"]
+
+
+def _host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"expected host:port with port 1..65535, got {value!r}")
+    return value
+
+
+def _url(*schemes: str):
+    def check(value: str) -> str:
+        try:
+            parts = urlsplit(value)
+            ok = parts.scheme in schemes and bool(parts.hostname) and (parts.port is None or parts.port > 0)
+        except ValueError:  # e.g. a non-numeric port
+            ok = False
+        if not ok:
+            raise ValueError(f"expected a {' or '.join(s + '://' for s in schemes)} URL, got {value!r}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _resolve_path(value: str, info: ValidationInfo) -> str:
+    """~ expanded; relative paths are relative to the config file's directory."""
+    base = (info.context or {}).get("base_dir") or os.getcwd()
+    return os.path.abspath(os.path.join(base, os.path.expanduser(value)))
+
+
+def default_data_dir() -> str:
+    """$CREWLET_DATA_DIR, else $XDG_DATA_HOME/crewlet, else ~/.local/share/crewlet."""
+    env = os.environ
+    path = env.get("CREWLET_DATA_DIR") or os.path.join(env.get("XDG_DATA_HOME") or "~/.local/share", "crewlet")
+    return os.path.abspath(os.path.expanduser(path))
+
+
+HostPort = Annotated[str, AfterValidator(_host_port)]
+NatsUrl = Annotated[str, _url("nats", "tls")]
+RouteUrl = Annotated[str, _url("nats-route", "nats", "tls")]
+LeafUrl = Annotated[str, _url("nats-leaf", "nats", "tls", "ws", "wss")]
+
+
+class _Section(BaseModel):
+    # Numbers are accepted where strings are expected (e.g. `id: 7`, label values).
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+
+class NodeSection(_Section):
+    id: str = "node-0"  # this node's name in the fleet: distinct and stable per node
+    roles: list[Role] = Field(default_factory=lambda: ["data", "ingress", "seats", "workers"], min_length=1)  # what this node runs
+    labels: dict[str, str] = Field(default_factory=dict)  # free-form tags for placement and display
+    max_concurrent: int = Field(32, ge=1)  # agent turns this node runs at once
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not NODE_ID_RE.match(v):
+            raise ValueError(f"must be 1-63 letters, digits, '_' or '-', starting with a letter or digit, got {v!r}")
+        return v
+
+    @field_validator("roles")
+    @classmethod
+    def _roles(cls, v: list[str]) -> list[str]:
+        dupes = sorted({r for r in v if v.count(r) > 1})
+        if dupes:
+            raise ValueError(f"duplicate role {', '.join(map(repr, dupes))}")
+        return v
+
+
+class ClusterSection(_Section):
+    name: str = Field(min_length=1)  # NATS cluster name; the same on every node of the cluster
+    listen: HostPort  # where this node accepts cluster routes
+    routes: list[RouteUrl] = Field(default_factory=list)  # seed routes to other cluster members
+
+
+class LeafSection(_Section):
+    remotes: list[LeafUrl] = Field(min_length=1)  # hubs this node connects to as a leaf
+
+
+class StreamSection(_Section):
+    type: Literal["embedded", "nats"] = "embedded"  # run our own nats-server, or use an existing NATS
+    listen: HostPort = "127.0.0.1:4222"  # client address of the embedded nats-server
+    servers: list[NatsUrl] = Field(default_factory=list, validate_default=True)  # NATS URLs when type is nats; ignored when embedded
+    binary: str | None = Field(None, min_length=1)  # nats-server binary for embedded; None: the one next to the interpreter
+    replicas: int = Field(1, ge=1, le=5)  # JetStream replicas of crewlet's streams and KV buckets
+    cluster: ClusterSection | None = None  # embedded server joins a NATS cluster (validated now, used later)
+    leaf: LeafSection | None = None  # embedded server is a leaf node of remote hubs (validated now, used later)
+
+    @field_validator("servers")
+    @classmethod
+    def _servers(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        if info.data.get("type") == "nats" and not v:
+            raise ValueError("must list at least one nats:// URL when stream.type is nats")
+        return v
+
+    @field_validator("binary")
+    @classmethod
+    def _binary(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else _resolve_path(v, info)
+
+
+class IngressSection(_Section):
+    listen: HostPort = "127.0.0.1:7420"  # HTTP address of the ingress role
+
+
+class SupervisorSection(_Section):
+    intensity: int = Field(5, ge=0)  # restarts allowed within `period` before the supervisor gives up and escalates
+    period: float = Field(30.0, gt=0)  # the window `intensity` is counted over
+    backoff_min: float = Field(0.1, ge=0)  # wait before the 2nd consecutive restart of a child; the 1st is immediate
+    backoff_max: float = Field(10.0, validate_default=True)  # cap of the doubling restart backoff
+    stable_after: float = Field(10.0, gt=0)  # a child up this long has its backoff reset
+    auto_shutdown: Literal["never", "any_significant", "all_significant"] = "never"  # stop the node when significant children exit
+    shutdown_timeout: float = Field(10.0, gt=0)  # role children: SIGTERM, then SIGKILL after this
+    broker_shutdown_timeout: float = Field(30.0, gt=0)  # the same for the broker, which flushes JetStream
+    ready_timeout: float = Field(30.0, gt=0)  # not ready by then: killed, and counted as a failed start
+    wedge_after: float = Field(10.0, gt=0)  # a role's event loop stalled this long: the child exits 75
+    heartbeat_interval: float = Field(1.0, gt=0, validate_default=True)  # how often a child reports to the supervisor
+    heartbeat_grace: float = Field(5.0, ge=0)  # silent past wedge_after + this: SIGKILL from the supervisor
+
+    @field_validator("backoff_max")
+    @classmethod
+    def _backoff_max(cls, v: float, info: ValidationInfo) -> float:
+        lo = info.data.get("backoff_min")
+        if lo is not None and v < lo:
+            raise ValueError(f"must be >= backoff_min ({lo:g}), got {v:g}")
+        return v
+
+    @field_validator("heartbeat_interval")
+    @classmethod
+    def _heartbeat(cls, v: float, info: ValidationInfo) -> float:
+        wedge = info.data.get("wedge_after")
+        if wedge is not None and v >= wedge:
+            raise ValueError(f"must be < wedge_after ({wedge:g}), got {v:g}")
+        return v
+
+
+class LogSection(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"  # least severe level written
+    format: Literal["auto", "json", "text"] = "auto"  # auto: text on a terminal, else json
+
+
+class Fault(_Section):
+    role: Literal["broker", "data_applier", "ingress", "seats", "workers"]  # the child to hurt
+    kind: Literal["wedge", "crash", "mute", "orphan"]  # block the loop / exit / stop heartbeats / lose the parent
+    after: float = Field(0.0, ge=0)  # seconds after the child reports ready
+    seconds: float = Field(3600.0, gt=0)  # how long a wedge blocks the loop; ignored for other kinds
+    code: int = Field(1, ge=0, le=255)  # exit code of a crash
+    once: bool = True  # only in the child's first incarnation (restart count 0)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("role") == "broker" and v != "crash":
+            raise ValueError(f"the broker only takes kind crash, got {v!r}")
+        return v
+
+
+class DebugSection(_Section):
+    faults: list[Fault] = Field(default_factory=list)  # injected failures, for testing supervision
+
+
+class NodeConfig(_Section):
+    node: NodeSection = Field(default_factory=NodeSection)  # who this node is and what it runs
+    data_dir: str = Field(default_factory=default_data_dir, min_length=1, validate_default=True)  # node state; absolute after loading
+    stream: StreamSection = Field(default_factory=StreamSection)  # the NATS connection
+    ingress: IngressSection = Field(default_factory=IngressSection)  # the HTTP front door
+    supervisor: SupervisorSection = Field(default_factory=SupervisorSection)  # restart policy and timeouts
+    log: LogSection = Field(default_factory=LogSection)  # logging
+    debug: DebugSection = Field(default_factory=DebugSection)  # fault injection
+    # Filled by the loader via model_copy(update=...), never from the file: hence
+    # excluded from dumps, and rejected as unknown keys if a file sets them.
+    warnings: list[str] = Field(default_factory=list, exclude=True)  # things the operator should fix
+    source: str = Field("<defaults>", exclude=True)  # the file loaded, or "<defaults>"
+
+    @field_validator("warnings", "source", mode="before")
+    @classmethod
+    def _not_a_key(cls, v: object) -> object:
+        raise PydanticCustomError("extra_forbidden", "Extra inputs are not permitted")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir(cls, v: str, info: ValidationInfo) -> str:
+        v = _resolve_path(v, info)
+        run = os.path.join(v, "run")
+        longest = len(os.fsencode(os.path.join(run, max(RUN_DIR_SOCKETS, key=len))))
+        if longest > MAX_UNIX_SOCKET_PATH:
+            raise ValueError(
+                f"run dir {run} is {len(os.fsencode(run))} bytes, so its socket paths reach {longest} bytes; "
+                f"a unix socket path must be at most {MAX_UNIX_SOCKET_PATH} bytes: choose a shorter data_dir"
+            )
+        return v
+
+    @property
+    def run_dir(self) -> str:
+        """Where the node's ipc:// sockets and pid files live."""
+        return os.path.join(self.data_dir, "run")
+
+    def children(self) -> list[str]:
+        """Role children this node starts, in start order."""
+        return [child for role, child in CHILD_FOR_ROLE.items() if role in self.node.roles]

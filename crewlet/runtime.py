@@ -1,0 +1,147 @@
+"""What every role child runs around its own ``main``.
+
+The zygote forks a child into :func:`run_role`. It gives the role:
+
+* one asyncio loop, watched by the :class:`~crewlet.watchdog.Watchdog`;
+* one NATS connection (``ctx.nats``) and one ZeroMQ context (``ctx.zmq``),
+  both made here, after the fork — neither survives one;
+* heartbeats to crewletd's ``health`` endpoint every ``heartbeat_interval``
+  from the loop itself, so a stuck loop also goes silent;
+* :meth:`RoleContext.ready`, which tells crewletd the child counts as started;
+* SIGTERM as a request to stop: ``ctx.stopping`` is set, the role's ``main``
+  returns, the connection drains and the process exits 0;
+* the fault injection of ``debug.faults`` (wedge, crash, mute, orphan), which
+  only a config file can turn on.
+
+A role module exposes ``async def main(ctx: RoleContext) -> None``: set up,
+``await ctx.ready()``, ``await ctx.stopping.wait()``, clean up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from crewlet import bus, ipc, log
+from crewlet.config import NodeConfig
+from crewlet.watchdog import Watchdog
+
+
+class RoleContext:
+    """One role child's handles on its node. Made once per process."""
+
+    def __init__(self, role: str, config: NodeConfig, incarnation: int):
+        self.role = role
+        self.config = config
+        self.node_id = config.node.id
+        self.run_dir = config.run_dir
+        # How many times this child was started before; 0 for the first.
+        self.incarnation = incarnation
+        self.stopping = asyncio.Event()
+        self.zmq = zmq.asyncio.Context()
+        self.nats = None  # set by run_role before main runs
+        self._health = self.zmq.socket(zmq.PUSH)
+        # Keep a "stopping" report queued briefly past close, not forever.
+        self._health.setsockopt(zmq.LINGER, 500)
+        self._health.connect(ipc.endpoint(self.run_dir, "health"))
+        self._heartbeats = True
+        self._ready = asyncio.Event()
+
+    async def report(self, kind: str, **fields: Any) -> None:
+        """Send one message on crewletd's health endpoint."""
+        await self._health.send(ipc.pack({"t": kind, "child": self.role, "pid": os.getpid(), **fields}))
+
+    async def ready(self) -> None:
+        """This child is up: its connection and sockets are open."""
+        if not self._ready.is_set():
+            self._ready.set()
+            await self.report("ready")
+            log.event("role_ready", incarnation=self.incarnation)
+
+    async def _heartbeat(self) -> None:
+        interval = self.config.supervisor.heartbeat_interval
+        while True:
+            if self._heartbeats:
+                await self.report("hb")
+            await asyncio.sleep(interval)
+
+    def close(self) -> None:
+        self._health.close()
+        self.zmq.term()
+
+
+def run_role(role: str, config: dict, incarnation: int = 0) -> int:
+    """The zygote's target for every role child. Returns the exit code."""
+    cfg = NodeConfig.model_validate(config)
+    log.configure(node=cfg.node.id, role=role, level=cfg.log.level, fmt="json")
+    module = importlib.import_module(f"roles.{role}")
+    try:
+        return asyncio.run(_amain(role, cfg, incarnation, module.main))
+    except KeyboardInterrupt:  # pragma: no cover - children ignore the terminal
+        return 0
+
+
+async def _amain(role: str, cfg: NodeConfig, incarnation: int, main) -> int:
+    loop = asyncio.get_running_loop()
+    ctx = RoleContext(role, cfg, incarnation)
+    watchdog = Watchdog(cfg.supervisor.wedge_after)
+    watchdog.start()
+    loop.add_signal_handler(signal.SIGTERM, ctx.stopping.set)
+    loop.add_signal_handler(signal.SIGINT, ctx.stopping.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.event("reload_requested"))
+    heartbeat = asyncio.create_task(ctx._heartbeat())
+    faults = asyncio.create_task(_inject_faults(ctx))
+    try:
+        ctx.nats = await bus.connect(cfg.stream, name=f"{cfg.node.id}/{role}")
+        await main(ctx)
+    finally:
+        await ctx.report("stopping")
+        heartbeat.cancel()
+        faults.cancel()
+        if ctx.nats is not None:
+            try:
+                await asyncio.wait_for(ctx.nats.drain(), 2)
+            except Exception:
+                pass
+        watchdog.stop()
+        ctx.close()
+    log.event("role_stopped")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# Fault injection (debug.faults). Off unless a config file lists faults.
+# --------------------------------------------------------------------------
+
+async def _inject_faults(ctx: RoleContext) -> None:
+    faults = [f for f in ctx.config.debug.faults
+              if f.role == ctx.role and (not f.once or ctx.incarnation == 0)]
+    if not faults:
+        return
+    await ctx._ready.wait()
+    await asyncio.gather(*(_inject(ctx, f) for f in faults))
+
+
+async def _inject(ctx: RoleContext, fault) -> None:
+    await asyncio.sleep(fault.after)
+    log.event("fault_injected", "warning", kind=fault.kind)
+    if fault.kind == "wedge":
+        time.sleep(fault.seconds)  # blocks the loop on purpose
+    elif fault.kind == "crash":
+        os._exit(fault.code)
+    elif fault.kind == "mute":
+        ctx._heartbeats = False
+    elif fault.kind == "orphan":
+        # A grandchild whose parent exits at once: the kernel re-parents it to
+        # the nearest subreaper (crewletd), which must reap it when it ends.
+        out = subprocess.run(["sh", "-c", "sleep 0.5 >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True)
+        log.event("fault_orphan_spawned", orphan_pid=int(out.stdout.strip()))

@@ -1,0 +1,118 @@
+"""``crewletd``: start a node, or check a node's config.
+
+``crewletd start`` is the root supervisor (and a container's PID 1). In
+order, before any thread, loop or ZeroMQ context exists:
+
+1. load and validate Tier A config — a problem is one line naming the file,
+   key and problem, and exit 78;
+2. take the data dir's lock, so two crewletd never share one run dir;
+3. become the child subreaper, title this process;
+4. start the zygote (fork+exec), then run the node's loop
+   (:class:`supervisor.node.Node`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import sys
+
+import click
+
+from crewlet import ipc, log
+from crewlet.config import ConfigError, load_node_config
+from roles.broker import BrokerNotFound
+from supervisor import procs
+from supervisor.procs import EXIT_CONFIG
+
+
+def _fail_config(message: str) -> None:
+    click.echo(f"crewletd: configuration error: {message}", err=True)
+    sys.exit(EXIT_CONFIG)
+
+
+def _load(path: str | None):
+    try:
+        return load_node_config(path)
+    except ConfigError as exc:
+        _fail_config(str(exc))
+
+
+def _lock_data_dir(cfg) -> int:
+    """Hold ``run/crewletd.lock`` for our lifetime; refuse a second crewletd."""
+    try:
+        ipc.ensure_run_dir(cfg.run_dir)
+    except (OSError, ValueError) as exc:
+        _fail_config(f"{cfg.source}: data_dir: {exc}")
+    path = os.path.join(cfg.run_dir, "crewletd.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        _fail_config(f"{cfg.source}: data_dir: another crewletd (pid {holder}) is running "
+                     f"on {cfg.data_dir}")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+@click.group()
+@click.version_option(package_name="crewlet")
+def cli() -> None:
+    """crewlet's node daemon."""
+
+
+@cli.command()
+@click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False),
+              help="Tier A config file (default: $CREWLET_CONFIG, /etc/crewlet/crewlet.yaml, "
+                   "else built-in defaults).")
+def start(config_path: str | None) -> None:
+    """Start this node: the broker, then its roles; runs until stopped."""
+    from supervisor.node import Node
+    from supervisor.zygote import Zygote
+
+    cfg = _load(config_path)
+    log.configure(node=cfg.node.id, role="crewletd", level=cfg.log.level, fmt=cfg.log.format)
+    for warning in cfg.warnings:
+        log.event("config_warning", "warning", message=warning)
+    lock = _lock_data_dir(cfg)
+    try:
+        procs.set_child_subreaper()
+    except OSError as exc:  # not Linux-like enough; orphans go to init instead
+        log.event("subreaper_unavailable", "warning", error=str(exc))
+    procs.set_title(f"crewletd {cfg.node.id} supervisor")
+    zygote = Zygote(title=f"crewlet {cfg.node.id} zygote")
+    zygote.start()
+    log.event("crewletd_starting", pid=os.getpid(), config=cfg.source, data_dir=cfg.data_dir,
+              pid1=os.getpid() == 1)
+    try:
+        node = Node(cfg, zygote)
+        code = asyncio.run(node.run())
+    except BrokerNotFound as exc:
+        zygote.close()
+        _fail_config(f"{cfg.source}: {exc}")
+    finally:
+        os.close(lock)
+    log.event("crewletd_exit", code=code)
+    sys.exit(code)
+
+
+@cli.command("check-config")
+@click.argument("path", type=click.Path(dir_okay=False))
+def check_config(path: str) -> None:
+    """Validate a Tier A config file without starting anything."""
+    cfg = _load(path)
+    for warning in cfg.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(f"{path}: ok (node {cfg.node.id}, roles {', '.join(cfg.node.roles)}, "
+               f"data_dir {cfg.data_dir})")
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

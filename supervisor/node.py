@@ -1,0 +1,289 @@
+"""One node: its supervision tree, its endpoints, its signals and its lifetime.
+
+The tree (DESIGN §2)::
+
+    root      rest_for_one   [broker (embedded stream only), roles]
+    roles     one_for_one    [data_applier, ingress, seats, workers] ∩ node.roles
+
+When the broker dies, the roles restart after it (rest_for_one). Both levels
+take intensity, period, backoff and auto_shutdown from ``supervisor.*``. With
+``auto_shutdown`` other than ``never``, role children are transient and
+significant: one ending by itself ends the node (the container fails fast).
+
+crewletd's duties beside the tree: it binds ``control``, ``health`` and
+``events``; it is the child subreaper and, as PID 1, reaps every orphan;
+SIGTERM and SIGINT stop the node (a second one kills what is left), SIGHUP is
+forwarded to every child's process group; its own loop has a watchdog (exit
+75); under systemd it sends ``READY=1`` and ``WATCHDOG=1``.
+
+Exit codes: 0 stopped, 69 gave up (restart intensity), 75 own loop wedged, 78
+configuration (including a child that exited 78).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+import psutil
+import zmq
+import zmq.asyncio
+
+import crewlet
+from crewlet import bus, ipc, log, sysd
+from crewlet.config import NodeConfig
+from crewlet.watchdog import Watchdog
+from roles import broker
+from supervisor import control, procs
+from supervisor import spec as S
+from supervisor.procs import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE, ExitInfo
+from supervisor.process import ProcessHost, process_child
+from supervisor.spec import StartFailed, SupFlags
+from supervisor.supervisor import Supervisor, nested
+from supervisor.zygote import Zygote
+
+
+class Node:
+    """crewletd's state for one run.
+
+    Invariants: ``root`` is the running root supervisor (None before start);
+    ``_stop_reason`` is set once a stop was asked for.
+    """
+
+    def __init__(self, cfg: NodeConfig, zygote: Zygote):
+        self.cfg = cfg
+        self.zygote = zygote
+        self.root: Supervisor | None = None
+        self.started_at = time.time()
+        self._stop_reason: str | None = None
+        self._stop = asyncio.Event()
+        self._ctx = zmq.asyncio.Context()
+        self._events: zmq.asyncio.Socket | None = None
+        self.host = ProcessHost(cfg.run_dir, zygote, self._ctx, notify=self.publish)
+        self._stats: dict[int, psutil.Process] = {}
+
+    # ------------------------------------------------------------- the tree
+
+    def _flags(self, strategy: str) -> SupFlags:
+        s = self.cfg.supervisor
+        return SupFlags(strategy=strategy, intensity=s.intensity, period=s.period,
+                        auto_shutdown=s.auto_shutdown, backoff_min=s.backoff_min,
+                        backoff_max=s.backoff_max, stable_after=s.stable_after)
+
+    def _significance(self) -> dict[str, Any]:
+        if self.cfg.supervisor.auto_shutdown == S.NEVER:
+            return {"restart": S.PERMANENT}
+        return {"restart": S.TRANSIENT, "significant": True}
+
+    def build_tree(self) -> Supervisor:
+        cfg, s = self.cfg, self.cfg.supervisor
+        dump = cfg.model_dump(mode="json")
+
+        def roles() -> Supervisor:
+            children = [
+                process_child(
+                    self.host, name, target="crewlet.runtime:run_role",
+                    kwargs={"role": name, "config": dump},
+                    title=f"crewlet {cfg.node.id} {name}", ready_timeout=s.ready_timeout,
+                    heartbeat_silence=s.wedge_after + s.heartbeat_grace,
+                    shutdown=s.shutdown_timeout, **self._significance())
+                for name in cfg.children()]
+            return Supervisor("roles", self._flags(S.ONE_FOR_ONE), children, notify=self.publish)
+
+        root_children = []
+        if cfg.stream.type == "embedded":
+            binary = broker.find_binary(cfg)
+            conf = broker.write_config(cfg)
+            url = bus.servers_of(cfg.stream)[0]
+
+            async def probe(pid: int) -> None:
+                await broker.probe(url, asyncio.get_running_loop().time() + s.ready_timeout)
+
+            root_children.append(process_child(
+                self.host, "broker", target="roles.broker:exec_server",
+                kwargs={"binary": binary, "conf": conf},
+                title=f"crewlet {cfg.node.id} broker", ready_timeout=s.ready_timeout,
+                heartbeat_silence=None, probe=probe, shutdown=s.broker_shutdown_timeout))
+        root_children.append(nested("roles", roles, **self._significance()))
+        return Supervisor("root", self._flags(S.REST_FOR_ONE), root_children, notify=self.publish)
+
+    # --------------------------------------------------------------- running
+
+    async def run(self) -> int:
+        """Run the node until stopped or given up; returns crewletd's exit code."""
+        loop = asyncio.get_running_loop()
+        watchdog = Watchdog(self.cfg.supervisor.wedge_after)
+        watchdog.start()
+        self.zygote.attach()
+        await self.host.open()
+        self._events = self._bind(zmq.PUB, "events")
+        control_sock = self._bind(zmq.ROUTER, "control")
+        serving = asyncio.create_task(control.serve(self, control_sock))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
+        loop.add_signal_handler(signal.SIGCHLD, self.host.reap)
+        self.host.reap()  # anything that ended before the handler was in place
+        sampler = asyncio.create_task(self._sample_stats())
+        pinger = asyncio.create_task(self._systemd_watchdog())
+        try:
+            return await self._supervise()
+        finally:
+            sysd.notify("STOPPING=1")
+            for task in (serving, sampler, pinger):
+                task.cancel()
+            self._kill_leftovers()
+            watchdog.stop()
+            control_sock.close()
+            self._events.close()
+            self.host.close()
+            self._ctx.term()
+
+    async def _supervise(self) -> int:
+        self.root = self.build_tree()
+        self.publish("node_starting", roles=self.cfg.node.roles, version=crewlet.__version__)
+        try:
+            await self.root.start()
+        except StartFailed as exc:
+            return self._exit_code(exc.info)
+        sysd.notify("READY=1")
+        self.publish("node_ready", children=[c["name"] for c in self.root.children()])
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({stop, self.root.exited}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if self.root.exited.done():
+            return self._exit_code(self.root.exited.result())
+        self.publish("node_stopping", reason=self._stop_reason)
+        await self.root.stop()
+        self.publish("node_stopped")
+        return EXIT_OK
+
+    def _exit_code(self, info: ExitInfo) -> int:
+        code = info.code if info.code in (EXIT_OK, EXIT_CONFIG) else EXIT_UNAVAILABLE
+        self.publish("node_exiting", "error" if code else "info", code=code, reason=info.reason)
+        return code
+
+    def request_stop(self, reason: str) -> None:
+        if self._stop.is_set():
+            # Asked twice: stop waiting for children to end politely.
+            self.publish("node_stop_forced", "warning", reason=reason)
+            for child in self._process_children():
+                procs.signal_group(child["pid"], signal.SIGKILL)
+            return
+        self._stop_reason = reason
+        self._stop.set()
+
+    def _forward(self, sig: int) -> None:
+        """As tini does: pass the signal on to every child's process group."""
+        self.publish("signal_forwarded", signal=signal.Signals(sig).name)
+        for child in self._process_children():
+            procs.signal_group(child["pid"], sig)
+
+    def _kill_leftovers(self) -> None:
+        """After a stop nothing we started may remain: SIGKILL any descendant
+        still alive (the zygote aside, which exits on its own)."""
+        try:
+            rest = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return
+        for proc in rest:
+            if proc.pid != self.zygote.pid:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+        self.zygote.close()
+        self.host.reap()
+
+    # ---------------------------------------------------------------- status
+
+    def publish(self, name: str, level: str = "info", **fields: Any) -> None:
+        """Log an event and publish it on ``events`` for local subscribers."""
+        log.event(name, level, **fields)
+        if self._events is not None:
+            try:
+                self._events.send_multipart([name.encode(), ipc.pack(fields)], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def _process_children(self) -> list[dict]:
+        if self.root is None:
+            return []
+        return [c for c in self.root.children() if c["type"] == S.WORKER and c["pid"]]
+
+    def status(self) -> dict[str, Any]:
+        children = []
+        for c in self.root.children() if self.root else []:
+            if c["type"] != S.WORKER:
+                continue
+            proc = self._stats.get(c["pid"]) if c["pid"] else None
+            cpu, rss = None, None
+            if proc is not None:
+                try:
+                    cpu, rss = proc.cpu_percent(None), proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            children.append({**c, "cpu_percent": cpu, "rss_bytes": rss})
+        me = psutil.Process()
+        return {
+            "node": {
+                "id": self.cfg.node.id, "roles": list(self.cfg.node.roles),
+                "labels": dict(self.cfg.node.labels), "pid": os.getpid(),
+                "version": crewlet.__version__, "started_at": self.started_at,
+                "uptime_s": round(time.time() - self.started_at, 3),
+                "data_dir": self.cfg.data_dir, "config": self.cfg.source,
+                "broker": {"type": self.cfg.stream.type, "servers": bus.servers_of(self.cfg.stream)},
+                "stopping": self._stop.is_set(),
+                "cpu_percent": me.cpu_percent(None), "rss_bytes": me.memory_info().rss,
+            },
+            "children": children,
+            "supervisors": [
+                {"name": sup.name, "strategy": sup.flags.strategy,
+                 "restarts_in_period": sup.restarts_in_period(),
+                 "intensity": sup.flags.intensity, "period": sup.flags.period}
+                for sup in self._supervisors()],
+        }
+
+    def _supervisors(self) -> list[Supervisor]:
+        found, todo = [], [self.root] if self.root else []
+        while todo:
+            sup = todo.pop(0)
+            found.append(sup)
+            todo.extend(c.running.supervisor for c in sup._children
+                        if c.running is not None and hasattr(c.running, "supervisor"))
+        return found
+
+    async def _sample_stats(self) -> None:
+        """Keep a psutil handle per child so CPU % covers the last second."""
+        while True:
+            live = {c["pid"] for c in self._process_children()}
+            for pid in list(self._stats):
+                if pid not in live:
+                    del self._stats[pid]
+            for pid in live - self._stats.keys():
+                try:
+                    self._stats[pid] = psutil.Process(pid)
+                    self._stats[pid].cpu_percent(None)
+                except psutil.Error:
+                    pass
+            await asyncio.sleep(1.0)
+
+    async def _systemd_watchdog(self) -> None:
+        interval = sysd.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            sysd.notify("WATCHDOG=1")  # sent from the loop: a stuck loop stops sending
+            await asyncio.sleep(interval)
+
+    def _bind(self, kind: int, name: str) -> zmq.asyncio.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        path = os.path.join(self.cfg.run_dir, name)
+        if os.path.exists(path):
+            os.unlink(path)  # a dead crewletd's; the run dir lock says we own it
+        sock.bind(ipc.endpoint(self.cfg.run_dir, name))
+        return sock

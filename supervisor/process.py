@@ -1,0 +1,247 @@
+"""Worker children that are OS processes, and the services they share.
+
+:class:`ProcessHost` is what one supervising process (crewletd, or a test)
+holds for all its process children: the zygote they are forked from, the
+``health`` socket they report on, the pipes their output arrives on, and — in
+crewletd — the reaper for orphans.
+
+:func:`process_child` makes the :class:`ChildSpec` of one such child. Its
+start forks the child from the zygote and returns only once the child is
+*ready*: it reported ready on ``health``, or (for a program that cannot
+report, like the broker) the spec's own readiness probe passed. A child that
+exits first, or is not ready within ``ready_timeout``, fails to start.
+
+While it runs, a child that reports heartbeats and goes silent for longer than
+``wedge_after + heartbeat_grace`` is SIGKILLed ("killed: no heartbeat") — the
+case where its own watchdog thread could not end it. When a child ends, for
+whatever reason, its whole process group is SIGKILLed, so nothing it started
+outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any, Awaitable, Callable
+
+import zmq
+import zmq.asyncio
+
+from crewlet import ipc, log
+from supervisor import procs
+from supervisor.procs import ExitInfo
+from supervisor.spec import BRUTAL_KILL, INFINITY, ChildSpec, StartFailed
+from supervisor.zygote import Zygote, ZygoteGone
+
+ReadyProbe = Callable[[int], Awaitable[None]]
+
+
+class ProcessHost:
+    """Shared by every process child of one supervising process.
+
+    Invariants: ``_ready[pid]`` is a future for each child started and not yet
+    ready; ``_beats[pid]`` is the heartbeat callback of each running child that
+    heartbeats.
+    """
+
+    def __init__(self, run_dir: str, zygote: Zygote, ctx: zmq.asyncio.Context,
+                 notify: Callable[..., None] | None = None):
+        self.run_dir = run_dir
+        self.zygote = zygote
+        self.ctx = ctx
+        self.notify = notify or log.event
+        self._ready: dict[int, asyncio.Future[None]] = {}
+        self._beats: dict[int, Callable[[], None]] = {}
+        self._health: zmq.asyncio.Socket | None = None
+        self._reader: asyncio.Task | None = None
+
+    async def open(self) -> None:
+        ipc.ensure_run_dir(self.run_dir)
+        self._health = self.ctx.socket(zmq.PULL)
+        self._health.setsockopt(zmq.LINGER, 0)
+        path = os.path.join(self.run_dir, "health")
+        if os.path.exists(path):
+            os.unlink(path)  # left by a crewletd that died; the run dir lock is ours
+        self._health.bind(ipc.endpoint(self.run_dir, "health"))
+        self._reader = asyncio.create_task(self._read_health())
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._health is not None:
+            self._health.close()
+
+    async def _read_health(self) -> None:
+        assert self._health is not None
+        while True:
+            msg = ipc.unpack(await self._health.recv())
+            pid = msg.get("pid")
+            kind = msg.get("t")
+            if kind == "hb":
+                beat = self._beats.get(pid)
+                if beat is not None:
+                    beat()
+            elif kind == "ready":
+                fut = self._ready.pop(pid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+
+    def ready_of(self, pid: int) -> asyncio.Future[None]:
+        fut = self._ready.get(pid)
+        if fut is None:
+            fut = self._ready[pid] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def reap(self) -> None:
+        """crewletd's SIGCHLD handler: reap every exited child of ours.
+
+        Exits of children the zygote left behind (it died) go to whoever waits
+        on them; anything else is an orphan re-parented to us, reaped so no
+        zombie stays.
+        """
+        for pid, status in procs.reap_nohang():
+            if pid == self.zygote.pid:
+                self.notify("zygote_exited", "warning", reason=ExitInfo.from_status(status).reason)
+            elif not self.zygote.deliver_exit(pid, status):
+                self.notify("orphan_reaped", orphan_pid=pid,
+                            reason=ExitInfo.from_status(status).reason)
+
+    def pump(self, fd: int, *, role: str, pid: int) -> None:
+        """Read a child's output pipe to EOF, re-emitting each line tagged."""
+        loop = asyncio.get_running_loop()
+        os.set_blocking(fd, False)
+        buf = bytearray()
+
+        def readable() -> None:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if chunk:
+                buf.extend(chunk)
+                *lines, rest = bytes(buf).split(b"\n")
+                buf[:] = rest
+                for line in lines:
+                    log.forward(line, role=role, pid=pid)
+                return
+            if buf:
+                log.forward(bytes(buf), role=role, pid=pid)
+            loop.remove_reader(fd)
+            os.close(fd)
+
+        loop.add_reader(fd, readable)
+
+
+class ProcessRunning:
+    """A started process child. ``exited`` resolves with how it ended.
+
+    Invariant: ``_kill_reason`` is set before we SIGKILL the child ourselves,
+    so the exit is shown as what we did ("killed: no heartbeat") rather than
+    as a bare "signal 9".
+    """
+
+    def __init__(self, host: ProcessHost, name: str, pid: int, status: asyncio.Future[int]):
+        self.host = host
+        self.name = name
+        self.pid = pid
+        self._kill_reason: str | None = None
+        self._beat_timer: asyncio.TimerHandle | None = None
+        self.exited: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
+        status.add_done_callback(self._on_status)
+
+    def _on_status(self, fut: asyncio.Future[int]) -> None:
+        info = ExitInfo.from_status(fut.result(), self._kill_reason) if not fut.exception() \
+            else ExitInfo(None, None, "lost: zygote gone")
+        if self._beat_timer is not None:
+            self._beat_timer.cancel()
+        self.host._beats.pop(self.pid, None)
+        # Whatever the child started goes with it.
+        procs.signal_group(self.pid, signal.SIGKILL)
+        if not self.exited.done():
+            self.exited.set_result(info)
+
+    def kill(self, reason: str) -> None:
+        if self._kill_reason is None:
+            self._kill_reason = reason
+        procs.signal_group(self.pid, signal.SIGKILL)
+
+    def watch_heartbeats(self, silence: float) -> None:
+        """SIGKILL the child if no heartbeat arrives for *silence* seconds."""
+        loop = asyncio.get_running_loop()
+
+        def expired() -> None:
+            self.host.notify("heartbeat_lost", "error", child=self.name, child_pid=self.pid,
+                             silent_s=silence)
+            self.kill("killed: no heartbeat")
+
+        def beat() -> None:
+            if self._beat_timer is not None:
+                self._beat_timer.cancel()
+            self._beat_timer = loop.call_later(silence, expired)
+
+        self.host._beats[self.pid] = beat
+        beat()
+
+    async def stop(self, shutdown: float | str) -> ExitInfo:
+        if self.exited.done():
+            return self.exited.result()
+        if shutdown == BRUTAL_KILL:
+            self.kill("killed: brutal_kill")
+        else:
+            procs.signal_group(self.pid, signal.SIGTERM)
+            timeout = None if shutdown == INFINITY else float(shutdown)
+            try:
+                return await asyncio.wait_for(asyncio.shield(self.exited), timeout)
+            except asyncio.TimeoutError:
+                self.host.notify("shutdown_timeout", "warning", child=self.name, child_pid=self.pid,
+                                 timeout_s=timeout)
+                self.kill(f"killed: did not stop within {timeout:g}s")
+        return await self.exited
+
+    def children(self) -> list[dict]:
+        return []
+
+
+def process_child(host: ProcessHost, name: str, *, target: str, kwargs: dict[str, Any],
+                  title: str, ready_timeout: float, heartbeat_silence: float | None,
+                  probe: ReadyProbe | None = None, pdeathsig: int = signal.SIGTERM,
+                  **spec: Any) -> ChildSpec:
+    """The spec of a worker child forked from the zygote to run *target*.
+
+    ``heartbeat_silence`` None: the child does not heartbeat (the broker).
+    ``probe``: readiness checked by us rather than reported by the child.
+    """
+
+    async def start(incarnation: int) -> ProcessRunning:
+        r, w = os.pipe()
+        try:
+            pid = await host.zygote.fork(target, {**kwargs, "incarnation": incarnation},
+                                         title=title, out_fd=w, pdeathsig=pdeathsig)
+        except ZygoteGone as exc:
+            os.close(r)
+            raise StartFailed(ExitInfo(None, None, str(exc))) from exc
+        finally:
+            os.close(w)
+        host.pump(r, role=name, pid=pid)
+        running = ProcessRunning(host, name, pid, host.zygote.exit_of(pid))
+        ready = asyncio.ensure_future(probe(pid) if probe else host.ready_of(pid))
+        done, _ = await asyncio.wait({ready, running.exited}, timeout=ready_timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        host._ready.pop(pid, None)
+        if ready in done and ready.exception() is None:
+            if heartbeat_silence is not None:
+                running.watch_heartbeats(heartbeat_silence)
+            return running
+        ready.cancel()
+        if running.exited in done:
+            raise StartFailed(running.exited.result())
+        if ready in done:  # the probe itself failed
+            running.kill(f"killed: not ready ({ready.exception()})")
+        else:
+            running.kill(f"killed: not ready within {ready_timeout:g}s")
+        raise StartFailed(await running.exited)
+
+    return ChildSpec(name, start, **spec)

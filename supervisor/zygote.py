@@ -1,0 +1,339 @@
+"""The zygote: the process every child of a node is forked from.
+
+Forking is only safe from a process with one thread, no event loop and no
+ZeroMQ context — none of the three survives a fork — and a child that imports
+zmq, nats, lmdb and the HTTP stack itself takes ~130 ms to start. So crewletd
+starts one zygote by fork+exec before it makes any of those: a fresh
+interpreter that imports the heavy modules (the *preload* list), freezes them
+out of the garbage collector so children share their pages, and then does
+nothing but fork on request. A child forked from it is running its own code in
+a few milliseconds.
+
+Protocol (a ``SOCK_SEQPACKET`` socketpair, one msgpack map per packet):
+
+* crewletd → zygote: ``{"op": "fork", "id", "target": "pkg.mod:func",
+  "kwargs", "title", "pdeathsig"}`` with the child's output pipe attached as an
+  ``SCM_RIGHTS`` fd; it becomes the child's stdout and stderr.
+* zygote → crewletd: ``{"op": "forked", "id", "pid"}``, and later
+  ``{"op": "exited", "pid", "status"}`` with the raw wait status. Both go over
+  the same ordered socket, so ``forked`` always precedes its ``exited``.
+
+The zygote is its children's parent and reaps them (SIGCHLD wakes it through a
+wakeup fd, so an exit is reported the moment it happens). It dies with crewletd
+(``PR_SET_PDEATHSIG``), and its children die with it in turn; orphans it leaves
+are re-parented to crewletd, the subreaper, which reaps them.
+
+In the child, before any of its own code runs: its own process group, the
+parent-death signal, default signal dispositions, the output pipe on fds 1
+and 2, and its process title.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib
+import itertools
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+import msgpack
+
+from supervisor import procs
+
+# What every node's zygote imports before it forks anything.
+DEFAULT_PRELOAD = (
+    "crewlet.runtime",
+    "crewlet.config",
+    "roles.broker",
+    "roles.data_applier",
+    "roles.ingress",
+    "roles.seats",
+    "roles.workers",
+)
+
+_MAX_PACKET = 1 << 20
+
+
+# --------------------------------------------------------------------------
+# The zygote process
+# --------------------------------------------------------------------------
+
+def _serve(sock: socket.socket) -> None:
+    zygote_pid = os.getpid()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd fires
+    # Stopping is crewletd's to decide: the zygote ends on its socket's EOF or
+    # with crewletd (parent-death signal), never because a terminal or a
+    # process manager signalled a whole process group.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ, "request")
+    sel.register(wake_r, selectors.EVENT_READ, "sigchld")
+
+    def send(msg: dict[str, Any]) -> None:
+        sock.send(msgpack.packb(msg, use_bin_type=True))
+
+    while True:
+        for key, _ in sel.select():
+            if key.data == "sigchld":
+                os.read(wake_r, 4096)
+                for pid, status in procs.reap_nohang():
+                    send({"op": "exited", "pid": pid, "status": status})
+                continue
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, 4)
+            except ConnectionResetError:
+                data, fds = b"", []
+            if not data:
+                return  # crewletd is gone
+            req = msgpack.unpackb(data, raw=False)
+            pid = os.fork()
+            if pid == 0:
+                _become_child(req, fds, zygote_pid, [sock.fileno(), wake_r, wake_w])
+            try:
+                os.setpgid(pid, pid)  # also done in the child: whichever runs first wins
+            except OSError:
+                pass  # the child already exec'd or exited; its own setpgid stands
+            for fd in fds:
+                os.close(fd)
+            send({"op": "forked", "id": req["id"], "pid": pid})
+
+
+def _become_child(req: dict[str, Any], fds: list[int], zygote_pid: int,
+                  close: list[int]) -> None:
+    """Runs in the freshly forked child; never returns."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        procs.set_parent_death_signal(req.get("pdeathsig", signal.SIGTERM))
+        if os.getppid() != zygote_pid:
+            os._exit(1)  # the zygote died between fork and prctl
+        for fd in close:
+            os.close(fd)
+        if fds:
+            os.dup2(fds[0], 1)
+            os.dup2(fds[0], 2)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+        if req.get("title"):
+            procs.set_title(req["title"])
+        module, _, func = req["target"].partition(":")
+        target = getattr(importlib.import_module(module), func)
+        result = target(**req.get("kwargs", {}))
+        code = result if isinstance(result, int) else 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry of ``python -m supervisor.zygote FD``."""
+    argv = sys.argv[1:] if argv is None else argv
+    fd = int(argv[0])
+    # Die with crewletd. Should it already be gone, the socket's EOF ends us.
+    procs.set_parent_death_signal(signal.SIGKILL)
+    sock = socket.socket(fileno=fd)
+    title = os.environ.pop("CREWLET_ZYGOTE_TITLE", "crewlet zygote")
+    preload = os.environ.pop("CREWLET_ZYGOTE_PRELOAD", ",".join(DEFAULT_PRELOAD))
+    for name in filter(None, preload.split(",")):
+        importlib.import_module(name)
+    procs.set_title(title)
+    # Everything imported so far is shared with every child; keep the collector
+    # from touching (and so copying) those pages in each of them.
+    gc.collect()
+    gc.freeze()
+    _serve(sock)
+
+
+# --------------------------------------------------------------------------
+# The client side (crewletd, or a test driving a supervisor in-process)
+# --------------------------------------------------------------------------
+
+class ZygoteGone(Exception):
+    """The zygote exited; pending forks fail with this."""
+
+
+class Zygote:
+    """crewletd's handle on its zygote: start it, fork children, learn of exits.
+
+    Invariants: ``_forks`` holds a future per fork request not yet answered;
+    ``_exits`` holds a future per forked pid whose exit is not yet reported.
+    The zygote is (re)started lazily by :meth:`fork` when it is not running.
+    """
+
+    def __init__(self, *, title: str = "crewlet zygote", preload: tuple[str, ...] = DEFAULT_PRELOAD):
+        self.title = title
+        self.preload = preload
+        self.pid: int | None = None
+        self._sock: socket.socket | None = None
+        self._ids = itertools.count(1)
+        self._forks: dict[int, asyncio.Future[int]] = {}
+        self._exits: dict[int, asyncio.Future[int]] = {}
+
+    def start(self) -> None:
+        """Fork+exec the zygote (synchronous; safe from a threaded process)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ)
+        env["CREWLET_ZYGOTE_TITLE"] = self.title
+        env["CREWLET_ZYGOTE_PRELOAD"] = ",".join(self.preload)
+        # The zygote imports what this process can import, wherever it came from.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # posix_spawn passes on inheritable fds only: theirs is, ours is not.
+        os.set_inheritable(theirs.fileno(), True)
+        self.pid = os.posix_spawn(
+            sys.executable, [sys.executable, "-m", "supervisor.zygote", str(theirs.fileno())], env,
+            setpgroup=0)
+        theirs.close()
+        self._sock = ours
+
+    def _ensure(self) -> socket.socket:
+        if self._sock is None:
+            self.start()
+            asyncio.get_running_loop().add_reader(self._sock.fileno(), self._on_readable)
+        return self._sock
+
+    def attach(self) -> None:
+        """Start reading the zygote's reports on the running loop."""
+        assert self._sock is not None
+        asyncio.get_running_loop().add_reader(self._sock.fileno(), self._on_readable)
+
+    async def fork(self, target: str, kwargs: dict[str, Any], *, title: str, out_fd: int,
+                   pdeathsig: int = signal.SIGTERM) -> int:
+        """Fork a child that runs ``target(**kwargs)``; returns its pid.
+
+        *out_fd* becomes the child's stdout and stderr; the caller still owns
+        (and should close) its copy.
+        """
+        sock = self._ensure()
+        req_id = next(self._ids)
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._forks[req_id] = fut
+        msg = {"op": "fork", "id": req_id, "target": target, "kwargs": kwargs,
+               "title": title, "pdeathsig": int(pdeathsig)}
+        try:
+            socket.send_fds(sock, [msgpack.packb(msg, use_bin_type=True)], [out_fd])
+        except OSError as exc:
+            self._forks.pop(req_id, None)
+            self._lost()
+            raise ZygoteGone(f"zygote unreachable: {exc}") from exc
+        return await fut
+
+    def exit_of(self, pid: int) -> asyncio.Future[int]:
+        """A future resolved with *pid*'s raw wait status when it exits."""
+        fut = self._exits.get(pid)
+        if fut is None:
+            fut = self._exits[pid] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def deliver_exit(self, pid: int, status: int) -> bool:
+        """Report an exit learned elsewhere (crewletd's reaper reaping an orphan
+        the zygote left behind). True if somebody was waiting for it."""
+        fut = self._exits.pop(pid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(status)
+            return True
+        return False
+
+    def _on_readable(self) -> None:
+        assert self._sock is not None
+        try:
+            data = self._sock.recv(_MAX_PACKET)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._lost()
+            return
+        msg = msgpack.unpackb(data, raw=False)
+        if msg["op"] == "forked":
+            fut = self._forks.pop(msg["id"], None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg["pid"])
+        elif msg["op"] == "exited":
+            fut = self._exits.get(msg["pid"])
+            if fut is None:
+                fut = self._exits[msg["pid"]] = asyncio.get_running_loop().create_future()
+            if not fut.done():
+                fut.set_result(msg["status"])
+            self._exits.pop(msg["pid"], None)
+
+    def _lost(self) -> None:
+        """The zygote's socket closed: it died. Pending forks fail; children it
+        leaves are orphans now, reported by whoever reaps them."""
+        if self._sock is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            except RuntimeError:
+                pass
+            self._sock.close()
+            self._sock = None
+        for fut in self._forks.values():
+            if not fut.done():
+                fut.set_exception(ZygoteGone("zygote exited"))
+        self._forks.clear()
+        self._try_reap_self()
+        self.pid = None
+
+    def _try_reap_self(self) -> None:
+        if self.pid is None:
+            return
+        try:
+            os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass  # already reaped by crewletd's reaper
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the zygote (it exits on EOF) and reap it."""
+        if self._sock is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            except RuntimeError:
+                pass
+            self._sock.close()
+            self._sock = None
+        if self.pid is None:
+            return
+        import time
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid:
+                break
+            time.sleep(0.005)
+        else:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self.pid = None
+
+
+if __name__ == "__main__":
+    main()
