@@ -145,3 +145,7 @@ async def _inject(ctx: RoleContext, fault) -> None:
         out = subprocess.run(["sh", "-c", "sleep 0.5 >/dev/null 2>&1 & echo $!"],
                              capture_output=True, text=True, check=True)
         log.event("fault_orphan_spawned", orphan_pid=int(out.stdout.strip()))
+    elif fault.kind == "grandchild":
+        # Stays in this child's process group; only the group's SIGKILL ends it.
+        proc = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 1; done"])
+        log.event("fault_grandchild_spawned", grandchild_pid=proc.pid)

@@ -80,7 +80,10 @@ def _serve(sock: socket.socket) -> None:
     sel.register(wake_r, selectors.EVENT_READ, "sigchld")
 
     def send(msg: dict[str, Any]) -> None:
-        sock.send(msgpack.packb(msg, use_bin_type=True))
+        try:
+            sock.send(msgpack.packb(msg, use_bin_type=True))
+        except (BrokenPipeError, ConnectionResetError):
+            sys.exit(0)  # crewletd is gone; our children follow by parent-death signal
 
     while True:
         for key, _ in sel.select():

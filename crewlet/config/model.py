@@ -177,19 +177,15 @@ class LogSection(_Section):
 
 
 class Fault(_Section):
-    role: Literal["broker", "data_applier", "ingress", "seats", "workers"]  # the child to hurt
-    kind: Literal["wedge", "crash", "mute", "orphan"]  # block the loop / exit / stop heartbeats / lose the parent
+    role: Literal["data_applier", "ingress", "seats", "workers"]  # the role child to hurt
+    # wedge: block the loop; crash: exit at once; mute: stop heartbeats;
+    # orphan: start a short-lived process whose parent exits at once;
+    # grandchild: start a long-lived process that ignores SIGTERM.
+    kind: Literal["wedge", "crash", "mute", "orphan", "grandchild"]
     after: float = Field(0.0, ge=0)  # seconds after the child reports ready
     seconds: float = Field(3600.0, gt=0)  # how long a wedge blocks the loop; ignored for other kinds
     code: int = Field(1, ge=0, le=255)  # exit code of a crash
     once: bool = True  # only in the child's first incarnation (restart count 0)
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, v: str, info: ValidationInfo) -> str:
-        if info.data.get("role") == "broker" and v != "crash":
-            raise ValueError(f"the broker only takes kind crash, got {v!r}")
-        return v
 
 
 class DebugSection(_Section):

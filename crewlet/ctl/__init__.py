@@ -1,0 +1,167 @@
+"""``crewletctl``: ask a running crewletd about its node, or tell it what to do.
+
+Finding the node: the control socket is ``<data_dir>/run/control``. The data
+dir is ``--data-dir`` if given, else the one in the Tier A config
+(``--config``, else ``$CREWLET_CONFIG``, ``/etc/crewlet/crewlet.yaml``, else
+the defaults, ``$CREWLET_DATA_DIR`` among them). The config is read only
+when a command needs the node, so ``--help`` works with a broken one.
+
+Exit codes (sysexits where one fits): 0 ok, 1 crewletd refused, 3 ``status``
+found a child not running, 69 no node reachable, 78 configuration error.
+
+One module per command (its docstring is its help); rendering lives in
+:mod:`crewlet.ctl.render`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import click
+import zmq
+
+from crewlet import ipc
+from crewlet.config import ConfigError, load_node_config
+from crewlet.config.load import CONFIG_ENV, DEFAULT_CONFIG_PATHS
+
+# Exit codes.
+EXIT_OK = 0
+EXIT_REFUSED = 1        # crewletd answered ok: false
+EXIT_NOT_RUNNING = 3    # status: some child is not running (LSB "not running")
+EXIT_UNREACHABLE = 69   # EX_UNAVAILABLE: no crewletd answered
+EXIT_CONFIG = ConfigError.EXIT_CODE  # 78, EX_CONFIG
+
+# Timeouts and intervals, in seconds.
+CALL_TIMEOUT = 3.0          # status, stop and the reachability check before restart
+RESTART_TIMEOUT = 60.0      # crewletd answers restart once the child is ready again
+STOP_WAIT = 120.0           # stop --wait: give up waiting after this long
+STOP_POLL = 0.25            # stop --wait: how often to ask whether it still answers
+WATCH_INTERVAL = 1.0        # status --watch: default refresh
+WATCH_MIN_INTERVAL = 0.1    # --interval is clamped into [min, max]
+WATCH_MAX_INTERVAL = 1.0
+WATCH_CALL_TIMEOUT = 1.0    # one status request while watching
+
+PROG = "crewletctl"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a node's control socket is, and how we came to look there."""
+
+    data_dir: str
+    origin: str        # e.g. "--data-dir", "--config /etc/x.yaml", "defaults ($CREWLET_DATA_DIR)"
+    config: str | None  # the config file read, "<defaults>", or None with --data-dir
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.data_dir, "run")
+
+    @property
+    def control_socket(self) -> str:
+        return os.path.join(self.run_dir, "control")
+
+    def where(self) -> str:
+        """One line for "it is not there" messages."""
+        return f"looked for the control socket {self.control_socket} (data dir from {self.origin})"
+
+
+def _defaults_origin() -> str:
+    env = os.environ
+    if env.get("CREWLET_DATA_DIR"):
+        return "defaults ($CREWLET_DATA_DIR)"
+    if env.get("XDG_DATA_HOME"):
+        return "defaults ($XDG_DATA_HOME/crewlet)"
+    return "defaults (~/.local/share/crewlet)"
+
+
+def locate(config_path: str | None, data_dir: str | None) -> Target:
+    """The node to talk to; raises :class:`ConfigError` for a bad config."""
+    if data_dir:
+        return Target(os.path.abspath(os.path.expanduser(data_dir)), "--data-dir", None)
+    cfg = load_node_config(config_path)
+    if config_path is not None:
+        origin = f"--config {cfg.source}"
+    elif os.environ.get(CONFIG_ENV):
+        origin = f"${CONFIG_ENV} ({cfg.source})"
+    elif cfg.source in DEFAULT_CONFIG_PATHS:
+        origin = cfg.source
+    else:
+        origin = _defaults_origin()
+    if cfg.source != "<defaults>" and "data_dir" not in cfg.model_fields_set:
+        origin += f", which sets no data_dir: {_defaults_origin()}"
+    return Target(cfg.data_dir, origin, cfg.source)
+
+
+class Ctl:
+    """The group's options, shared by every command through ``click.pass_obj``."""
+
+    def __init__(self, config_path: str | None, data_dir: str | None):
+        self._config_path, self._data_dir = config_path, data_dir
+        self._target: Target | None = None
+
+    @property
+    def target(self) -> Target:
+        if self._target is None:
+            try:
+                self._target = locate(self._config_path, self._data_dir)
+            except ConfigError as exc:
+                fail(f"configuration error: {exc}", EXIT_CONFIG)
+        return self._target
+
+    def ask(self, op: str, timeout: float = CALL_TIMEOUT, **args: Any) -> dict[str, Any]:
+        """The ``result`` of one control request; exits 69 if no node answers
+        and 1 if crewletd refuses."""
+        try:
+            reply = request(self.target, op, timeout, **args)
+        except ipc.NodeUnreachable as exc:
+            unreachable(self.target, str(exc))
+        if not reply.get("ok"):
+            fail(str(reply.get("error") or "request refused"), EXIT_REFUSED)
+        return reply.get("result") or {}
+
+
+def request(target: Target, op: str, timeout: float, **args: Any) -> dict[str, Any]:
+    """:func:`crewlet.ipc.call`, with socket errors (e.g. a path too long) as unreachable."""
+    try:
+        return ipc.call(target.run_dir, op, timeout, **args)
+    except zmq.ZMQError as exc:
+        raise ipc.NodeUnreachable(f"{target.control_socket}: {exc}") from None
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"{PROG}: {message}", err=True)
+    sys.exit(code)
+
+
+def unreachable(target: Target, reason: str) -> NoReturn:
+    click.echo(f"{PROG}: no crewlet node reachable: {reason}", err=True)
+    fail(target.where(), EXIT_UNREACHABLE)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Tier A config file of the node (default: $CREWLET_CONFIG, "
+                   "/etc/crewlet/crewlet.yaml, else built-in defaults).")
+@click.option("--data-dir", type=click.Path(file_okay=False), metavar="PATH",
+              help="The node's data dir; overrides the config.")
+@click.version_option(package_name="crewlet")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, data_dir: str | None) -> None:
+    """Control a crewlet node through its crewletd."""
+    ctx.obj = Ctl(config_path, data_dir)
+
+
+def main() -> None:
+    cli(prog_name=PROG)
+
+
+# The commands import the names above, so they come last.
+from crewlet.ctl.restart import restart  # noqa: E402
+from crewlet.ctl.status import status  # noqa: E402
+from crewlet.ctl.stop import stop  # noqa: E402
+
+for _command in (status, restart, stop):
+    cli.add_command(_command)

@@ -1,0 +1,74 @@
+"""``crewletctl status``: the node and its children, once, as JSON, or live."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.live import Live
+
+from crewlet import ipc
+from crewlet.ctl import (EXIT_NOT_RUNNING, EXIT_OK, WATCH_CALL_TIMEOUT, WATCH_INTERVAL,
+                         WATCH_MAX_INTERVAL, WATCH_MIN_INTERVAL, Ctl, request)
+from crewlet.ctl.render import normalize, status_view, watch_view
+
+
+def exit_code(status: dict[str, Any]) -> int:
+    """0 when the node is not stopping and every child is running, else 3."""
+    node = status.get("node") or {}
+    children = status.get("children") or []
+    healthy = not node.get("stopping") and all(c.get("state") == "running" for c in children)
+    return EXIT_OK if healthy else EXIT_NOT_RUNNING
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (stable keys).")
+@click.option("--watch", "-w", is_flag=True, help="Keep showing the status, live, until Ctrl-C.")
+@click.option("--interval", "-n", default=WATCH_INTERVAL, show_default=True, metavar="SECONDS",
+              type=click.FloatRange(WATCH_MIN_INTERVAL, WATCH_MAX_INTERVAL, clamp=True),
+              help=f"Refresh period of --watch, clamped to {WATCH_MIN_INTERVAL:g}..{WATCH_MAX_INTERVAL:g}.")
+@click.pass_obj
+def status(ctl: Ctl, as_json: bool, watch: bool, interval: float) -> None:
+    """Show the node, its children and its supervisors.
+
+    Exits 0 when every child is running, 3 when one is not, 69 when no node
+    answers. With --watch, exits 0 on Ctrl-C and keeps retrying while the
+    node is unreachable.
+    """
+    if as_json and watch:
+        raise click.UsageError("--json and --watch cannot be combined")
+    if watch:
+        sys.exit(_watch(ctl, interval))
+    result = normalize(ctl.ask("status"))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        Console().print(status_view(result))
+    sys.exit(exit_code(result))
+
+
+def _watch(ctl: Ctl, interval: float) -> int:
+    target = ctl.target
+    last: dict[str, Any] | None = None
+    last_ok: float | None = None
+    try:
+        with Live(auto_refresh=False, console=Console()) as live:
+            while True:
+                started = time.monotonic()
+                error = None
+                try:
+                    reply = request(target, "status", WATCH_CALL_TIMEOUT)
+                    if reply.get("ok"):
+                        last, last_ok = normalize(reply.get("result") or {}), time.time()
+                    else:
+                        error = f"crewletd refused: {reply.get('error')}"
+                except ipc.NodeUnreachable as exc:
+                    error = str(exc)
+                live.update(watch_view(last, error, target.where(), last_ok, interval), refresh=True)
+                time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        return EXIT_OK

@@ -1,0 +1,224 @@
+"""Shared test helpers: short temp dirs, free loopback ports, deadlines, real nodes.
+
+Everything here starts real processes and listens on 127.0.0.1 only. Waits
+are conditions with deadlines (:func:`wait_for`), never bare sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psutil
+import pytest
+import yaml
+
+from crewlet import ipc
+
+def _script(name: str, module: str) -> list[str]:
+    """The installed console script next to this interpreter, else ``-m``."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    return [path] if os.access(path, os.X_OK) else [sys.executable, "-m", module]
+
+
+CREWLETD = _script("crewletd", "supervisor.crewletd")
+CREWLETCTL = _script("crewletctl", "crewlet.ctl")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
+             what: str = "condition") -> Any:
+    """Poll *predicate* until it returns something truthy; fail after *timeout*."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def short_tmp():
+    """A temp dir with a short path: unix socket paths must fit in 107 bytes."""
+    path = tempfile.mkdtemp(prefix="cw", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Node:
+    """A real crewletd started by a test."""
+
+    dir: str
+    config_path: str
+    config: dict
+    proc: subprocess.Popen | None = None
+    log_path: str = ""
+    _seen: int = field(default=0)
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.config["data_dir"], "run")
+
+    def start(self, *, wait_ready: bool = True, prefix: list[str] | None = None) -> "Node":
+        self.log_path = os.path.join(self.dir, "crewletd.log")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([*(prefix or []), *CREWLETD, "start", "-c", self.config_path],
+                                     stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
+                                     start_new_session=True)
+        log.close()
+        if wait_ready:
+            self.wait_running()
+        return self
+
+    def status(self, timeout: float = 2.0) -> dict | None:
+        try:
+            reply = ipc.call(self.run_dir, "status", timeout=timeout)
+        except ipc.NodeUnreachable:
+            return None
+        return reply["result"] if reply.get("ok") else None
+
+    def children(self) -> dict[str, dict]:
+        st = self.status()
+        return {c["name"]: c for c in st["children"]} if st else {}
+
+    def wait_running(self, timeout: float = 30.0, exclude: dict[str, int] | None = None) -> dict:
+        """Wait until every child runs (with a pid other than *exclude*'s)."""
+        def ready():
+            assert self.proc is None or self.proc.poll() is None, \
+                f"crewletd exited {self.proc.returncode}:\n{self.read_log()[-3000:]}"
+            kids = self.children()
+            if not kids or any(c["state"] != "running" for c in kids.values()):
+                return None
+            if exclude and any(kids[n]["pid"] == pid for n, pid in exclude.items()):
+                return None
+            return kids
+        return wait_for(ready, timeout, what="all children running")
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.read_log().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def wait_event(self, name: str, timeout: float = 10.0, **match: Any) -> dict:
+        def find():
+            for ev in self.events():
+                if ev.get("event") == name and all(ev.get(k) == v for k, v in match.items()):
+                    return ev
+            return None
+        return wait_for(find, timeout, what=f"event {name} {match}")
+
+    def read_log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def tree_pids(self) -> set[int]:
+        """crewletd and every descendant alive now."""
+        if self.proc is None:
+            return set()
+        try:
+            root = psutil.Process(self.proc.pid)
+            return {root.pid, *(p.pid for p in root.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            return set()
+
+    def kill_all(self) -> None:
+        """Last-resort cleanup: SIGKILL crewletd's session, whatever is left."""
+        if self.proc is None:
+            return
+        pids = self.tree_pids()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def node_config(dir: str, **overrides: Any) -> dict:
+    """A fast single-node config in *dir*, on free loopback ports."""
+    cfg: dict[str, Any] = {
+        "node": {"id": "t1"},
+        "data_dir": os.path.join(dir, "data"),
+        "stream": {"listen": f"127.0.0.1:{free_port()}"},
+        "ingress": {"listen": f"127.0.0.1:{free_port()}"},
+        "supervisor": {"shutdown_timeout": 5, "broker_shutdown_timeout": 10,
+                       "wedge_after": 2, "heartbeat_interval": 0.2, "heartbeat_grace": 1,
+                       "backoff_min": 0.05, "backoff_max": 0.5, "stable_after": 1},
+        "log": {"format": "json"},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+@pytest.fixture
+def make_node(short_tmp):
+    """Factory: ``make_node(**config_overrides)`` writes a config; ``.start()`` runs it."""
+    nodes: list[Node] = []
+
+    def make(**overrides: Any) -> Node:
+        d = os.path.join(short_tmp, f"n{len(nodes)}")
+        os.makedirs(d)
+        cfg = node_config(d, **overrides)
+        path = os.path.join(d, "crewlet.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(cfg, f)
+        node = Node(d, path, cfg)
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        if node.proc is not None and node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGTERM)
+            try:
+                node.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+        node.kill_all()
+
+
+def alive(pid: int) -> bool:
+    """True if *pid* exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

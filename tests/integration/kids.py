@@ -1,0 +1,47 @@
+"""Children for supervisor tests, forked from a zygote that preloads this module.
+
+``serve`` reports ready on the health endpoint (unless told not to), heartbeats
+if asked, and then waits for a signal:
+
+* SIGTERM: exit 0 (or, with ``ignore_term``, keep running);
+* SIGUSR1: exit 0 on its own — a *normal* exit the supervisor did not ask for;
+* SIGUSR2: exit ``usr2_code`` (3) — an abnormal exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import msgpack
+import zmq
+
+
+def serve(run_dir: str, name: str, ready_after: float = 0.0, report_ready: bool = True,
+          ignore_term: bool = False, heartbeat: float | None = None, beats: int = -1, usr2_code: int = 3,
+          incarnation: int = 0) -> int:
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 1000)
+    push.connect("ipc://" + os.path.join(run_dir, "health"))
+
+    def say(kind: str) -> None:
+        push.send(msgpack.packb({"t": kind, "child": name, "pid": os.getpid()}))
+
+    exit_code: list[int] = []
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_term else lambda *_: exit_code.append(0))
+    signal.signal(signal.SIGUSR1, lambda *_: exit_code.append(0))
+    signal.signal(signal.SIGUSR2, lambda *_: exit_code.append(usr2_code))
+    if ready_after:
+        time.sleep(ready_after)
+    if report_ready:
+        say("ready")
+    while not exit_code:
+        if heartbeat is not None and beats != 0:
+            say("hb")
+            beats -= 1
+        time.sleep(heartbeat or 0.05)
+    push.close()
+    ctx.term()
+    return exit_code[0]
