@@ -64,6 +64,12 @@ class Node:
         self._events: zmq.asyncio.Socket | None = None
         self.host = ProcessHost(cfg.run_dir, zygote, self._ctx, notify=self.publish)
         self._stats: dict[int, psutil.Process] = {}
+        # The node's own record per child name. A nested supervisor that is
+        # restarted starts its children's counts afresh; the node's view of a
+        # role does not: restarts = starts - 1, and the last exit seen.
+        self._starts: dict[str, int] = {}
+        self._last_exit: dict[str, dict] = {}
+        self._ready = False
 
     # ------------------------------------------------------------- the tree
 
@@ -149,6 +155,7 @@ class Node:
             await self.root.start()
         except StartFailed as exc:
             return self._exit_code(exc.info)
+        self._ready = True
         sysd.notify("READY=1")
         self.publish("node_ready", children=[c["name"] for c in self.root.children()])
         stop = asyncio.create_task(self._stop.wait())
@@ -203,6 +210,12 @@ class Node:
     def publish(self, name: str, level: str = "info", **fields: Any) -> None:
         """Log an event and publish it on ``events`` for local subscribers."""
         log.event(name, level, **fields)
+        child = fields.get("child")
+        if name == "child_started":
+            self._starts[child] = self._starts.get(child, 0) + 1
+        elif name in ("child_exited", "child_stopped", "child_start_failed"):
+            self._last_exit[child] = {"code": fields.get("code"), "signal": fields.get("signal"),
+                                      "reason": fields.get("reason"), "at": time.time()}
         if self._events is not None:
             try:
                 self._events.send_multipart([name.encode(), ipc.pack(fields)], zmq.NOBLOCK)
@@ -214,11 +227,20 @@ class Node:
             return []
         return [c for c in self.root.children() if c["type"] == S.WORKER and c["pid"]]
 
+    def expected_children(self) -> list[str]:
+        """Every process child this node runs when all is well, in start order."""
+        return (["broker"] if self.cfg.stream.type == "embedded" else []) + self.cfg.children()
+
     def status(self) -> dict[str, Any]:
         children = []
-        for c in self.root.children() if self.root else []:
-            if c["type"] != S.WORKER:
-                continue
+        current = {c["name"]: c for c in (self.root.children() if self.root else [])
+                   if c["type"] == S.WORKER}
+        for name in self.expected_children():
+            # Not under a running supervisor (it is being started or restarted).
+            c = current.get(name) or {"name": name, "type": S.WORKER, "pid": None,
+                                      "state": "stopped", "uptime_s": None, "started_at": None}
+            c = {**c, "restarts": max(0, self._starts.get(name, 0) - 1),
+                 "last_exit": c.get("last_exit") or self._last_exit.get(name)}
             proc = self._stats.get(c["pid"]) if c["pid"] else None
             cpu, rss = None, None
             if proc is not None:
@@ -236,6 +258,7 @@ class Node:
                 "uptime_s": round(time.time() - self.started_at, 3),
                 "data_dir": self.cfg.data_dir, "config": self.cfg.source,
                 "broker": {"type": self.cfg.stream.type, "servers": bus.servers_of(self.cfg.stream)},
+                "ready": self._ready and not self._stop.is_set(),
                 "stopping": self._stop.is_set(),
                 "cpu_percent": me.cpu_percent(None), "rss_bytes": me.memory_info().rss,
             },

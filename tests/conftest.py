@@ -103,8 +103,11 @@ class Node:
         def ready():
             assert self.proc is None or self.proc.poll() is None, \
                 f"crewletd exited {self.proc.returncode}:\n{self.read_log()[-3000:]}"
-            kids = self.children()
-            if not kids or any(c["state"] != "running" for c in kids.values()):
+            st = self.status()
+            if not st or not st["node"]["ready"]:
+                return None
+            kids = {c["name"]: c for c in st["children"]}
+            if any(c["state"] != "running" for c in kids.values()):
                 return None
             if exclude and any(kids[n]["pid"] == pid for n, pid in exclude.items()):
                 return None

@@ -1,0 +1,232 @@
+"""crewletd end to end: a real node, real nats-server, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+import pytest
+
+from tests.conftest import CREWLETCTL, CREWLETD, alive, wait_for
+
+ROLES = ("data_applier", "ingress", "seats", "workers")
+
+
+def test_node_starts_every_child_and_restarts_a_killed_one_within_a_second(make_node):
+    node = make_node().start()
+    kids = node.children()
+    assert set(kids) == {"broker", *ROLES}
+    assert all(c["state"] == "running" and c["pid"] for c in kids.values())
+    # Process titles name node and role.
+    for name in ROLES:
+        assert psutil.Process(kids[name]["pid"]).cmdline()[0] == f"crewlet t1 {name}"
+    for name in ROLES:
+        old = node.children()[name]["pid"]
+        t0 = time.monotonic()
+        os.kill(old, signal.SIGKILL)
+        now = node.wait_running(timeout=5, exclude={name: old})
+        took = time.monotonic() - t0
+        assert took < 1.0, f"{name} took {took:.3f}s to come back"
+        assert now[name]["restarts"] == 1
+        assert now[name]["last_exit"]["signal"] == signal.SIGKILL
+        assert now[name]["last_exit"]["reason"] == "signal 9 (SIGKILL)"
+
+
+def test_sigterm_stops_everything_including_grandchildren(make_node):
+    node = make_node(debug={"faults": [{"role": "seats", "kind": "grandchild"}]}).start()
+    ev = node.wait_event("fault_grandchild_spawned")
+    grandchild = ev["grandchild_pid"]
+    assert alive(grandchild)
+    tree = node.tree_pids()
+    assert grandchild in tree and len(tree) >= 7  # crewletd, zygote, broker, 4 roles, +
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.wait_exit(30) == 0
+    wait_for(lambda: not any(alive(p) for p in tree), 5, what="every process gone")
+    assert not alive(grandchild), "a grandchild that ignores SIGTERM must not survive"
+
+
+def test_wedged_loop_exits_75_and_is_restarted_with_that_reason(make_node):
+    node = make_node(debug={"faults": [{"role": "workers", "kind": "wedge", "after": 0.2}]}).start()
+    old = node.children()["workers"]["pid"]
+    kids = node.wait_running(timeout=15, exclude={"workers": old})
+    assert kids["workers"]["last_exit"] == {**kids["workers"]["last_exit"], "code": 75,
+                                            "reason": "wedged event loop"}
+    node.wait_event("event_loop_wedged", role="workers")
+    # The stack dump says where the loop was stuck.
+    assert "time.sleep(fault.seconds)" in node.read_log() or "_inject" in node.read_log()
+
+
+def test_silent_child_is_killed_for_lost_heartbeat(make_node):
+    # The loop keeps turning (so the watchdog stays quiet) but no heartbeat
+    # arrives: crewletd kills it after wedge_after + heartbeat_grace.
+    node = make_node(supervisor={"wedge_after": 2, "heartbeat_grace": 0.5},
+                     debug={"faults": [{"role": "seats", "kind": "mute"}]}).start()
+    old = node.children()["seats"]["pid"]
+    t0 = time.monotonic()
+    kids = node.wait_running(timeout=20, exclude={"seats": old})
+    assert kids["seats"]["last_exit"]["reason"] == "killed: no heartbeat"
+    assert kids["seats"]["last_exit"]["signal"] == signal.SIGKILL
+    assert time.monotonic() - t0 >= 2.0
+    node.wait_event("heartbeat_lost", child="seats")
+
+
+def test_crash_reason_and_restart(make_node):
+    node = make_node(debug={"faults": [{"role": "ingress", "kind": "crash", "code": 3}]}).start()
+    exited = node.wait_event("child_exited", child="ingress")
+    assert exited["code"] == 3 and exited["reason"] == "exit 3"
+    kids = node.wait_running(timeout=10)
+    assert kids["ingress"]["last_exit"]["code"] == 3
+    assert kids["ingress"]["last_exit"]["reason"] == "exit 3"
+
+
+def test_broker_death_restarts_the_roles_after_it(make_node):
+    node = make_node().start()
+    before = {name: c["pid"] for name, c in node.children().items()}
+    os.kill(before["broker"], signal.SIGKILL)
+    after = node.wait_running(timeout=20, exclude=before)
+    assert after["broker"]["restarts"] == 1
+    for name in ROLES:
+        assert after[name]["pid"] != before[name], f"{name} should restart after the broker"
+        assert not alive(before[name])
+
+
+def test_restart_intensity_exceeded_exits_69(make_node):
+    node = make_node(supervisor={"intensity": 2, "period": 30, "backoff_min": 0.01},
+                     debug={"faults": [{"role": "workers", "kind": "crash", "once": False}]})
+    node.start(wait_ready=False)
+    assert node.wait_exit(60) == 69
+    ev = node.wait_event("node_exiting")
+    assert "intensity" in ev["reason"]
+    assert not any(alive(p) for p in node.tree_pids())
+
+
+def test_child_exiting_78_makes_crewletd_exit_78(make_node):
+    node = make_node(debug={"faults": [{"role": "seats", "kind": "crash", "code": 78}]})
+    node.start(wait_ready=False)
+    assert node.wait_exit(30) == 78
+    assert "bad configuration" in node.wait_event("node_exiting")["reason"]
+
+
+def test_bad_config_exits_78_with_file_key_and_problem(short_tmp):
+    path = os.path.join(short_tmp, "bad.yaml")
+    with open(path, "w") as f:
+        f.write("node:\n  id: ok\nsupervisor:\n  intensity: lots\n")
+    out = subprocess.run([*CREWLETD, "start", "-c", path], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 78
+    assert path in out.stderr and "supervisor.intensity" in out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    check = subprocess.run([*CREWLETD, "check-config", path], capture_output=True, text=True,
+                           timeout=30)
+    assert check.returncode == 78 and "supervisor.intensity" in check.stderr
+
+
+def test_too_long_run_dir_exits_78(short_tmp):
+    deep = os.path.join(short_tmp, "d" * 60, "e" * 60)
+    path = os.path.join(short_tmp, "long.yaml")
+    with open(path, "w") as f:
+        f.write(f"data_dir: {deep}\n")
+    out = subprocess.run([*CREWLETD, "start", "-c", path], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 78
+    assert "data_dir" in out.stderr and "107" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_missing_broker_binary_exits_78(make_node):
+    node = make_node(stream={"binary": "/nonexistent/nats-server"})
+    node.start(wait_ready=False)
+    assert node.wait_exit(30) == 78
+
+
+def test_second_crewletd_on_the_same_data_dir_is_refused(make_node):
+    node = make_node().start()
+    out = subprocess.run([*CREWLETD, "start", "-c", node.config_path], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 78 and "another crewletd" in out.stderr
+
+
+def test_ingress_health_and_readiness(make_node):
+    node = make_node().start()
+    base = f"http://{node.config['ingress']['listen']}"
+    with urllib.request.urlopen(base + "/healthz", timeout=5) as r:
+        assert r.status == 200 and json.load(r)["node"] == "t1"
+    with urllib.request.urlopen(base + "/readyz", timeout=5) as r:
+        assert r.status == 200 and json.load(r)["ready"] is True
+
+
+def test_readyz_reports_a_child_that_is_not_running(make_node):
+    node = make_node(supervisor={"backoff_min": 30, "backoff_max": 30, "stable_after": 60},
+                     debug={"faults": [{"role": "workers", "kind": "crash", "once": False,
+                                        "after": 0.3}]})
+    node.start(wait_ready=False)
+    base = f"http://{node.config['ingress']['listen']}"
+
+    def in_backoff():
+        kids = node.children()
+        return kids and kids.get("workers", {}).get("state") == "backoff"
+    wait_for(in_backoff, 30, what="workers in backoff")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(base + "/readyz", timeout=5)
+    assert err.value.code == 503
+    body = json.load(err.value)
+    assert {"name": "workers", "state": "backoff"} in body["not_running"]
+    # crewletctl status exits 3 when a child is not running.
+    out = subprocess.run([*CREWLETCTL, "-c", node.config_path, "status"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 3, out.stdout + out.stderr
+
+
+def test_crewletctl_status_restart_and_stop(make_node):
+    node = make_node().start()
+    ctl = [*CREWLETCTL, "-c", node.config_path]
+    out = subprocess.run([*ctl, "status"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "t1" in out.stdout and "seats" in out.stdout
+    js = subprocess.run([*ctl, "status", "--json"], capture_output=True, text=True, timeout=30)
+    data = json.loads(js.stdout)
+    assert data["node"]["id"] == "t1" and data["node"]["roles"] == ["data", "ingress", "seats", "workers"]
+    for c in data["children"]:
+        assert {"name", "pid", "state", "restarts", "uptime_s", "last_exit", "cpu_percent",
+                "rss_bytes"} <= set(c)
+    old = node.children()["seats"]["pid"]
+    out = subprocess.run([*ctl, "restart", "seats"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert node.children()["seats"]["pid"] != old and not alive(old)
+    bad = subprocess.run([*ctl, "restart", "nope"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0 and "nope" in bad.stderr
+    out = subprocess.run([*ctl, "stop"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert node.wait_exit(30) == 0
+
+
+def test_crewletctl_without_a_node_exits_69(short_tmp):
+    out = subprocess.run([*CREWLETCTL, "--data-dir", os.path.join(short_tmp, "none"), "status"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 69
+    assert "control" in out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare for a PID namespace")
+def test_as_pid1_in_a_pid_namespace_reaps_orphans(make_node):
+    node = make_node(debug={"faults": [{"role": "seats", "kind": "orphan"}]})
+    node.start(wait_ready=False, prefix=["unshare", "--pid", "--fork", "--mount-proc"])
+    started = node.wait_event("crewletd_starting", timeout=30)
+    assert started["pid1"] is True and started["pid"] == 1
+    spawned = node.wait_event("fault_orphan_spawned", timeout=30)
+    reaped = node.wait_event("orphan_reaped", timeout=10, orphan_pid=spawned["orphan_pid"])
+    assert reaped["role"] == "crewletd"
+    # Nothing in the namespace is left a zombie.
+    tree = node.tree_pids()
+    assert not [p for p in tree if not alive(p) and psutil.pid_exists(p)]
+    crewletd = psutil.Process(node.proc.pid).children()[0]  # unshare's child, PID 1 inside
+    crewletd.send_signal(signal.SIGTERM)
+    assert node.wait_exit(30) == 0  # unshare exits with its child's status
