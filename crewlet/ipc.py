@@ -48,12 +48,12 @@ def endpoint(run_dir: str, name: str) -> str:
 
 def ensure_run_dir(run_dir: str) -> None:
     """Create the run directory, owner-only, and check socket paths fit AF_UNIX."""
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    os.chmod(run_dir, 0o700)
     longest = max(len(os.fsencode(os.path.join(run_dir, n))) for n in ENDPOINTS)
     if longest > MAX_SOCKET_PATH:
         raise ValueError(f"run directory {run_dir} makes unix socket paths of {longest} bytes; "
                          f"at most {MAX_SOCKET_PATH} fit")
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    os.chmod(run_dir, 0o700)
 
 
 def pack(message: dict[str, Any]) -> bytes:

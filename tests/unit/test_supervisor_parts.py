@@ -1,0 +1,75 @@
+"""The pure parts of the supervisor: exit meanings, specs, backoff, state moves."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from supervisor import spec as S
+from supervisor import states
+from supervisor.procs import ExitInfo
+
+
+def _status(code: int | None = None, sig: int | None = None) -> int:
+    # Build raw wait statuses the way the kernel encodes them.
+    return (code << 8) if sig is None else sig
+
+
+@pytest.mark.parametrize("status, code, sig, reason", [
+    (_status(0), 0, None, "exit 0"),
+    (_status(1), 1, None, "exit 1"),
+    (_status(75), 75, None, "wedged event loop"),
+    (_status(78), 78, None, "bad configuration"),
+    (_status(sig=9), None, 9, "signal 9 (SIGKILL)"),
+    (_status(sig=15), None, 15, "signal 15 (SIGTERM)"),
+])
+def test_exit_info_reads_wait_statuses(status, code, sig, reason):
+    info = ExitInfo.from_status(status)
+    assert (info.code, info.signal, info.reason) == (code, sig, reason)
+    assert os.WIFSIGNALED(status) == (sig is not None)
+
+
+def test_supervisor_kill_reason_overrides_the_bare_signal():
+    info = ExitInfo.from_status(_status(sig=signal.SIGKILL), "killed: no heartbeat")
+    assert info.signal == 9 and info.reason == "killed: no heartbeat" and not info.normal
+
+
+def test_only_exit_0_is_normal():
+    assert ExitInfo(0, None, "").normal
+    assert not ExitInfo(3, None, "").normal
+    assert not ExitInfo(None, 15, "").normal
+
+
+def test_backoff_first_restart_immediate_then_exponential_and_capped():
+    flags = S.SupFlags(backoff_min=0.1, backoff_max=1.0)
+    assert [flags.backoff(n) for n in range(1, 7)] == [0.0, 0.1, 0.2, 0.4, 0.8, 1.0]
+
+
+def test_specs_refuse_what_otp_refuses():
+    async def start(i):  # pragma: no cover - never called
+        raise AssertionError
+    with pytest.raises(ValueError, match="permanent child cannot be significant"):
+        S.ChildSpec("a", start, restart=S.PERMANENT, significant=True)
+    with pytest.raises(ValueError):
+        S.ChildSpec("a", start, restart="sometimes")
+    with pytest.raises(ValueError):
+        S.ChildSpec("a", start, shutdown="later")
+    with pytest.raises(ValueError):
+        S.SupFlags(strategy="all_for_none")
+    with pytest.raises(ValueError):
+        S.SupFlags(auto_shutdown="maybe")
+
+
+def test_state_moves_are_guarded():
+    states.check("a", states.STOPPED, states.STARTING)
+    states.check("a", states.RUNNING, states.EXITED)
+    with pytest.raises(states.BadTransition):
+        states.check("a", states.STOPPED, states.RUNNING)
+    with pytest.raises(states.BadTransition):
+        states.check("a", states.RUNNING, states.BACKOFF)
+    # Every state can be left somehow, and every target is a known state.
+    known = set(states.TRANSITIONS)
+    for old, targets in states.TRANSITIONS.items():
+        assert targets and targets <= known, old
