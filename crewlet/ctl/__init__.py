@@ -16,6 +16,7 @@ One module per command (its docstring is its help); rendering lives in
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -45,6 +46,7 @@ WATCH_MAX_INTERVAL = 1.0
 WATCH_CALL_TIMEOUT = 1.0    # one status request while watching
 
 PROG = "crewletctl"
+PIPE_WIDTH = 160  # columns for tables when stdout is not a terminal (and $COLUMNS unset)
 
 
 @dataclass(frozen=True)
@@ -124,11 +126,28 @@ class Ctl:
 
 
 def request(target: Target, op: str, timeout: float, **args: Any) -> dict[str, Any]:
-    """:func:`crewlet.ipc.call`, with socket errors (e.g. a path too long) as unreachable."""
+    """:func:`crewlet.ipc.call`, failing at once on a socket nobody listens on
+    (a stopped crewletd leaves its socket files behind), and with socket
+    errors (e.g. a path too long) as unreachable too."""
+    _probe(target.control_socket)
     try:
         return ipc.call(target.run_dir, op, timeout, **args)
     except zmq.ZMQError as exc:
         raise ipc.NodeUnreachable(f"{target.control_socket}: {exc}") from None
+
+
+def _probe(path: str) -> None:
+    """Raise NodeUnreachable if connecting to unix socket *path* is refused."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(path)
+        except ConnectionRefusedError:
+            raise ipc.NodeUnreachable(f"nothing listens on {path}: crewletd is not running (stale socket)") from None
+        except FileNotFoundError:
+            raise ipc.NodeUnreachable(f"no control socket at {path}") from None
+        except OSError:
+            pass  # anything else: let ipc.call try and say what it finds
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -158,10 +177,8 @@ def main() -> None:
     cli(prog_name=PROG)
 
 
-# The commands import the names above, so they come last.
-from crewlet.ctl.restart import restart  # noqa: E402
-from crewlet.ctl.status import status  # noqa: E402
-from crewlet.ctl.stop import stop  # noqa: E402
+# The command modules import the names above, so they come last.
+from crewlet.ctl import restart, status, stop  # noqa: E402
 
-for _command in (status, restart, stop):
-    cli.add_command(_command)
+for _module in (status, restart, stop):
+    cli.add_command(getattr(_module, _module.__name__.rpartition(".")[2]))

@@ -13,11 +13,11 @@ from crewlet.ctl import CALL_TIMEOUT, RESTART_TIMEOUT, Ctl
               type=click.FloatRange(min=1.0), help="How long to wait for the child to be ready again.")
 @click.pass_obj
 def restart(ctl: Ctl, child: str, timeout: float) -> None:
-    """Restart CHILD (a name from `status`) and wait until it is ready again.
+    """Restart CHILD and wait until it is ready again.
 
-    A restart asked for here does not count against the supervisor's restart
-    intensity. Exits 1 if crewletd refuses (e.g. no such child), 69 when no
-    node answers.
+    CHILD is a NAME from `status`. A restart asked for here does not count
+    against the supervisor's restart intensity. Exits 1 if crewletd refuses
+    (e.g. no such child), 69 when no node answers.
     """
     ctl.ask("status", CALL_TIMEOUT)  # fail fast on a dead node rather than after --timeout
     ctl.ask("restart", timeout, child=child)

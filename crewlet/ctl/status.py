@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 
 from crewlet import ipc
-from crewlet.ctl import (EXIT_NOT_RUNNING, EXIT_OK, WATCH_CALL_TIMEOUT, WATCH_INTERVAL,
+from crewlet.ctl import (EXIT_NOT_RUNNING, EXIT_OK, PIPE_WIDTH, WATCH_CALL_TIMEOUT, WATCH_INTERVAL,
                          WATCH_MAX_INTERVAL, WATCH_MIN_INTERVAL, Ctl, request)
 from crewlet.ctl.render import normalize, status_view, watch_view
 
@@ -47,8 +48,15 @@ def status(ctl: Ctl, as_json: bool, watch: bool, interval: float) -> None:
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
-        Console().print(status_view(result))
+        _console().print(status_view(result))
     sys.exit(exit_code(result))
+
+
+def _console() -> Console:
+    """A terminal's width, or a wide one when piped, so rows do not wrap."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=PIPE_WIDTH)
 
 
 def _watch(ctl: Ctl, interval: float) -> int:

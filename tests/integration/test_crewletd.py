@@ -230,3 +230,31 @@ def test_as_pid1_in_a_pid_namespace_reaps_orphans(make_node):
     crewletd = psutil.Process(node.proc.pid).children()[0]  # unshare's child, PID 1 inside
     crewletd.send_signal(signal.SIGTERM)
     assert node.wait_exit(30) == 0  # unshare exits with its child's status
+
+
+def test_systemd_notify_ready_and_watchdog(make_node, short_tmp):
+    import socket as _socket
+    path = os.path.join(short_tmp, "notify")
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(20)
+    node = make_node()
+    os.environ["NOTIFY_SOCKET"] = path
+    os.environ["WATCHDOG_USEC"] = "200000"  # systemd's WatchdogSec=0.2
+    try:
+        node.start(wait_ready=False)
+    finally:
+        del os.environ["NOTIFY_SOCKET"], os.environ["WATCHDOG_USEC"]
+    seen: list[str] = []
+    try:
+        while "READY=1" not in seen or seen.count("WATCHDOG=1") < 3:
+            seen.append(sock.recv(256).decode())
+        # READY=1 comes only once every child is running.
+        kids = node.children()
+        assert all(c["state"] == "running" for c in kids.values())
+        node.proc.send_signal(signal.SIGTERM)
+        while "STOPPING=1" not in seen:
+            seen.append(sock.recv(256).decode())
+    finally:
+        sock.close()
+    assert node.wait_exit(30) == 0
