@@ -7,6 +7,8 @@ the worst state to be in. Every state change of the connection is logged.
 
 from __future__ import annotations
 
+import asyncio
+
 import nats
 from nats.aio.client import Client
 
@@ -42,3 +44,15 @@ async def connect(stream, *, name: str, connect_timeout: float = 2.0) -> Client:
         closed_cb=closed)
     log.event("nats_connected", url=str(nc.connected_url.netloc if nc.connected_url else None))
     return nc
+
+
+async def close(nc: Client, timeout: float = 2.0) -> None:
+    """Close this process's connection: drain it when the broker is there to
+    drain to, else just close (a drain toward a dead broker waits it out)."""
+    try:
+        if nc.is_connected:
+            await asyncio.wait_for(nc.drain(), timeout)
+        else:
+            await nc.close()
+    except (Exception, asyncio.CancelledError) as exc:
+        log.event("nats_close_failed", "debug", error=f"{type(exc).__name__}: {exc}")

@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import time
+import traceback
 from typing import Any
 
 import zmq
@@ -85,8 +86,13 @@ def run_role(role: str, config: dict, incarnation: int = 0) -> int:
     module = importlib.import_module(f"roles.{role}")
     try:
         return asyncio.run(_amain(role, cfg, incarnation, module.main))
-    except KeyboardInterrupt:  # pragma: no cover - children ignore the terminal
-        return 0
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        # One event with the whole traceback, rather than a line per event.
+        log.event("role_crashed", "error", error=f"{type(exc).__name__}: {exc}",
+                  traceback=traceback.format_exc())
+        return 1
 
 
 async def _amain(role: str, cfg: NodeConfig, incarnation: int, main) -> int:
@@ -107,10 +113,7 @@ async def _amain(role: str, cfg: NodeConfig, incarnation: int, main) -> int:
         heartbeat.cancel()
         faults.cancel()
         if ctx.nats is not None:
-            try:
-                await asyncio.wait_for(ctx.nats.drain(), 2)
-            except Exception:
-                pass
+            await bus.close(ctx.nats)
         watchdog.stop()
         ctx.close()
     log.event("role_stopped")

@@ -254,6 +254,7 @@ class Node:
             "node": {
                 "id": self.cfg.node.id, "roles": list(self.cfg.node.roles),
                 "labels": dict(self.cfg.node.labels), "pid": os.getpid(),
+                "zygote_pid": self.zygote.pid,
                 "version": crewlet.__version__, "started_at": self.started_at,
                 "uptime_s": round(time.time() - self.started_at, 3),
                 "data_dir": self.cfg.data_dir, "config": self.cfg.source,

@@ -259,8 +259,8 @@ class Supervisor:
         self._stopping.set()
         await self._stop_all(reason="gave up")
         for child in self._children:
-            if child.state != states.FATAL:
-                self._move(child, states.FATAL if child.state != states.STOPPED else states.STOPPED)
+            if child.state == states.EXITED:  # the one that died last: not started again
+                self._move(child, states.FATAL)
         self._finish(info)
 
     async def _start(self, child: _Child) -> None:

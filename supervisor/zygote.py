@@ -35,6 +35,7 @@ import gc
 import importlib
 import itertools
 import os
+import select
 import selectors
 import signal
 import socket
@@ -286,56 +287,47 @@ class Zygote:
     def _lost(self) -> None:
         """The zygote's socket closed: it died. Pending forks fail; children it
         leaves are orphans now, reported by whoever reaps them."""
-        if self._sock is not None:
-            try:
-                asyncio.get_running_loop().remove_reader(self._sock.fileno())
-            except RuntimeError:
-                pass
-            self._sock.close()
-            self._sock = None
+        self._detach()
         for fut in self._forks.values():
             if not fut.done():
                 fut.set_exception(ZygoteGone("zygote exited"))
         self._forks.clear()
-        self._try_reap_self()
-        self.pid = None
-
-    def _try_reap_self(self) -> None:
-        if self.pid is None:
-            return
-        try:
-            os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            pass  # already reaped by crewletd's reaper
+        self._reap(timeout=0.5)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the zygote (it exits on EOF) and reap it."""
-        if self._sock is not None:
-            try:
-                asyncio.get_running_loop().remove_reader(self._sock.fileno())
-            except RuntimeError:
-                pass
-            self._sock.close()
-            self._sock = None
+        """Stop the zygote (it exits on its socket's EOF) and reap it."""
+        self._detach()
+        self._reap(timeout)
+
+    def _detach(self) -> None:
+        if self._sock is None:
+            return
+        try:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        except RuntimeError:
+            pass  # no loop running: nothing was reading
+        self._sock.close()
+        self._sock = None
+
+    def _reap(self, timeout: float) -> None:
+        """Wait up to *timeout* for the zygote to exit (SIGKILL it after), reap it."""
         if self.pid is None:
             return
-        import time
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                pid, _ = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid:
-                break
-            time.sleep(0.005)
-        else:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-        self.pid = None
+        pid, self.pid = self.pid, None
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return  # exited and already reaped (crewletd's reaper got it)
+        try:
+            if not select.select([fd], [], [], timeout)[0]:
+                os.kill(pid, signal.SIGKILL)
+                select.select([fd], [], [], 5.0)
+        finally:
+            os.close(fd)
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass  # reaped by crewletd's reaper
 
 
 if __name__ == "__main__":

@@ -97,6 +97,32 @@ def test_broker_death_restarts_the_roles_after_it(make_node):
         assert not alive(before[name])
 
 
+def test_sighup_is_forwarded_to_every_child(make_node):
+    node = make_node().start()
+    before = {name: c["pid"] for name, c in node.children().items()}
+    node.proc.send_signal(signal.SIGHUP)
+    node.wait_event("signal_forwarded", signal="SIGHUP")
+    for role in ROLES:
+        node.wait_event("reload_requested", role=role)
+    wait_for(lambda: any(e.get("role") == "broker" and "Reloaded" in e.get("line", "")
+                         for e in node.events()), 10, what="the broker reloading")
+    assert {name: c["pid"] for name, c in node.children().items()} == before
+
+
+def test_zygote_death_restarts_every_child_from_a_new_zygote(make_node):
+    node = make_node().start()
+    before = {name: c["pid"] for name, c in node.children().items()}
+    zygote = node.status()["node"]["zygote_pid"]
+    os.kill(zygote, signal.SIGKILL)
+    # Its children die with it (parent-death signal); crewletd, the subreaper,
+    # reaps them and the supervisors start them again from a fresh zygote.
+    after = node.wait_running(timeout=20, exclude=before)
+    assert node.status()["node"]["zygote_pid"] not in (None, zygote)
+    for name, pid in before.items():
+        assert not alive(pid), f"old {name} still alive"
+        assert psutil.Process(after[name]["pid"]).ppid() == node.status()["node"]["zygote_pid"]
+
+
 def test_restart_intensity_exceeded_exits_69(make_node):
     node = make_node(supervisor={"intensity": 2, "period": 30, "backoff_min": 0.01},
                      debug={"faults": [{"role": "workers", "kind": "crash", "once": False}]})
