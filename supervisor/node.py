@@ -157,6 +157,7 @@ class Node:
             return self._exit_code(exc.info)
         self._ready = True
         sysd.notify("READY=1")
+        self._inject_own_faults()
         self.publish("node_ready", children=[c["name"] for c in self.root.children()])
         stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait({stop, self.root.exited}, return_when=asyncio.FIRST_COMPLETED)
@@ -167,6 +168,16 @@ class Node:
         await self.root.stop()
         self.publish("node_stopped")
         return EXIT_OK
+
+    def _inject_own_faults(self) -> None:
+        """``debug.faults`` for crewletd itself: wedge its loop (tests its watchdog)."""
+        loop = asyncio.get_running_loop()
+        for fault in self.cfg.debug.faults:
+            if fault.role == "crewletd":
+                def wedge(seconds: float = fault.seconds) -> None:
+                    self.publish("fault_injected", "warning", kind="wedge")
+                    time.sleep(seconds)  # blocks the loop on purpose
+                loop.call_later(fault.after, wedge)
 
     def _exit_code(self, info: ExitInfo) -> int:
         code = info.code if info.code in (EXIT_OK, EXIT_CONFIG) else EXIT_UNAVAILABLE

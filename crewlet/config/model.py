@@ -177,7 +177,8 @@ class LogSection(_Section):
 
 
 class Fault(_Section):
-    role: Literal["data_applier", "ingress", "seats", "workers"]  # the role child to hurt
+    # The role child to hurt, or crewletd itself (wedge only: its own watchdog).
+    role: Literal["crewletd", "data_applier", "ingress", "seats", "workers"]
     # wedge: block the loop; crash: exit at once; mute: stop heartbeats;
     # orphan: start a short-lived process whose parent exits at once;
     # grandchild: start a long-lived process that ignores SIGTERM.
@@ -186,6 +187,13 @@ class Fault(_Section):
     seconds: float = Field(3600.0, gt=0)  # how long a wedge blocks the loop; ignored for other kinds
     code: int = Field(1, ge=0, le=255)  # exit code of a crash
     once: bool = True  # only in the child's first incarnation (restart count 0)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("role") == "crewletd" and v != "wedge":
+            raise ValueError(f"crewletd only takes kind wedge, got {v!r}")
+        return v
 
 
 class DebugSection(_Section):

@@ -284,3 +284,13 @@ def test_systemd_notify_ready_and_watchdog(make_node, short_tmp):
     finally:
         sock.close()
     assert node.wait_exit(30) == 0
+
+
+def test_crewletd_own_wedged_loop_exits_75_and_takes_its_children_with_it(make_node):
+    node = make_node(debug={"faults": [{"role": "crewletd", "kind": "wedge", "after": 0.2}]})
+    node.start()
+    tree = node.tree_pids()
+    assert node.wait_exit(30) == 75
+    assert "event_loop_wedged" in node.read_log()
+    # Parent-death signals: nothing it started outlives it.
+    wait_for(lambda: not any(alive(p) for p in tree), 15, what="every child gone")

@@ -230,6 +230,7 @@ def test_expand_env_directly():
         ("supervisor: {backoff_min: 5, backoff_max: 1}\n", "supervisor.backoff_max", "must be >= backoff_min"),
         ("supervisor: {wedge_after: 1}\n", "supervisor.heartbeat_interval", "must be < wedge_after"),
         ("debug: {faults: [{role: broker, kind: crash}]}\n", "debug.faults[0].role", "broker"),
+        ("debug: {faults: [{role: crewletd, kind: crash}]}\n", "debug.faults[0].kind", "crewletd only takes kind wedge"),
         ("debug: {faults: [{role: seats, kind: crash, code: 256}]}\n", "debug.faults[0].code", "<= 255"),
         ("debug: {faults: [{kind: crash}]}\n", "debug.faults[0].role", "required key is missing"),
         ("data_dir: ''\n", "data_dir", "must not be empty"),
