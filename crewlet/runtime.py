@@ -28,12 +28,17 @@ import time
 import traceback
 from typing import Any
 
+import psutil
 import zmq
 import zmq.asyncio
 
 from crewlet import bus, ipc, log
 from crewlet.config import NodeConfig
 from crewlet.watchdog import Watchdog
+
+# The parent-death signal of role children: distinct from SIGTERM, which is a
+# request to stop, so a child orphaned by its zygote's death exits non-zero.
+PARENT_GONE = signal.SIGUSR2
 
 
 class RoleContext:
@@ -55,6 +60,7 @@ class RoleContext:
         self._health.connect(ipc.endpoint(self.run_dir, "health"))
         self._heartbeats = True
         self._ready = asyncio.Event()
+        self.exit_code = 0
 
     async def report(self, kind: str, **fields: Any) -> None:
         """Send one message on crewletd's health endpoint."""
@@ -75,8 +81,9 @@ class RoleContext:
             await asyncio.sleep(interval)
 
     def close(self) -> None:
-        self._health.close()
-        self.zmq.term()
+        # Closes every socket the role left open too (each with its own linger:
+        # a queued "stopping" report still goes out), so this cannot hang.
+        self.zmq.destroy()
 
 
 def run_role(role: str, config: dict, incarnation: int = 0) -> int:
@@ -103,6 +110,15 @@ async def _amain(role: str, cfg: NodeConfig, incarnation: int, main) -> int:
     loop.add_signal_handler(signal.SIGTERM, ctx.stopping.set)
     loop.add_signal_handler(signal.SIGINT, ctx.stopping.set)
     loop.add_signal_handler(signal.SIGHUP, lambda: log.event("reload_requested"))
+
+    def parent_gone() -> None:
+        # The zygote died (and so, most likely, crewletd): nobody supervises
+        # us, so stop, take what we started with us, and say it was not asked.
+        log.event("parent_gone", "error")
+        ctx.exit_code = 1
+        ctx.stopping.set()
+
+    loop.add_signal_handler(PARENT_GONE, parent_gone)
     heartbeat = asyncio.create_task(ctx._heartbeat())
     faults = asyncio.create_task(_inject_faults(ctx))
     try:
@@ -116,8 +132,19 @@ async def _amain(role: str, cfg: NodeConfig, incarnation: int, main) -> int:
             await bus.close(ctx.nats)
         watchdog.stop()
         ctx.close()
-    log.event("role_stopped")
-    return 0
+        _kill_descendants()
+    log.event("role_stopped", code=ctx.exit_code)
+    return ctx.exit_code
+
+
+def _kill_descendants() -> None:
+    """Nothing a role started outlives it, even with no supervisor left to
+    kill its process group."""
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
 
 
 # --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import sys
 
 import click
 
-from crewlet import ipc, log
+from crewlet import ipc, log, sysd
 from crewlet.config import ConfigError, load_node_config
 from roles.broker import BrokerNotFound
 from supervisor import procs
@@ -73,6 +73,7 @@ def start(config_path: str | None) -> None:
     from supervisor.node import Node
     from supervisor.zygote import Zygote
 
+    sysd.take_environment()
     cfg = _load(config_path)
     log.configure(node=cfg.node.id, role="crewletd", level=cfg.log.level, fmt=cfg.log.format)
     for warning in cfg.warnings:

@@ -33,7 +33,7 @@ import zmq
 import zmq.asyncio
 
 import crewlet
-from crewlet import bus, ipc, log, sysd
+from crewlet import bus, ipc, log, runtime, sysd
 from crewlet.config import NodeConfig
 from crewlet.watchdog import Watchdog
 from roles import broker
@@ -95,7 +95,8 @@ class Node:
                     kwargs={"role": name, "config": dump},
                     title=f"crewlet {cfg.node.id} {name}", ready_timeout=s.ready_timeout,
                     heartbeat_silence=s.wedge_after + s.heartbeat_grace,
-                    shutdown=s.shutdown_timeout, **self._significance())
+                    pdeathsig=runtime.PARENT_GONE, shutdown=s.shutdown_timeout,
+                    **self._significance())
                 for name in cfg.children()]
             return Supervisor("roles", self._flags(S.ONE_FOR_ONE), children, notify=self.publish)
 
@@ -129,7 +130,7 @@ class Node:
         control_sock = self._bind(zmq.ROUTER, "control")
         serving = asyncio.create_task(control.serve(self, control_sock))
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+            loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name, True)
         loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
         loop.add_signal_handler(signal.SIGCHLD, self.host.reap)
         self.host.reap()  # anything that ended before the handler was in place
@@ -151,15 +152,25 @@ class Node:
     async def _supervise(self) -> int:
         self.root = self.build_tree()
         self.publish("node_starting", roles=self.cfg.node.roles, version=crewlet.__version__)
+        starting = asyncio.create_task(self.root.start())
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            # Asked to stop while starting: abandon the start (it stops what
+            # it had started, and the child it was waiting for).
+            starting.cancel()
         try:
-            await self.root.start()
+            await starting
         except StartFailed as exc:
+            stop.cancel()
             return self._exit_code(exc.info)
+        except asyncio.CancelledError:
+            self.publish("node_stopped", reason=self._stop_reason)
+            return EXIT_OK
         self._ready = True
         sysd.notify("READY=1")
         self._inject_own_faults()
         self.publish("node_ready", children=[c["name"] for c in self.root.children()])
-        stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait({stop, self.root.exited}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
         if self.root.exited.done():
@@ -184,8 +195,10 @@ class Node:
         self.publish("node_exiting", "error" if code else "info", code=code, reason=info.reason)
         return code
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, force_if_repeated: bool = False) -> None:
         if self._stop.is_set():
+            if not force_if_repeated:
+                return
             # Asked twice: stop waiting for children to end politely.
             self.publish("node_stop_forced", "warning", reason=reason)
             for child in self._process_children():

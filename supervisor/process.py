@@ -32,7 +32,7 @@ from crewlet import ipc, log
 from supervisor import procs
 from supervisor.procs import ExitInfo
 from supervisor.spec import BRUTAL_KILL, INFINITY, ChildSpec, StartFailed
-from supervisor.zygote import Zygote, ZygoteGone
+from supervisor.zygote import ForkFailed, Zygote, ZygoteGone
 
 ReadyProbe = Callable[[int], Awaitable[None]]
 
@@ -75,23 +75,34 @@ class ProcessHost:
     async def _read_health(self) -> None:
         assert self._health is not None
         while True:
-            msg = ipc.unpack(await self._health.recv())
-            pid = msg.get("pid")
-            kind = msg.get("t")
+            frame = await self._health.recv()
+            try:
+                msg = ipc.unpack(frame)
+                pid, kind = msg.get("pid"), msg.get("t")
+            except Exception:  # one bad frame must not deafen us to every child
+                self.notify("health_message_unreadable", "warning", size=len(frame))
+                continue
             if kind == "hb":
                 beat = self._beats.get(pid)
                 if beat is not None:
                     beat()
             elif kind == "ready":
-                fut = self._ready.pop(pid, None)
-                if fut is not None and not fut.done():
+                # A ready that arrives before its starter asks (our loop was
+                # busy) is kept: ready_of finds the future already resolved.
+                fut = self.ready_of(pid)
+                if not fut.done():
                     fut.set_result(None)
 
     def ready_of(self, pid: int) -> asyncio.Future[None]:
+        """A future resolved when *pid* reports ready (or already has)."""
         fut = self._ready.get(pid)
         if fut is None:
             fut = self._ready[pid] = asyncio.get_running_loop().create_future()
         return fut
+
+    def forget(self, pid: int) -> None:
+        """*pid* is ready or gone: drop what we kept for it."""
+        self._ready.pop(pid, None)
 
     def reap(self) -> None:
         """crewletd's SIGCHLD handler: reap every exited child of ours.
@@ -100,9 +111,10 @@ class ProcessHost:
         on them; anything else is an orphan re-parented to us, reaped so no
         zombie stays.
         """
-        for pid, status in procs.reap_nohang():
+        for pid, status in procs.reap_nohang(kill_group=self.zygote.waits_for):
             if pid == self.zygote.pid:
                 self.notify("zygote_exited", "warning", reason=ExitInfo.from_status(status).reason)
+                self.zygote.reaped()
             elif not self.zygote.deliver_exit(pid, status):
                 self.notify("orphan_reaped", orphan_pid=pid,
                             reason=ExitInfo.from_status(status).reason)
@@ -158,8 +170,9 @@ class ProcessRunning:
         if self._beat_timer is not None:
             self._beat_timer.cancel()
         self.host._beats.pop(self.pid, None)
-        # Whatever the child started goes with it.
-        procs.signal_group(self.pid, signal.SIGKILL)
+        self.host.forget(self.pid)
+        # Whatever the child started went with it: its reaper SIGKILLed the
+        # group while the child's zombie still held the group id.
         if not self.exited.done():
             self.exited.set_result(info)
 
@@ -220,7 +233,7 @@ def process_child(host: ProcessHost, name: str, *, target: str, kwargs: dict[str
         try:
             pid = await host.zygote.fork(target, {**kwargs, "incarnation": incarnation},
                                          title=title, out_fd=w, pdeathsig=pdeathsig)
-        except ZygoteGone as exc:
+        except (ZygoteGone, ForkFailed) as exc:
             os.close(r)
             raise StartFailed(ExitInfo(None, None, str(exc))) from exc
         finally:
@@ -228,9 +241,16 @@ def process_child(host: ProcessHost, name: str, *, target: str, kwargs: dict[str
         host.pump(r, role=name, pid=pid)
         running = ProcessRunning(host, name, pid, host.zygote.exit_of(pid))
         ready = asyncio.ensure_future(probe(pid) if probe else host.ready_of(pid))
-        done, _ = await asyncio.wait({ready, running.exited}, timeout=ready_timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        host._ready.pop(pid, None)
+        try:
+            done, _ = await asyncio.wait({ready, running.exited}, timeout=ready_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # The node is stopping while this child starts: take it down too.
+            ready.cancel()
+            running.kill("killed: node stopping while it started")
+            await asyncio.shield(running.exited)
+            raise
+        host.forget(pid)
         if ready in done and ready.exception() is None:
             if heartbeat_silence is not None:
                 running.watch_heartbeats(heartbeat_silence)

@@ -8,10 +8,10 @@ agents — and killing the group after the child is gone leaves nothing behind.
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import signal
 from dataclasses import dataclass
+from typing import Callable
 
 import setproctitle
 
@@ -105,18 +105,26 @@ def _signame(sig: int) -> str:
         return "?"
 
 
-def reap_nohang() -> list[tuple[int, int]]:
-    """Reap every exited child of this process without blocking."""
+def reap_nohang(kill_group: Callable[[int], bool] = lambda pid: True) -> list[tuple[int, int]]:
+    """Reap every exited child of this process without blocking.
+
+    Before reaping a child for which ``kill_group(pid)`` holds, its process
+    group is SIGKILLed: while its zombie is unreaped the group id cannot be
+    reused, so nothing the child started outlives it and no stranger is hit.
+    """
     reaped = []
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return reaped
-        except OSError as exc:  # pragma: no cover - EINTR is retried by Python
-            if exc.errno == errno.EINTR:
-                continue
-            raise
-        if pid == 0:
+        if info is None:
             return reaped
-        reaped.append((pid, status))
+        if kill_group(info.si_pid):
+            signal_group(info.si_pid, signal.SIGKILL)
+        try:
+            pid, status = os.waitpid(info.si_pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if pid:
+            reaped.append((pid, status))

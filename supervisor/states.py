@@ -24,8 +24,8 @@ FATAL = "fatal"
 
 # state -> states it may move to
 TRANSITIONS: dict[str, frozenset[str]] = {
-    STOPPED: frozenset({STARTING, FATAL}),
-    STARTING: frozenset({RUNNING, EXITED, STOPPING, FATAL}),
+    STOPPED: frozenset({STARTING, BACKOFF, FATAL}),  # backoff: a sibling's restart waits
+    STARTING: frozenset({RUNNING, EXITED, STOPPED}),  # stopped: start abandoned
     RUNNING: frozenset({STOPPING, EXITED}),
     STOPPING: frozenset({STOPPED, EXITED}),
     EXITED: frozenset({BACKOFF, STARTING, STOPPED, FATAL}),

@@ -17,8 +17,11 @@ and keeps them running:
   under a parent supervisor it is an ordinary child, so its parent treats that
   like any other child's death (OTP's escalation).
 
-Every change is serialised through one lock, so two deaths noticed at the same
-moment are decided one after the other, as a gen_server would.
+Every decision is serialised through one lock, so two deaths noticed at the
+same moment are decided one after the other, as a gen_server would. A death
+is recorded the moment it is noticed (status never shows a dead child as
+running), and a restart that must wait out its backoff waits on a timer, not
+holding the lock: another child's death meanwhile is handled at once.
 """
 
 from __future__ import annotations
@@ -38,9 +41,10 @@ Notify = Callable[..., None]
 class _Child:
     """One child's runtime record.
 
-    Invariants: ``running`` is set exactly while ``state`` is starting/running/
-    stopping with a live process; ``incarnation`` counts starts attempted, and
-    an exit report whose incarnation is older is stale and ignored.
+    Invariants: ``running`` is set exactly while ``state`` is running or
+    stopping; ``incarnation`` counts starts attempted, and an exit report
+    whose incarnation is older is stale and ignored; ``started_at`` is set
+    only while running, ``ran_for`` is how long the last run lasted.
     """
 
     def __init__(self, spec: ChildSpec):
@@ -52,6 +56,7 @@ class _Child:
         self.consecutive = 0         # restarts in a row without a stable run (backoff)
         self.started_at: float | None = None   # monotonic, when last ready
         self.started_wall: float | None = None
+        self.ran_for = 0.0
         self.last_exit: ExitInfo | None = None
         self.last_exit_at: float | None = None
 
@@ -69,6 +74,8 @@ class Supervisor:
         self._lock = asyncio.Lock()
         self._restarts: list[float] = []   # monotonic times of restarts within `period`
         self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()          # decisions in flight
+        self._timers: set[asyncio.TimerHandle] = set()  # restarts waiting out a backoff
         # Resolved when this supervisor ends on its own (gave up, auto_shutdown)
         # or is stopped: how it ended.
         self.exited: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
@@ -76,22 +83,32 @@ class Supervisor:
     # ---------------------------------------------------------------- public
 
     async def start(self) -> None:
-        """Start every child in order, each ready before the next."""
+        """Start every child in order, each ready before the next.
+
+        Cancelled (the node was asked to stop meanwhile), it stops what it had
+        started and ends normally.
+        """
         async with self._lock:
             for child in self._children:
                 try:
                     await self._start(child)
                 except StartFailed as exc:
-                    await self._stop_all(reason="start failed")
-                    self._finish(ExitInfo(exc.info.code if exc.info.code == EXIT_CONFIG else EXIT_UNAVAILABLE,
-                                          None, f"{child.spec.id} failed to start: {exc.info.reason}"))
+                    await self._stop_all()
+                    code = EXIT_CONFIG if exc.info.code == EXIT_CONFIG else EXIT_UNAVAILABLE
+                    self._finish(ExitInfo(code, None,
+                                          f"{child.spec.id} failed to start: {exc.info.reason}"))
                     raise StartFailed(self.exited.result()) from exc
+                except asyncio.CancelledError:
+                    self._stopping.set()
+                    await self._stop_all()
+                    self._finish(ExitInfo(0, None, "stopped while starting"))
+                    raise
 
     async def stop(self) -> ExitInfo:
         """Stop every child in reverse order; this supervisor ends normally."""
         self._stopping.set()
         async with self._lock:
-            await self._stop_all(reason="stopping")
+            await self._stop_all()
             self._finish(ExitInfo(0, None, "stopped"))
         return self.exited.result()
 
@@ -110,7 +127,7 @@ class Supervisor:
             try:
                 await self._start(child)
             except StartFailed as exc:
-                await self._after_exit(child, exc.info)
+                await self._after_exit([(child, exc.info)])
 
     def find(self, child_id: str) -> "Supervisor | None":
         """The supervisor (this one or nested) that has a child *child_id*."""
@@ -152,36 +169,35 @@ class Supervisor:
     # ---------------------------------------------------------- the decisions
 
     def _on_exit(self, child: _Child, incarnation: int, fut: asyncio.Future[ExitInfo]) -> None:
-        if fut.cancelled():
-            return
-        asyncio.get_running_loop().create_task(self._exit_reported(child, incarnation, fut.result()))
+        """A running child ended by itself. Record it now; decide under the lock."""
+        if fut.cancelled() or incarnation != child.incarnation or child.state != states.RUNNING:
+            return  # stale, or being stopped by us (the stopper records it)
+        info = fut.result()
+        self._exited(child, info)
+        self._spawn(self._decide(child, incarnation, info))
 
-    async def _exit_reported(self, child: _Child, incarnation: int, info: ExitInfo) -> None:
+    async def _decide(self, child: _Child, incarnation: int, info: ExitInfo) -> None:
         async with self._lock:
-            if incarnation != child.incarnation or child.state not in (states.RUNNING, states.STARTING):
-                return  # stale, or an exit we caused and already handled
-            if self._stopping.is_set():
-                return
-            await self._after_exit(child, info)
+            if self._stopping.is_set() or incarnation != child.incarnation \
+                    or child.state != states.EXITED:
+                return  # stopping, or already restarted along with a sibling
+            await self._after_exit([(child, info)])
 
-    async def _after_exit(self, child: _Child, info: ExitInfo) -> None:
-        """A child ended on its own (or failed to start). Decide, then act.
+    async def _after_exit(self, pending: list[tuple[_Child, ExitInfo]]) -> None:
+        """Children ended on their own (or failed to start). Decide, then act.
 
         Loops while restarting fails, so a child that keeps dying during its
         restart keeps spending restart intensity until the supervisor gives up.
         """
-        pending = [(child, info)]
         while pending and not self._stopping.is_set():
             child, info = pending.pop(0)
-            self._exited(child, info)
             decision = self._handle_exit(child, info)
             if decision is None:
                 continue
             if isinstance(decision, ExitInfo):
                 await self._give_up(decision)
                 return
-            for failed, failure in await self._restart(child, decision):
-                pending.append((failed, failure))
+            pending.extend(await self._restart(child, decision))
 
     def _handle_exit(self, child: _Child, info: ExitInfo) -> list[_Child] | ExitInfo | None:
         """The decision for one exit: children to restart, a reason to give up,
@@ -193,6 +209,7 @@ class Supervisor:
         if not _RESTART[child.spec.restart](info):
             self._move(child, states.STOPPED)
             if child.spec.significant and self._auto_shutdown_due():
+                # Non-zero when it crashed: a container should fail, not finish.
                 return ExitInfo(0 if info.normal else EXIT_UNAVAILABLE, None,
                                 f"auto_shutdown: significant child {child.spec.id} ended ({info.reason})")
             return None
@@ -219,33 +236,43 @@ class Supervisor:
         """Restart *targets* (in start order) after *failed* died.
 
         Siblings the strategy takes down with it are stopped in reverse order
-        first. Temporary siblings are not started again (OTP drops them).
-        Returns the children that failed to start, with why.
+        first. Temporary siblings are not started again (OTP drops them). When
+        *failed* must wait out a backoff, the whole restart is put on a timer
+        and this returns at once. Returns the children that failed to start.
         """
         for sibling in reversed(targets):
             if sibling is not failed and sibling.running is not None:
                 await self._stop_child(sibling)
+        starting = [c for c in targets if c is failed or c.spec.restart != S.TEMPORARY]
+        if failed.ran_for >= self.flags.stable_after:
+            failed.consecutive = 0
+        failed.consecutive += 1
+        delay = self.flags.backoff(failed.consecutive)
+        if delay <= 0:
+            return await self._start_each(starting)
+        for child in starting:
+            self._move(child, states.BACKOFF)
+        self._notify("child_backoff", child=failed.spec.id, supervisor=self.name,
+                     delay_s=round(delay, 3))
+        loop = asyncio.get_running_loop()
+        handle = loop.call_later(delay, lambda: self._spawn(self._after_backoff(starting, handle)))
+        self._timers.add(handle)
+        return []
+
+    async def _after_backoff(self, starting: list[_Child], handle: asyncio.TimerHandle) -> None:
+        self._timers.discard(handle)
+        async with self._lock:
+            if self._stopping.is_set():
+                return
+            # A child restarted by hand meanwhile is no longer waiting.
+            waiting = [c for c in starting if c.state == states.BACKOFF]
+            await self._after_exit(await self._start_each(waiting))
+
+    async def _start_each(self, children: list[_Child]) -> list[tuple[_Child, ExitInfo]]:
         failures = []
-        for child in targets:
+        for child in children:
             if self._stopping.is_set():
                 break
-            if child is not failed and child.spec.restart == S.TEMPORARY:
-                continue
-            if child is failed:
-                if child.started_at is not None and \
-                        time.monotonic() - child.started_at >= self.flags.stable_after:
-                    child.consecutive = 0
-                child.consecutive += 1
-                delay = self.flags.backoff(child.consecutive)
-                if delay > 0:
-                    self._move(child, states.BACKOFF)
-                    self._notify("child_backoff", child=child.spec.id, supervisor=self.name,
-                                 delay_s=round(delay, 3))
-                    try:
-                        await asyncio.wait_for(self._stopping.wait(), delay)
-                        break
-                    except asyncio.TimeoutError:
-                        pass
             child.restarts += 1
             try:
                 await self._start(child)
@@ -257,62 +284,92 @@ class Supervisor:
         self._notify("supervisor_gave_up", "error", supervisor=self.name, reason=info.reason,
                      code=info.code)
         self._stopping.set()
-        await self._stop_all(reason="gave up")
+        await self._stop_all()
         for child in self._children:
             if child.state == states.EXITED:  # the one that died last: not started again
                 self._move(child, states.FATAL)
         self._finish(info)
 
     async def _start(self, child: _Child) -> None:
+        """Start *child*; raises StartFailed (whatever went wrong) with why."""
         child.incarnation += 1
         incarnation = child.incarnation
         self._move(child, states.STARTING)
         try:
             running = await child.spec.start(incarnation - 1)
         except StartFailed as exc:
-            self._move(child, states.EXITED)
-            child.last_exit, child.last_exit_at = exc.info, time.time()
-            self._notify("child_start_failed", "error", child=child.spec.id,
-                         supervisor=self.name, reason=exc.info.reason)
+            info = exc.info
+        except asyncio.CancelledError:
+            self._move(child, states.STOPPED)
             raise
-        child.running = running
-        child.started_at, child.started_wall = time.monotonic(), time.time()
-        self._move(child, states.RUNNING)
-        running.exited.add_done_callback(lambda fut: self._on_exit(child, incarnation, fut))
-        self._notify("child_started", child=child.spec.id, supervisor=self.name,
-                     child_pid=running.pid, incarnation=incarnation - 1)
+        except Exception as exc:  # a bug or a resource limit: a failed start, not a hang
+            info = ExitInfo(None, None, f"start error: {type(exc).__name__}: {exc}")
+        else:
+            child.running = running
+            child.started_at, child.started_wall = time.monotonic(), time.time()
+            self._move(child, states.RUNNING)
+            running.exited.add_done_callback(lambda fut: self._on_exit(child, incarnation, fut))
+            self._notify("child_started", child=child.spec.id, supervisor=self.name,
+                         child_pid=running.pid, incarnation=incarnation - 1)
+            return
+        self._move(child, states.EXITED)
+        child.ran_for = 0.0
+        child.last_exit, child.last_exit_at = info, time.time()
+        self._notify("child_start_failed", "error", child=child.spec.id,
+                     supervisor=self.name, reason=info.reason)
+        raise StartFailed(info)
 
     async def _stop_child(self, child: _Child) -> None:
         running = child.running
         assert running is not None
         self._move(child, states.STOPPING)
-        shutdown = child.spec.shutdown
-        info = await running.stop(shutdown)
-        child.running = None
-        child.last_exit, child.last_exit_at = info, time.time()
+        info = await running.stop(child.spec.shutdown)
+        self._record_end(child, info)
         self._move(child, states.STOPPED)
         self._notify("child_stopped", child=child.spec.id, supervisor=self.name,
                      code=info.code, signal=info.signal, reason=info.reason)
 
-    async def _stop_all(self, reason: str) -> None:
+    async def _stop_all(self) -> None:
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
         for child in reversed(self._children):
             if child.running is not None:
                 await self._stop_child(child)
+            elif child.state == states.BACKOFF:
+                self._move(child, states.STOPPED)
 
     def _exited(self, child: _Child, info: ExitInfo) -> None:
-        if child.state in (states.RUNNING, states.STARTING, states.STOPPING):
-            self._move(child, states.EXITED)
-        child.running = None
-        child.last_exit, child.last_exit_at = info, time.time()
+        self._record_end(child, info)
+        self._move(child, states.EXITED)
         self._notify("child_exited", "warning" if not info.normal else "info",
                      child=child.spec.id, supervisor=self.name, code=info.code,
                      signal=info.signal, reason=info.reason)
+
+    def _record_end(self, child: _Child, info: ExitInfo) -> None:
+        now = time.monotonic()
+        child.ran_for = now - child.started_at if child.started_at is not None else 0.0
+        child.started_at = child.started_wall = None
+        child.running = None
+        child.last_exit, child.last_exit_at = info, time.time()
 
     def _finish(self, info: ExitInfo) -> None:
         if not self.exited.done():
             self.exited.set_result(info)
 
     # --------------------------------------------------------------- helpers
+
+    def _spawn(self, coro) -> None:
+        """Run *coro* as a task we keep, and whose failure is logged, not lost."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                self._notify("supervisor_error", "error", supervisor=self.name,
+                             error=f"{type(t.exception()).__name__}: {t.exception()}")
+        task.add_done_callback(done)
 
     def _move(self, child: _Child, new: str) -> None:
         if child.state == new:

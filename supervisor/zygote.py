@@ -39,6 +39,7 @@ import select
 import selectors
 import signal
 import socket
+import subprocess
 import sys
 import traceback
 from typing import Any
@@ -100,9 +101,15 @@ def _serve(sock: socket.socket) -> None:
             if not data:
                 return  # crewletd is gone
             req = msgpack.unpackb(data, raw=False)
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError as exc:  # EAGAIN at a pids limit, ENOMEM: say so, keep serving
+                for fd in fds:
+                    os.close(fd)
+                send({"op": "forked", "id": req["id"], "error": f"fork failed: {exc}"})
+                continue
             if pid == 0:
-                _become_child(req, fds, zygote_pid, [sock.fileno(), wake_r, wake_w])
+                _become_child(req, fds, zygote_pid, [sock.fileno(), wake_r, wake_w, sel.fileno()])
             try:
                 os.setpgid(pid, pid)  # also done in the child: whichever runs first wins
             except OSError:
@@ -139,6 +146,8 @@ def _become_child(req: dict[str, Any], fds: list[int], zygote_pid: int,
         result = target(**req.get("kwargs", {}))
         code = result if isinstance(result, int) else 0
     except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)  # SystemExit("why") says why, as Python does
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
         traceback.print_exc()
@@ -179,6 +188,10 @@ class ZygoteGone(Exception):
     """The zygote exited; pending forks fail with this."""
 
 
+class ForkFailed(Exception):
+    """The zygote could not fork (a process limit, memory)."""
+
+
 class Zygote:
     """crewletd's handle on its zygote: start it, fork children, learn of exits.
 
@@ -204,11 +217,16 @@ class Zygote:
         env["CREWLET_ZYGOTE_PRELOAD"] = ",".join(self.preload)
         # The zygote imports what this process can import, wherever it came from.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        # posix_spawn passes on inheritable fds only: theirs is, ours is not.
-        os.set_inheritable(theirs.fileno(), True)
-        self.pid = os.posix_spawn(
-            sys.executable, [sys.executable, "-m", "supervisor.zygote", str(theirs.fileno())], env,
-            setpgroup=0)
+        # Only its socket is passed on: no fd crewletd inherited leaks into the
+        # zygote and so into every child. Its own process group keeps a
+        # terminal's Ctrl-C (meant for crewletd) away from it.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.zygote", str(theirs.fileno())], env=env,
+            stdin=subprocess.DEVNULL, close_fds=True, pass_fds=(theirs.fileno(),),
+            process_group=0)
+        # Reaped by crewletd's reaper or by _reap, never through this object.
+        proc.returncode = 0
+        self.pid = proc.pid
         theirs.close()
         self._sock = ours
 
@@ -244,6 +262,14 @@ class Zygote:
             raise ZygoteGone(f"zygote unreachable: {exc}") from exc
         return await fut
 
+    def waits_for(self, pid: int) -> bool:
+        """Is somebody waiting for *pid*'s exit (a child this zygote forked)?"""
+        return pid in self._exits
+
+    def reaped(self) -> None:
+        """crewletd's reaper reaped the zygote: its pid is nobody's now."""
+        self.pid = None
+
     def exit_of(self, pid: int) -> asyncio.Future[int]:
         """A future resolved with *pid*'s raw wait status when it exits."""
         fut = self._exits.get(pid)
@@ -275,7 +301,10 @@ class Zygote:
         if msg["op"] == "forked":
             fut = self._forks.pop(msg["id"], None)
             if fut is not None and not fut.done():
-                fut.set_result(msg["pid"])
+                if "error" in msg:
+                    fut.set_exception(ForkFailed(msg["error"]))
+                else:
+                    fut.set_result(msg["pid"])
         elif msg["op"] == "exited":
             fut = self._exits.get(msg["pid"])
             if fut is None:

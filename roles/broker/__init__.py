@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import sys
 import sysconfig
 from urllib.parse import urlsplit
@@ -78,6 +79,9 @@ def write_config(cfg: NodeConfig) -> str:
 
 def exec_server(binary: str, conf: str, incarnation: int = 0) -> None:
     """The zygote's target for the broker child: become nats-server."""
+    # Python ignores these; an ignored disposition would survive exec.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
     os.execv(binary, [binary, "-c", conf])
 
 

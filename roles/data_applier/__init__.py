@@ -46,14 +46,12 @@ async def main(ctx: RoleContext) -> None:
     path = os.path.join(ctx.config.data_dir, "estate")
     os.makedirs(path, exist_ok=True)
     env = lmdb.open(path, map_size=MAP_SIZE, max_dbs=32, subdir=True)
-    estate = _bind(ctx, zmq.ROUTER, "estate")
-    applied = _bind(ctx, zmq.PUB, "applied")
-    server = asyncio.create_task(_serve_estate(estate))
     try:
+        estate = _bind(ctx, zmq.ROUTER, "estate")
+        _bind(ctx, zmq.PUB, "applied")  # nothing to publish yet; closed with the context
+        server = asyncio.create_task(_serve_estate(estate))
         await ctx.ready()
         await ctx.stopping.wait()
-    finally:
         server.cancel()
-        estate.close()
-        applied.close()
+    finally:
         env.close()
