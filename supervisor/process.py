@@ -14,8 +14,9 @@ exits first, or is not ready within ``ready_timeout``, fails to start.
 While it runs, a child that reports heartbeats and goes silent for longer than
 ``wedge_after + heartbeat_grace`` is SIGKILLed ("killed: no heartbeat") — the
 case where its own watchdog thread could not end it. When a child ends, for
-whatever reason, its whole process group is SIGKILLed, so nothing it started
-outlives it.
+whatever reason, its whole process group is SIGKILLed by whoever reaps it (the
+zygote, or crewletd for orphans) before the zombie is reaped, so nothing it
+started outlives it and the group id cannot have been reused.
 """
 
 from __future__ import annotations

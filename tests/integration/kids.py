@@ -20,7 +20,10 @@ import zmq
 
 def serve(run_dir: str, name: str, ready_after: float = 0.0, report_ready: bool = True,
           ignore_term: bool = False, heartbeat: float | None = None, beats: int = -1, usr2_code: int = 3,
+          fail_from: int = -1,
           incarnation: int = 0) -> int:
+    if 0 <= fail_from <= incarnation:
+        return 5  # from this incarnation on, die before ever being ready
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 1000)

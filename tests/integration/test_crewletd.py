@@ -52,6 +52,18 @@ def test_sigterm_stops_everything_including_grandchildren(make_node):
     assert not alive(grandchild), "a grandchild that ignores SIGTERM must not survive"
 
 
+def test_sigkill_of_crewletd_leaves_nothing_behind(make_node):
+    node = make_node(debug={"faults": [{"role": "seats", "kind": "grandchild"}]}).start()
+    grandchild = node.wait_event("fault_grandchild_spawned")["grandchild_pid"]
+    tree = node.tree_pids()
+    node.proc.kill()
+    node.wait_exit(10)
+    # zygote: parent-death SIGKILL; roles: parent-death signal, they stop and
+    # kill what they started; the broker: SIGTERM.
+    wait_for(lambda: not any(alive(p) for p in tree), 15, what="every process gone")
+    assert not alive(grandchild)
+
+
 def test_wedged_loop_exits_75_and_is_restarted_with_that_reason(make_node):
     node = make_node(debug={"faults": [{"role": "workers", "kind": "wedge", "after": 0.2}]}).start()
     old = node.children()["workers"]["pid"]

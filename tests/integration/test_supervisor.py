@@ -12,6 +12,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 import zmq.asyncio
 
@@ -76,6 +77,13 @@ async def until(predicate, timeout: float = 5.0, what: str = "condition"):
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
     return value
+
+
+def _pid_titled(title: str) -> int | None:
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.info["cmdline"] and proc.info["cmdline"][0] == title:
+            return proc.pid
+    return None
 
 
 def gone(pid: int) -> bool:
@@ -337,4 +345,86 @@ def test_silent_child_is_killed_for_lost_heartbeat(short_tmp):
         assert gone(first)
         assert child(sup, "a")["last_exit"]["reason"] == "killed: no heartbeat"
         await sup.stop()
+    run(short_tmp, scenario)
+
+
+# ------------------------------------------------------------ failure handling
+
+def test_backoff_after_a_long_stable_run_still_grows(short_tmp):
+    """A child that ran stably, then keeps failing to start, must back off
+    rather than be restarted in a tight loop until intensity runs out."""
+    async def scenario(h: Harness):
+        sup = h.sup("s", [h.kid("a", kid={"fail_from": 1})], intensity=4, period=30,
+                    backoff_min=0.1, backoff_max=1.0, stable_after=0.2)
+        await sup.start()
+        first = pids(sup)["a"]
+        await asyncio.sleep(0.3)  # a stable run: longer than stable_after
+        t0 = time.monotonic()
+        os.kill(first, signal.SIGKILL)
+        info = await asyncio.wait_for(sup.exited, 20)
+        took = time.monotonic() - t0
+        assert info.code == 69
+        delays = [f["delay_s"] for name, f in h.events if name == "child_backoff"]
+        assert delays == [0.1, 0.2, 0.4], delays
+        assert took >= 0.7
+    run(short_tmp, scenario)
+
+
+def test_a_busy_loop_does_not_lose_an_early_ready(short_tmp):
+    async def scenario(h: Harness):
+        sup = h.sup("s", [h.kid("a", ready_timeout=3)], intensity=1, period=10)
+        starting = asyncio.create_task(sup.start())
+        await asyncio.sleep(0)        # the fork request goes out
+        time.sleep(0.3)               # our loop stalls while the child starts and reports
+        await asyncio.wait_for(starting, 2)
+        assert child(sup, "a")["state"] == "running"
+        await sup.stop()
+    run(short_tmp, scenario)
+
+
+def test_a_garbage_health_frame_does_not_deafen_the_supervisor(short_tmp):
+    async def scenario(h: Harness):
+        from crewlet import ipc
+        push = h.ctx.socket(zmq.PUSH)
+        push.connect(ipc.endpoint(h.run_dir, "health"))
+        await push.send(b"\xc1 not msgpack")
+        await push.send(b"\x93\x01\x02\x03")  # msgpack, but not a map
+        sup = h.sup("s", [h.kid("a", heartbeat_silence=0.5, kid={"heartbeat": 0.05})],
+                    intensity=1, period=10)
+        await sup.start()
+        pid = pids(sup)["a"]
+        await asyncio.sleep(1.0)  # twice the silence: heartbeats must be getting through
+        assert pids(sup)["a"] == pid and child(sup, "a")["restarts"] == 0
+        push.close()
+        await sup.stop()
+    run(short_tmp, scenario)
+
+
+def test_any_start_error_is_a_failed_start_not_a_hang(short_tmp):
+    async def scenario(h: Harness):
+        async def broken(incarnation: int):
+            raise RuntimeError("no file descriptors left")
+        sup = h.sup("s", [S.ChildSpec("broken", broken)], intensity=1, period=10)
+        with pytest.raises(StartFailed, match="start error: RuntimeError: no file descriptors"):
+            await asyncio.wait_for(sup.start(), 5)
+        assert child(sup, "broken")["state"] == "exited"
+    run(short_tmp, scenario)
+
+
+def test_cancelling_a_start_stops_the_child_being_started(short_tmp):
+    async def scenario(h: Harness):
+        sup = h.sup("s", [h.kid("a"), h.kid("slow", ready_timeout=30, kid={"ready_after": 20})],
+                    intensity=1, period=10)
+        starting = asyncio.create_task(sup.start())
+        await until(lambda: child(sup, "a")["state"] == "running", what="a running")
+        a = pids(sup)["a"]
+        slow = await until(lambda: _pid_titled("kid slow"), what="slow forked")
+        t0 = time.monotonic()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        assert time.monotonic() - t0 < 5
+        assert gone(a) and gone(slow)
+        assert (await sup.exited).reason == "stopped while starting"
+        assert [c["state"] for c in sup.children()] == ["stopped", "stopped"]
     run(short_tmp, scenario)
