@@ -225,3 +225,107 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+# --------------------------------------------------------------------------
+# Real nats-servers for tests that talk to NATS directly
+# --------------------------------------------------------------------------
+
+def nats_binary() -> str:
+    from crewlet.config import NodeConfig
+    from roles.broker import find_binary
+    return find_binary(NodeConfig())
+
+
+@dataclass
+class NatsServer:
+    """One real nats-server with JetStream on loopback, started by a test."""
+
+    name: str
+    dir: str
+    port: int
+    cluster_port: int | None = None
+    routes: list[str] = field(default_factory=list)
+    cluster_name: str | None = None
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> "NatsServer":
+        argv = [nats_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-n", self.name,
+                "-js", "-sd", os.path.join(self.dir, "js")]
+        if self.cluster_port is not None:
+            argv += ["--cluster", f"nats://127.0.0.1:{self.cluster_port}",
+                     "--cluster_name", self.cluster_name or "test"]
+            if self.routes:
+                argv += ["--routes", ",".join(self.routes)]
+        os.makedirs(self.dir, exist_ok=True)
+        log = open(os.path.join(self.dir, "nats.log"), "ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_for(self._listening, 10, what=f"nats-server {self.name} listening")
+        return self
+
+    def _listening(self) -> bool:
+        assert self.proc is not None and self.proc.poll() is None, "nats-server exited"
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def natsd(short_tmp):
+    """A single JetStream nats-server on a free loopback port."""
+    server = NatsServer("solo", os.path.join(short_tmp, "nats"), free_port()).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def nats_cluster(short_tmp):
+    """Three JetStream cluster members on loopback (R3 capable)."""
+    cports = [free_port() for _ in range(3)]
+    routes = [f"nats://127.0.0.1:{p}" for p in cports]
+    servers = [NatsServer(f"m{i}", os.path.join(short_tmp, f"m{i}"), free_port(), cports[i],
+                          [r for j, r in enumerate(routes) if j != i], "tc")
+               for i in range(3)]
+    for server in servers:
+        server.start()
+    wait_for(lambda: _jetstream_ready([s.url for s in servers]), 30,
+             what="the cluster's JetStream meta leader")
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def _jetstream_ready(urls: list[str]) -> bool:
+    """Every server answers JetStream requests (the meta group has a leader)."""
+    import asyncio
+
+    import nats
+
+    async def check() -> bool:
+        for url in urls:
+            nc = await nats.connect(url, connect_timeout=1, allow_reconnect=False)
+            try:
+                await nc.jetstream(timeout=1).account_info()
+            except Exception:
+                return False
+            finally:
+                await nc.close()
+        return True
+    return asyncio.run(check())

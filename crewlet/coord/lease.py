@@ -1,0 +1,246 @@
+"""Leases: a key in the ``leases`` bucket with a TTL and a fencing token.
+
+* **claim** — write the key only if nobody holds it (expected last subject
+  sequence = what is there now: nothing, a delete, or an expiry marker), with
+  a per-key TTL (``Nats-TTL``). The write's sequence is the **fencing token**:
+  stream sequences only grow, so a later owner always holds a larger token.
+* **renew** — compare-and-set on the revision we last wrote, setting the TTL
+  again. nats-py 2.16's ``update()`` takes no TTL, so renewals publish to the
+  key's subject with ``Nats-Expected-Last-Subject-Sequence`` and ``Nats-TTL``.
+* **release** — delete with the same compare-and-set, so we never delete a
+  successor's claim.
+* **current** — is this token still the key's? The one check every turn and
+  every write makes before its side effects.
+
+A lapsed lease is gone for everybody: the server removes the key when its TTL
+runs out and leaves a limit marker (watchers see a PURGE). nats-py 2.16 reads
+such a marker as a live, empty value and its ``create()`` then fails, so reads
+here treat ``Nats-Marker-Reason`` like a delete.
+
+When the cluster has lost quorum a compare-and-set fails with the same error
+as a real conflict (DESIGN §4): a failed renewal re-reads the key before
+deciding it is lost, and a publish that timed out may still have been stored,
+so a renewal that finds its own newer write adopts it. Retries are bounded.
+
+The value of a lease is JSON: ``{"node", "boot", "token", ...info}`` — the
+holder's node id and boot instance, and from the first renewal on the
+fencing token (a claim cannot know its own sequence before it is written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+
+from crewlet.coord.buckets import LEASES
+
+_STREAM = f"KV_{LEASES.name}"
+_SUBJECT = f"$KV.{LEASES.name}."
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+_WRONG_LAST_SEQUENCE = (10071, 10164)
+_RENEW_ATTEMPTS = 2
+_RETRY_PAUSE = 0.1      # seconds before resending an unanswered write; doubles, up to 1 s
+
+
+class LeaseError(Exception):
+    """The fleet's state could not be read or written (no quorum, timeout)."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who holds a key now, as read from the bucket."""
+
+    node: str
+    boot: str
+    token: int
+    revision: int
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Held:
+    """A lease this process holds.
+
+    Invariant: ``revision`` is the last sequence we wrote for the key;
+    ``renewed`` the monotonic time that write was acknowledged.
+    """
+
+    key: str
+    token: int
+    revision: int
+    renewed: float
+    ttl: float
+
+    def fresh(self, now: float | None = None) -> bool:
+        """Still ours by our own clock: less than a TTL since the last renewal.
+
+        A process that was paused (SIGSTOP, a long GC) finds this False on
+        waking, before it asks anybody, and must stop acting for the lease.
+        """
+        return (time.monotonic() if now is None else now) - self.renewed < self.ttl
+
+
+def _value(node: str, boot: str, token: int | None, info: dict[str, Any]) -> bytes:
+    return json.dumps({**info, "node": node, "boot": boot, "token": token},
+                      separators=(",", ":")).encode()
+
+
+class Leases:
+    """Claim, renew, release and check leases for one node incarnation."""
+
+    def __init__(self, js: JetStreamContext, node: str, boot: str, ttl: float,
+                 patience: float | None = None):
+        if ttl < 1:
+            raise ValueError("a lease TTL must be at least 1 s (the server's granularity)")
+        self.js = js
+        self.node = node
+        self.boot = boot
+        self.ttl = ttl
+        # How long an unanswered write is resent (a stream leader election
+        # takes ~5 s) before the caller is told the outcome is unknown; a
+        # third of the TTL leaves a renewal time to land while the lease holds.
+        self.patience = min(ttl / 3, 10.0) if patience is None else patience
+
+    # ---------------------------------------------------------------- reading
+
+    async def _last(self, key: str) -> tuple[int, Owner | None]:
+        """The key's last sequence (0: never written) and its live owner, if any."""
+        try:
+            msg = await self.js.get_msg(_STREAM, subject=_SUBJECT + key, direct=True)
+        except NotFoundError:
+            return 0, None
+        except Exception as exc:
+            raise LeaseError(f"reading {key}: {type(exc).__name__}: {exc}") from exc
+        headers = msg.headers or {}
+        if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
+            return msg.seq, None
+        try:
+            value = json.loads(msg.data)
+            owner = Owner(node=value["node"], boot=value["boot"],
+                          token=value.get("token") or msg.seq, revision=msg.seq,
+                          info={k: v for k, v in value.items() if k not in ("node", "boot", "token")})
+        except (ValueError, KeyError, TypeError):
+            raise LeaseError(f"{key} holds something that is not a lease: {msg.data[:80]!r}")
+        return msg.seq, owner
+
+    async def owner(self, key: str) -> Owner | None:
+        """Who holds *key* now (None: nobody)."""
+        return (await self._last(key))[1]
+
+    async def current(self, key: str, token: int) -> bool:
+        """Is *token* still the fencing token of *key*? (The fence check.)"""
+        owner = await self.owner(key)
+        return owner is not None and owner.token == token
+
+    # ---------------------------------------------------------------- writing
+
+    async def _write(self, key: str, value: bytes, expected: int) -> int | None:
+        """CAS-publish *value*; its sequence, or None when *expected* was stale.
+
+        A publish that got no answer (a stream leader election takes seconds)
+        is sent again under the same ``Nats-Msg-Id``: if the first one was
+        stored after all, the broker's dedupe answers with its sequence.
+        """
+        msg_id = f"{key}:{self.boot}:{expected}"
+        last_error: Exception | None = None
+        deadline = time.monotonic() + self.patience
+        pause = _RETRY_PAUSE
+        while True:
+            try:
+                ack = await self.js.publish(_SUBJECT + key, value, msg_ttl=self.ttl,
+                                            headers={_EXPECTED_LAST: str(expected),
+                                                     "Nats-Msg-Id": msg_id})
+                return ack.seq
+            except APIError as exc:
+                if exc.err_code in _WRONG_LAST_SEQUENCE:
+                    return None
+                raise LeaseError(f"writing {key}: {exc}") from exc
+            except (NoStreamResponseError, NatsTimeoutError) as exc:
+                last_error = exc
+            except Exception as exc:
+                raise LeaseError(f"writing {key}: {type(exc).__name__}: {exc}") from exc
+            if time.monotonic() + pause > deadline:
+                raise LeaseError(f"writing {key}: no answer within {self.patience:g}s: "
+                                 f"{type(last_error).__name__}")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def claim(self, key: str, **info: Any) -> Held | None:
+        """Take *key* if nobody holds it; None if somebody does."""
+        last, owner = await self._last(key)
+        if owner is not None:
+            return None
+        seq = await self._write(key, _value(self.node, self.boot, None, info), last)
+        if seq is None:
+            return None  # somebody else claimed it between our read and write
+        return Held(key, token=seq, revision=seq, renewed=time.monotonic(), ttl=self.ttl)
+
+    async def renew(self, held: Held, **info: Any) -> Held | None:
+        """Extend *held* by another TTL; None if it is no longer ours.
+
+        Raises :class:`LeaseError` when the answer is unknown (no quorum): the
+        caller keeps the lease only while :meth:`Held.fresh`.
+        """
+        value = _value(self.node, self.boot, held.token, info)
+        expected = held.revision
+        for _ in range(_RENEW_ATTEMPTS):
+            sent = time.monotonic()
+            seq = await self._write(held.key, value, expected)
+            if seq is not None:
+                return replace(held, revision=seq, renewed=sent)
+            # A conflict, or quorum loss saying the same thing: look before deciding.
+            _, owner = await self._last(held.key)
+            if owner is None or owner.boot != self.boot or owner.token != held.token:
+                return None
+            expected = owner.revision  # our own write that timed out yet was stored
+        raise LeaseError(f"renewing {held.key}: the compare-and-set kept failing")
+
+    async def release(self, held: Held) -> bool:
+        """Give *held* up; False if it was not ours any more."""
+        try:
+            ack = await self.js.publish(_SUBJECT + held.key, b"",
+                                        headers={_EXPECTED_LAST: str(held.revision),
+                                                 "KV-Operation": "DEL"})
+        except APIError as exc:
+            if exc.err_code in _WRONG_LAST_SEQUENCE:
+                return False
+            raise LeaseError(f"releasing {held.key}: {exc}") from exc
+        except Exception as exc:
+            raise LeaseError(f"releasing {held.key}: {type(exc).__name__}: {exc}") from exc
+        return ack.seq > 0
+
+    async def holders(self, prefix: str) -> dict[str, Owner]:
+        """Every live lease whose key starts with *prefix* (``seat.``, ``node.``).
+
+        One ordered consumer over the prefix, not a read per key.
+        """
+        kv = await self.js.key_value(LEASES.name)
+        out: dict[str, Owner] = {}
+        try:
+            watcher = await kv.watch(f"{prefix}>", include_history=False)
+        except Exception as exc:
+            raise LeaseError(f"listing {prefix}*: {type(exc).__name__}: {exc}") from exc
+        try:
+            async for entry in watcher:
+                if entry is None:  # the initial values are all in
+                    break
+                if entry.operation is not None or not entry.value:
+                    continue  # deleted, purged or expired
+                try:
+                    value = json.loads(entry.value)
+                    out[entry.key] = Owner(
+                        node=value["node"], boot=value["boot"],
+                        token=value.get("token") or entry.revision, revision=entry.revision,
+                        info={k: v for k, v in value.items() if k not in ("node", "boot", "token")})
+                except (ValueError, KeyError, TypeError):
+                    continue  # not a lease; _last would say so for that key
+        finally:
+            await watcher.stop()
+        return out
