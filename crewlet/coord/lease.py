@@ -182,6 +182,14 @@ class Leases:
             return None  # somebody else claimed it between our read and write
         return Held(key, token=seq, revision=seq, renewed=time.monotonic(), ttl=self.ttl)
 
+    async def take_over(self, owner: Owner, key: str, **info: Any) -> Held | None:
+        """Replace *owner*'s live lease on *key*, known to be dead (our own
+        previous incarnation); None if the key changed since it was read."""
+        seq = await self._write(key, _value(self.node, self.boot, None, info), owner.revision)
+        if seq is None:
+            return None
+        return Held(key, token=seq, revision=seq, renewed=time.monotonic(), ttl=self.ttl)
+
     async def renew(self, held: Held, **info: Any) -> Held | None:
         """Extend *held* by another TTL; None if it is no longer ours.
 
