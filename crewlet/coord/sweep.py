@@ -1,0 +1,94 @@
+"""What one seat sweep should do: a pure decision, given the fleet as seen now.
+
+Every seats-node runs the same sweep on its own view of the fleet (presence
+leases, seat leases, the company's seats) and decides for itself:
+
+* **share** — this node's fair share: each seat counts ``1 / k`` toward every
+  one of the ``k`` live seats-nodes its placement allows, and a node's share
+  is the ceiling of its sum. With no placement that is ``ceil(seats / nodes)``;
+  a seat only one node may hold counts fully there.
+* **release** — seats this node may no longer hold (placement changed, seat
+  removed from the company) first, then seats above the share; at most
+  ``releases`` per sweep, since a release interrupts a live agent.
+* **claim** — unowned seats this node may hold, while below its share; at most
+  ``claims`` per sweep, since a claim spawns that seat's MCP children. Seats
+  fewest nodes may hold go first (a seat only this node may hold is claimed
+  even above the share); otherwise each node tries seats in its own order (a
+  hash of seat and node), so nodes starting together rarely race for a seat.
+
+Renewing every held seat is not a decision: the sweep always does it first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SeatView:
+    name: str
+    placement: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    id: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    share: int
+    claim: list[str]
+    release: list[str]
+
+
+def may_hold(seat: SeatView, node: NodeView) -> bool:
+    """A node may hold a seat when its labels include the seat's placement."""
+    return all(node.labels.get(k) == v for k, v in seat.placement.items())
+
+
+def fair_share(me: NodeView, seats: list[SeatView], nodes: list[NodeView]) -> int:
+    total = 0.0
+    for seat in seats:
+        if may_hold(seat, me):
+            total += 1 / sum(1 for n in nodes if may_hold(seat, n))
+    # Round before the ceiling: 30 × 1/3 must be 10, not 10.000000000000002.
+    return math.ceil(round(total, 9))
+
+
+def _order(seat: str, node: str) -> bytes:
+    return hashlib.blake2b(f"{seat}/{node}".encode(), digest_size=8).digest()
+
+
+def plan(me: NodeView, seats: list[SeatView], nodes: list[NodeView], owners: dict[str, str],
+         held: set[str], *, claims: int, releases: int) -> Plan:
+    """Decide one sweep for node *me*.
+
+    *nodes* are the live seats-nodes (including *me*); *owners* maps each held
+    seat to its holder's node id; *held* are the seats *me* holds.
+    """
+    if me.id not in {n.id for n in nodes}:
+        nodes = [*nodes, me]
+    share = fair_share(me, seats, nodes)
+    by_name = {s.name: s for s in seats}
+    # Scarce seats first: those fewest nodes may hold are the hardest to place.
+    reach = {s.name: sum(1 for n in nodes if may_hold(s, n)) for s in seats}
+
+    def scarce_first(seat: str) -> tuple[int, bytes]:
+        return reach.get(seat, 0), _order(seat, me.id)
+
+    unfit = sorted(s for s in held if s not in by_name or not may_hold(by_name[s], me))
+    keep = sorted((s for s in held if s not in unfit), key=scarce_first)
+    surplus = list(reversed(keep[share:]))  # give up the most widely placeable first
+    release = (unfit + surplus)[:releases]
+    free = sorted((s.name for s in seats if s.name not in owners and may_hold(s, me)),
+                  key=scarce_first)
+    # A seat nobody else may hold is claimed even above the share: otherwise
+    # it would wait for a surplus release that never comes.
+    only_here = [s for s in free if reach[s] == 1]
+    room = max(0, share - len(keep) - len(only_here))
+    others = [s for s in free if reach[s] > 1][:room]
+    return Plan(share=share, claim=(only_here + others)[:claims], release=release)

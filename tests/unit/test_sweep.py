@@ -1,0 +1,97 @@
+"""The sweep decision, simulated over a fleet of nodes taking turns."""
+
+from __future__ import annotations
+
+from crewlet.coord.sweep import NodeView, Plan, SeatView, fair_share, may_hold, plan
+
+LIMITS = {"claims": 4, "releases": 2}
+
+
+def simulate(nodes: list[NodeView], seats: list[SeatView], owners: dict[str, str],
+             rounds: int) -> list[list[Plan]]:
+    """Every node sweeps once per round, in turn, against the shared owners map."""
+    history = []
+    for _ in range(rounds):
+        plans = []
+        for node in nodes:
+            held = {s for s, n in owners.items() if n == node.id}
+            p = plan(node, seats, nodes, owners, held, **LIMITS)
+            assert len(p.claim) <= LIMITS["claims"] and len(p.release) <= LIMITS["releases"]
+            for seat in p.release:
+                del owners[seat]
+            for seat in p.claim:
+                owners.setdefault(seat, node.id)  # a claim fails if somebody got there first
+            plans.append(p)
+        history.append(plans)
+    return history
+
+
+def counts(owners: dict[str, str], nodes: list[NodeView]) -> dict[str, int]:
+    return {n.id: sum(1 for o in owners.values() if o == n.id) for n in nodes}
+
+
+def test_thirty_seats_over_three_nodes_converge_evenly():
+    nodes = [NodeView(f"n{i}") for i in range(3)]
+    seats = [SeatView(f"s{i:02d}") for i in range(30)]
+    owners: dict[str, str] = {}
+    simulate(nodes, seats, owners, rounds=3)
+    assert len(owners) == 30
+    assert counts(owners, nodes) == {"n0": 10, "n1": 10, "n2": 10}
+    # Settled: another round changes nothing.
+    before = dict(owners)
+    simulate(nodes, seats, owners, rounds=1)
+    assert owners == before
+
+
+def test_a_dead_nodes_seats_are_absorbed_by_the_survivors():
+    nodes = [NodeView(f"n{i}") for i in range(3)]
+    seats = [SeatView(f"s{i:02d}") for i in range(30)]
+    owners: dict[str, str] = {}
+    simulate(nodes, seats, owners, rounds=3)
+    survivors = nodes[:2]
+    owners = {s: n for s, n in owners.items() if n != "n2"}  # its leases lapsed
+    simulate(survivors, seats, owners, rounds=2)  # 10 orphans, 2 × 4 claims per round
+    assert len(owners) == 30 and counts(owners, survivors) == {"n0": 15, "n1": 15}
+
+
+def test_a_new_node_takes_its_share_without_anybody_releasing_too_fast():
+    nodes = [NodeView(f"n{i}") for i in range(2)]
+    seats = [SeatView(f"s{i:02d}") for i in range(30)]
+    owners: dict[str, str] = {}
+    simulate(nodes, seats, owners, rounds=4)
+    nodes.append(NodeView("n2"))
+    history = simulate(nodes, seats, owners, rounds=6)
+    assert all(len(p.release) <= 2 for plans in history for p in plans)
+    assert sorted(counts(owners, nodes).values()) == [10, 10, 10]
+
+
+def test_placement_is_honoured_and_weighs_on_the_share():
+    nodes = [NodeView("eu", {"zone": "eu"}), NodeView("us1", {"zone": "us"}),
+             NodeView("us2", {"zone": "us"})]
+    seats = [SeatView(f"s{i:02d}") for i in range(28)] + \
+        [SeatView("gdpr1", {"zone": "eu"}), SeatView("gdpr2", {"zone": "eu"})]
+    assert fair_share(nodes[0], seats, nodes) == 12  # 2 × 1 + 28 / 3
+    assert fair_share(nodes[1], seats, nodes) == 10
+    owners: dict[str, str] = {}
+    simulate(nodes, seats, owners, rounds=5)
+    assert owners["gdpr1"] == "eu" and owners["gdpr2"] == "eu"
+    assert len(owners) == 30
+    for seat, node in owners.items():
+        assert may_hold(next(s for s in seats if s.name == seat),
+                        next(n for n in nodes if n.id == node))
+
+
+def test_seats_a_node_may_no_longer_hold_are_released_first():
+    me = NodeView("n0", {"zone": "us"})
+    seats = [SeatView("a"), SeatView("b", {"zone": "eu"})]
+    p = plan(me, seats, [me], owners={"a": "n0", "b": "n0", "gone": "n0"},
+             held={"a", "b", "gone"}, **LIMITS)
+    assert p.release == ["b", "gone"] and p.claim == []
+
+
+def test_nodes_starting_together_try_different_seats_first():
+    nodes = [NodeView(f"n{i}") for i in range(3)]
+    seats = [SeatView(f"s{i:02d}") for i in range(30)]
+    first = [plan(n, seats, nodes, {}, set(), **LIMITS).claim for n in nodes]
+    overlap = set(first[0]) & set(first[1]) | set(first[1]) & set(first[2])
+    assert len(overlap) <= 2, first
