@@ -196,6 +196,25 @@ class Fault(_Section):
         return v
 
 
+class FleetSection(_Section):
+    """The fleet's timing constants (DESIGN §4): the defaults are the design's;
+    tests shorten them. Every node of a fleet should use the same values."""
+
+    heartbeat: float = Field(15.0, gt=0)  # presence and lease renewals, and the admission freshness
+    lease_ttl: float = Field(45.0, ge=1, validate_default=True)  # a lease not renewed this long lapses
+    sweep: float = Field(5.0, gt=0)  # the seat sweep's interval
+    claims_per_sweep: int = Field(4, ge=1)  # a claim spawns a seat's MCP children
+    releases_per_sweep: int = Field(2, ge=1)  # a release interrupts a live agent
+
+    @field_validator("lease_ttl")
+    @classmethod
+    def _ttl(cls, v: float, info: ValidationInfo) -> float:
+        beat = info.data.get("heartbeat")
+        if beat is not None and v <= beat:
+            raise ValueError(f"must be > heartbeat ({beat:g}), got {v:g}")
+        return v
+
+
 class DebugSection(_Section):
     faults: list[Fault] = Field(default_factory=list)  # injected failures, for testing supervision
 
@@ -207,6 +226,7 @@ class NodeConfig(_Section):
     ingress: IngressSection = Field(default_factory=IngressSection)  # the HTTP front door
     supervisor: SupervisorSection = Field(default_factory=SupervisorSection)  # restart policy and timeouts
     log: LogSection = Field(default_factory=LogSection)  # logging
+    fleet: FleetSection = Field(default_factory=FleetSection)  # lease and sweep timing
     debug: DebugSection = Field(default_factory=DebugSection)  # fault injection
     # Filled by the loader via model_copy(update=...), never from the file: hence
     # excluded from dumps, and rejected as unknown keys if a file sets them.

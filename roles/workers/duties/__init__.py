@@ -1,0 +1,33 @@
+"""The company-wide singleton duties, one small module each, registered here.
+
+A duty runs on exactly one node of the fleet at a time: whoever holds its
+``duty.<name>`` lease. It reads its work from the company and the fleet's
+shared state, never from the local node's seats (a ``workers`` node may run no
+seats at all).
+
+To add a duty: write a module with ``DUTY = Duty(name, run)`` and list it in
+:data:`DUTIES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+if TYPE_CHECKING:
+    from roles.workers.runner import DutyContext
+
+
+@dataclass(frozen=True)
+class Duty:
+    name: str
+    # Runs while this node holds the duty; cancelled when the lease is lost.
+    run: Callable[["DutyContext"], Awaitable[None]]
+
+
+def _registry() -> tuple[Duty, ...]:
+    from roles.workers.duties import fleet_shape
+    return (fleet_shape.DUTY,)
+
+
+DUTIES: tuple[Duty, ...] = _registry()
