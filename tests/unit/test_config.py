@@ -230,7 +230,7 @@ def test_expand_env_directly():
         ("stream: {replicas: 6}\n", "stream.replicas", "must be <= 5, got 6"),
         ("supervisor: {backoff_min: 5, backoff_max: 1}\n", "supervisor.backoff_max", "must be >= backoff_min"),
         ("supervisor: {wedge_after: 1}\n", "supervisor.heartbeat_interval", "must be < wedge_after"),
-        ("fleet: {heartbeat: 20}\n", "fleet.lease_ttl", "must be > heartbeat"),
+        ("fleet: {heartbeat: 50}\n", "fleet.lease_ttl", "must be > heartbeat"),
         ("debug: {faults: [{role: broker, kind: crash}]}\n", "debug.faults[0].role", "broker"),
         ("debug: {faults: [{role: crewletd, kind: crash}]}\n", "debug.faults[0].kind", "crewletd only takes kind wedge"),
         ("debug: {faults: [{role: seats, kind: crash, code: 256}]}\n", "debug.faults[0].code", "<= 255"),
