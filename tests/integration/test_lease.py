@@ -155,3 +155,18 @@ def test_leases_survive_losing_one_of_three_members(nats_cluster):
         assert await b.claim("seat.s1") is None
         await nc.close()
     run(main())
+
+
+def test_claiming_the_same_key_again_really_writes_it(natsd):
+    """Within the broker's duplicate window, a second claim of a released key
+    must be stored anew, not deduplicated into the first claim's ack."""
+    async def main():
+        nc, js = await connect(natsd.url)
+        a = Leases(js, "a", "boot-a", ttl=5)
+        first = await a.claim("seat.s1")
+        await a.release(first)
+        again = await a.claim("seat.s1")
+        assert again is not None and again.token > first.token
+        assert (await a.owner("seat.s1")).token == again.token
+        await nc.close()
+    run(main())
