@@ -6,19 +6,20 @@ Both live in the ``config`` KV bucket:
     An immutable revision, JSON ``{"rev", "company", "digest", "source",
     "applied_by", "at"}``: the validated company as a plain dict
     (``Company.model_validate(r["company"])`` rebuilds it), its digest, the
-    file it came from, ``user@host`` and a unix time. Appending is
-    ``create(rev.<n>)`` with n one past the highest existing key; losing
-    that race to another writer moves on to n+1. Never overwritten.
+    file it came from, ``user@host`` and a unix time. Appending creates
+    ``rev.<n>`` with n one past the highest key ever written (a write that
+    expects the key to have no history); losing that race to another writer
+    moves on to n+1. Never overwritten.
 
 ``active``
     The activation epoch, JSON ``{"rev", "epoch", "at"}``. Activating a
-    revision is a compare-and-set on the last revision of the key read
-    (``create`` when absent) with ``epoch + 1``; a conflict re-reads and
-    retries, at most ``ACTIVATE_ATTEMPTS`` times. The epoch therefore counts
-    every activation; the active revision is the one activated last (not
-    necessarily the highest: two concurrent applies both land and both
+    revision is a compare-and-set on the key's last sequence as read (none
+    yet: expect none) with ``epoch + 1``; a conflict re-reads and retries
+    after a short random pause, at most ``ACTIVATE_ATTEMPTS`` times. The epoch therefore counts every
+    activation; the active revision is the one activated last — not
+    necessarily the highest: of two concurrent applies both land and both
     count, and whichever activates second is active; a rollback may
-    activate an older one).
+    activate an older one.
 
 Every node watches ``active`` (:meth:`ControlPlane.watch`), applies the
 revision it names, and records what it reached in ``status``.
@@ -27,10 +28,18 @@ Applying a company whose digest equals the active revision's still appends a
 revision and bumps the epoch: an apply is an explicit act, and re-applying
 the same file is how an operator makes every node apply it again.
 
-Errors from NATS (timeouts, no JetStream, no quorum, a value over the
-server's max payload) become :class:`ControlPlaneError` with a message that
-says what was being done. Give the JetStream context a short timeout
-(``nc.jetstream(timeout=JS_TIMEOUT)``).
+Reliability (DESIGN §4 pitfalls): reads go to the stream's leader, not a
+direct get or a KV watcher's initial values, since a follower can be behind
+a write just made (on an R3 bucket nats-py's ``kv.create`` and ``kv.keys``
+were both seen to miss fresh revisions that way). Writes are
+compare-and-set publishes with a ``Nats-Msg-Id``; one that gets no answer
+(a leader election stalls writes for seconds) is sent again under the same
+id, so one stored after all is acknowledged by the broker's dedupe rather
+than written twice. Unanswered requests are retried for ``PATIENCE``
+seconds; each waits the JetStream context's timeout — give it a short one,
+``nc.jetstream(timeout=JS_TIMEOUT)``. Anything else from NATS (no JetStream,
+a value over the server's max payload) becomes :class:`ControlPlaneError`,
+whose message says what was being done.
 """
 
 from __future__ import annotations
@@ -39,26 +48,40 @@ import asyncio
 import getpass
 import json
 import os
+import random
 import socket
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from nats.errors import Error as NatsError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from nats.js.kv import KeyValue
 
 from crewlet.company.model import Company
 from crewlet.coord.buckets import CONFIG, ensure
 
-JS_TIMEOUT = 2.0          # seconds: JetStream requests of the control plane
-ACTIVATE_ATTEMPTS = 5     # compare-and-set tries of `active` before giving up
+JS_TIMEOUT = 2.0          # seconds: the JetStream request timeout callers should use
+PATIENCE = 10.0           # seconds an unanswered request is retried (a leader election takes ~6 s)
+RETRY_PAUSE = 0.1         # seconds before the first retry; doubles, up to 1 s
+ACTIVATE_ATTEMPTS = 10    # compare-and-set tries of `active` before giving up
+ACTIVATE_JITTER = 0.02    # seconds: a lost compare-and-set waits up to attempt × this, at random
+READ_CONCURRENCY = 16     # revisions read at once by revisions() and history()
 APPEND_ATTEMPTS = 50      # rev.<n> creates (n, n+1, …) before giving up
 ACTIVE = "active"
 REV_PREFIX = "rev."
+
 _STREAM = f"KV_{CONFIG.name}"
+_SUBJECT = f"$KV.{CONFIG.name}."
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+_WRONG_LAST_SEQUENCE = (10071, 10164)
 _KV_OPS_GONE = ("DEL", "PURGE")
+_UNANSWERED = (NoStreamResponseError, NatsTimeoutError, asyncio.TimeoutError)
+
+T = TypeVar("T")
 
 
 class ControlPlaneError(Exception):
@@ -93,6 +116,27 @@ def _json(data: bytes, key: str) -> dict[str, Any]:
     return value
 
 
+def _dumps(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+async def _patiently(what: str, call: Callable[[], Awaitable[T]]) -> T:
+    """``await call()``, again while it gets no answer, for up to PATIENCE
+    seconds; every NATS error becomes a ControlPlaneError about *what*."""
+    deadline = time.monotonic() + PATIENCE
+    pause = RETRY_PAUSE
+    while True:
+        try:
+            return await call()
+        except _UNANSWERED as exc:
+            if time.monotonic() + pause > deadline:
+                raise ControlPlaneError(f"{what}: no answer within {PATIENCE:g}s: {_why(exc)}") from exc
+        except NatsError as exc:
+            raise ControlPlaneError(f"{what}: {_why(exc)}") from exc
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 1.0)
+
+
 class ControlPlane:
     """Revisions and the activation epoch over one JetStream context."""
 
@@ -102,67 +146,64 @@ class ControlPlane:
     @classmethod
     async def open(cls, js: JetStreamContext, replicas: int = 1) -> ControlPlane:
         """The control plane, creating the ``config`` bucket with *replicas* if needed."""
-        try:
-            kv = await ensure(js, CONFIG, replicas)
-        except (NatsError, asyncio.TimeoutError) as exc:
-            raise ControlPlaneError(f"opening the {CONFIG.name} bucket: {_why(exc)}") from exc
+        kv = await _patiently(f"opening the {CONFIG.name} bucket", lambda: ensure(js, CONFIG, replicas))
         return cls(js, kv)
 
     # ---------------------------------------------------------------- reading
 
-    async def _get(self, key: str) -> tuple[dict[str, Any], int] | None:
-        """(value, KV revision) of *key*, or None when absent."""
-        try:
-            entry = await self.kv.get(key)
-        except KeyNotFoundError:
-            return None
-        except (NatsError, asyncio.TimeoutError) as exc:
-            raise ControlPlaneError(f"reading {CONFIG.name}/{key}: {_why(exc)}") from exc
-        return _json(entry.value or b"", key), entry.revision
+    async def _read(self, key: str) -> tuple[dict[str, Any] | None, int]:
+        """(value or None when absent or deleted, the key's last sequence or 0)."""
+        async def get():
+            try:
+                return await self.js.get_msg(_STREAM, subject=_SUBJECT + key, direct=False)
+            except NotFoundError:
+                return None
+
+        msg = await _patiently(f"reading {CONFIG.name}/{key}", get)
+        if msg is None:
+            return None, 0
+        headers = msg.headers or {}
+        if headers.get("KV-Operation") in _KV_OPS_GONE or "Nats-Marker-Reason" in headers:
+            return None, msg.seq  # deleted, purged or expired
+        return _json(msg.data or b"", key), msg.seq
 
     async def active(self) -> dict[str, Any] | None:
         """The active pointer ``{"rev", "epoch", "at"}``, or None before the first apply."""
-        got = await self._get(ACTIVE)
-        return got[0] if got else None
+        return (await self._read(ACTIVE))[0]
 
     async def revision(self, n: int) -> dict[str, Any]:
         """The full revision *n*; :class:`RevisionNotFound` if there is none."""
-        got = await self._get(f"{REV_PREFIX}{n}")
-        if got is None:
+        value, _ = await self._read(f"{REV_PREFIX}{n}")
+        if value is None:
             raise RevisionNotFound(f"no revision {n}")
-        return got[0]
+        return value
+
+    async def _revision_keys(self) -> list[int]:
+        """The n of every ``rev.<n>`` key ever written, ascending (from the
+        stream's leader, which knows every subject)."""
+        info = await _patiently("listing revisions", lambda: self.js.stream_info(
+            _STREAM, subjects_filter=f"{_SUBJECT}{REV_PREFIX}>"))
+        numbers = [s.rpartition(".")[2] for s in info.state.subjects or {}]
+        return sorted(int(n) for n in numbers if n.isdigit())
 
     async def highest(self) -> int:
         """The highest n of any ``rev.<n>`` key ever written (0: none)."""
-        try:
-            info = await self.js.stream_info(_STREAM, subjects_filter=f"$KV.{CONFIG.name}.{REV_PREFIX}>")
-        except (NatsError, asyncio.TimeoutError) as exc:
-            raise ControlPlaneError(f"listing revisions: {_why(exc)}") from exc
-        subjects = info.state.subjects or {}
-        numbers = [s.rpartition(".")[2] for s in subjects]
-        return max((int(n) for n in numbers if n.isdigit()), default=0)
+        return max(await self._revision_keys(), default=0)
 
     async def revisions(self) -> list[dict[str, Any]]:
         """Every revision, in full, ascending by rev."""
-        out: list[dict[str, Any]] = []
-        try:
-            watcher = await self.kv.watch(f"{REV_PREFIX}>")
-            try:
-                while True:
-                    entry = await watcher.updates(timeout=JS_TIMEOUT)
-                    if entry is None:  # the end of what is stored
-                        break
-                    if entry.operation not in _KV_OPS_GONE:
-                        out.append(_json(entry.value or b"", entry.key))
-            finally:
-                await watcher.stop()
-        except (NatsError, asyncio.TimeoutError) as exc:
-            raise ControlPlaneError(f"reading revisions: {_why(exc)}") from exc
-        return sorted(out, key=lambda r: r.get("rev", 0))
+        gate = asyncio.Semaphore(READ_CONCURRENCY)
+
+        async def one(n: int) -> dict[str, Any] | None:
+            async with gate:
+                return (await self._read(f"{REV_PREFIX}{n}"))[0]
+
+        found = await asyncio.gather(*(one(n) for n in await self._revision_keys()))
+        return [r for r in found if r is not None]
 
     async def history(self) -> list[dict[str, Any]]:
-        """A summary of every revision, ascending: rev, digest, source,
-        applied_by, at, seats (count) and active (bool)."""
+        """A summary of every revision, ascending: rev, active (bool), at,
+        seats (count), digest, source and applied_by."""
         revisions = await self.revisions()
         pointer = await self.active()
         current = pointer.get("rev") if pointer else None
@@ -175,10 +216,7 @@ class ControlPlane:
         """Yield the active pointer now (if there is one), then each time it
         changes, for as long as the caller iterates. Before the first apply
         the first item is the first activation."""
-        try:
-            watcher = await self.kv.watch(ACTIVE)
-        except (NatsError, asyncio.TimeoutError) as exc:
-            raise ControlPlaneError(f"watching {CONFIG.name}/{ACTIVE}: {_why(exc)}") from exc
+        watcher = await _patiently(f"watching {CONFIG.name}/{ACTIVE}", lambda: self.kv.watch(ACTIVE))
         seen = 0
         try:
             async for entry in watcher:
@@ -194,50 +232,45 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- writing
 
+    async def _write(self, key: str, value: bytes, expected: int) -> bool:
+        """Compare-and-set *key* to *value* if its last sequence is *expected*
+        (0: no history); False when it is not."""
+        headers = {_EXPECTED_LAST: str(expected), "Nats-Msg-Id": f"{key}:{uuid.uuid4().hex}"}
+
+        async def publish() -> bool:
+            try:
+                await self.js.publish(_SUBJECT + key, value, headers=headers)
+            except APIError as exc:
+                if exc.err_code in _WRONG_LAST_SEQUENCE:
+                    return False
+                raise
+            return True
+
+        return await _patiently(f"writing {CONFIG.name}/{key}", publish)
+
     async def append(self, company: Company, source: str, by: str | None = None) -> int:
         """Store *company* as the next revision; its number. Does not activate."""
         record = {"company": company.model_dump(mode="json"), "digest": company.digest(),
                   "source": source, "applied_by": by or applied_by(), "at": time.time()}
         n = await self.highest() + 1
         for _ in range(APPEND_ATTEMPTS):
-            key = f"{REV_PREFIX}{n}"
-            value = json.dumps({"rev": n, **record}, separators=(",", ":")).encode()
-            try:
-                await self.kv.create(key, value)
+            if await self._write(f"{REV_PREFIX}{n}", _dumps({"rev": n, **record}), 0):
                 return n
-            except KeyWrongLastSequenceError:
-                n += 1  # somebody else appended rev.<n> first
-            except (NatsError, asyncio.TimeoutError) as exc:
-                if await self._stored(key, value):
-                    return n  # it timed out, yet was stored: it is ours
-                raise ControlPlaneError(f"writing {CONFIG.name}/{key}: {_why(exc)}") from exc
+            n += 1  # somebody else appended rev.<n> first
         raise ControlPlaneError(f"appending a revision: lost the race {APPEND_ATTEMPTS} times")
-
-    async def _stored(self, key: str, value: bytes) -> bool:
-        """Does *key* hold exactly *value*? (False when that cannot be read either.)"""
-        try:
-            got = await self._get(key)
-        except ControlPlaneError:
-            return False
-        return got is not None and got[0] == json.loads(value)
 
     async def activate(self, n: int) -> int:
         """Make revision *n* the active one; the new epoch."""
         await self.revision(n)  # refuse to point at nothing
-        for _ in range(ACTIVATE_ATTEMPTS):
-            got = await self._get(ACTIVE)
-            epoch = (got[0].get("epoch") or 0) + 1 if got else 1
-            value = json.dumps({"rev": n, "epoch": epoch, "at": time.time()}, separators=(",", ":")).encode()
-            try:
-                if got is None:
-                    await self.kv.create(ACTIVE, value)
-                else:
-                    await self.kv.update(ACTIVE, value, last=got[1])
+        for attempt in range(ACTIVATE_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(random.uniform(0, attempt * ACTIVATE_JITTER))  # spread contenders
+            pointer, last = await self._read(ACTIVE)
+            epoch = (pointer or {}).get("epoch", 0) + 1
+            if await self._write(ACTIVE, _dumps({"rev": n, "epoch": epoch, "at": time.time()}), last):
                 return epoch
-            except KeyWrongLastSequenceError:
-                continue  # another activation landed in between (or quorum is lost): re-read
-            except (NatsError, asyncio.TimeoutError) as exc:
-                raise ControlPlaneError(f"activating revision {n}: {_why(exc)}") from exc
+            # Another activation landed in between — or quorum is lost, which
+            # answers the same (DESIGN §4): re-read before trying again.
         raise ControlPlaneError(f"activating revision {n}: the compare-and-set failed "
                                 f"{ACTIVATE_ATTEMPTS} times (busy, or no quorum)")
 

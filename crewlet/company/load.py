@@ -1,0 +1,97 @@
+"""Reading a company file: YAML, environment expansion, one-line errors.
+
+``load_company(path)`` reads a file; ``parse_company(text, source)`` parses
+text that came from elsewhere (``source`` labels errors). Both return a
+validated :class:`~crewlet.company.model.Company` or raise
+:class:`~crewlet.config.ConfigError` — the same one-line
+``<file>: <key>: <problem>`` as Tier A, exit code 78 — with ``file`` the
+company file.
+
+The rules are Tier A's (:mod:`crewlet.config.load`): YAML with duplicate
+keys rejected; in every string *value* (never a key) ``${VAR}`` is the
+environment variable (unset is an error), ``${VAR:-default}`` falls back
+when VAR is unset or empty, ``$$`` is a literal ``$``; an empty file is an
+empty mapping (and so lacks the required keys).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import yaml
+from pydantic import ValidationError
+
+from crewlet.company.model import At, Company
+from crewlet.config import ConfigError, expand_env
+from crewlet.config.load import _Loader, _problem, _show, dotted  # Tier A's rules, shared on purpose
+
+
+def load_company(path: str | os.PathLike) -> Company:
+    """Read, expand and validate the company file at *path*."""
+    file = os.fspath(path)
+    try:
+        with open(file, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(file, None, "no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(file, None, "is a directory, not a company file") from None
+    except OSError as e:
+        raise ConfigError(file, None, f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(file, None, f"not UTF-8 text: {e.reason} at byte {e.start}") from None
+    return parse_company(text, file)
+
+
+def parse_company(text: str, source: str = "<company>", env: Mapping[str, str] | None = None) -> Company:
+    """Parse, expand (from *env*, default ``os.environ``) and validate *text*."""
+    data = _parse_yaml(text, source)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, None, f"the top level must be a mapping of keys, got {_show(data)}")
+    data = _expand(data, os.environ if env is None else env, (), source)
+    try:
+        return Company.model_validate(data)
+    except ValidationError as e:
+        raise _from_validation(e, source) from None
+
+
+def _parse_yaml(text: str, source: str) -> object:
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(source, None, f"invalid YAML{where}: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(source, None, f"invalid YAML: {e}") from None
+
+
+def _expand(obj: object, env: Mapping[str, str], loc: tuple, file: str) -> object:
+    if isinstance(obj, str):
+        return expand_env(obj, env, dotted(loc), file=file)
+    if isinstance(obj, dict):
+        return {k: _expand(v, env, (*loc, k), file) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_expand(v, env, (*loc, i), file) for i, v in enumerate(obj)]
+    return obj
+
+
+def _key_and_problem(err: dict) -> tuple[str | None, str]:
+    """One pydantic error as (dotted key, problem); an :class:`At` raised by a
+    model validator names its key relative to the error's location."""
+    key = dotted(err["loc"])
+    at = (err.get("ctx") or {}).get("error")
+    if err["type"] == "value_error" and isinstance(at, At):
+        sep = "" if not key or at.key.startswith("[") else "."
+        return key + sep + at.key, at.problem
+    return key or None, _problem(err)
+
+
+def _from_validation(e: ValidationError, file: str) -> ConfigError:
+    errors = e.errors(include_url=False)
+    key, problem = _key_and_problem(errors[0])
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return ConfigError(file, key, problem + more)

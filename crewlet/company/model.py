@@ -1,0 +1,327 @@
+"""Tier B, the company: the typed model, and the one place its defaults live.
+
+Every model forbids unknown keys, so a typo is an error, never an ignored
+setting. Field defaults below are the defaults; nothing else in crewlet may
+restate them.
+
+Checks that need one model's own fields are field validators (the error
+lands on the key). Checks that cross collections — a seat's provider, a
+schedule's seat, budget seat names, unique names — are model validators that
+raise :class:`At`, which names the precise key relative to the model; the
+loader (:mod:`crewlet.company.load`) joins it to the model's location, so
+the message reads ``seats[3].provider: unknown provider 'gpt', known: scripted``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
+
+# A seat name is part of NATS subjects and KV keys (agents.inbox.<seat>, seat.<id>).
+SEAT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# A provider name is part of KV keys (cooldowns: <provider>.<key id>).
+PROVIDER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+# An environment variable name (api_key_env names one; it never holds the key).
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# schedules[].every: a positive whole number and one unit.
+DURATION_RE = re.compile(r"^([0-9]+)([smhd])$")
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# schedules[].cron: the five classic fields, minute hour day-of-month month day-of-week.
+CRON_FIELD_RE = re.compile(r"^[0-9A-Za-z*?/,\-]+$")
+CRON_FIELDS = 5
+# Company.digest(): hex characters kept of the sha256.
+DIGEST_LENGTH = 16
+
+ProviderKind = Literal["scripted", "openai", "anthropic", "cli"]
+HTTP_KINDS = ("openai", "anthropic")
+# providers.<name>.max_concurrent of a cli provider when not given (None for other kinds).
+CLI_MAX_CONCURRENT = 4
+
+
+class At(ValueError):
+    """A problem at ``key``, a path relative to the model that raised it
+    (``seats[3].provider``); :mod:`crewlet.company.load` prefixes the
+    model's own location."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(problem)
+        self.key, self.problem = key, problem
+
+
+def _pattern(regex: re.Pattern, what: str):
+    def check(value: str) -> str:
+        if not regex.match(value):
+            raise ValueError(f"{what}, got {value!r}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _http_url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+        ok = (parts.scheme in ("http", "https") and bool(parts.hostname)
+              and (parts.port is None or parts.port > 0))
+    except ValueError:  # e.g. a non-numeric port
+        ok = False
+    if not ok:
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    return value
+
+
+SeatName = Annotated[str, _pattern(
+    SEAT_NAME_RE, "must be 1-63 of a-z, 0-9, '_' or '-', starting with a letter or digit")]
+ProviderName = Annotated[str, _pattern(
+    PROVIDER_NAME_RE, "must be 1-63 letters, digits, '_' or '-', starting with a letter or digit")]
+EnvName = Annotated[str, _pattern(
+    ENV_NAME_RE, "must be the name of an environment variable (not the key itself)")]
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+Tokens = Annotated[int, Field(ge=0)]
+
+
+def _duplicates(names: list[str], where: str) -> list[At]:
+    """An At for every repeat of a name in *names*; *where* is e.g. ``seats[{i}].name``."""
+    first: dict[str, int] = {}
+    out = []
+    for i, name in enumerate(names):
+        if name in first:
+            out.append(At(where.format(i=i), f"duplicate name {name!r} (also {where.format(i=first[name])})"))
+        else:
+            first[name] = i
+    return out
+
+
+def _raise_first(problems: list[At]) -> None:
+    if problems:
+        first = problems[0]
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise At(first.key, first.problem + more)
+
+
+class _Model(BaseModel):
+    # Numbers are accepted where strings are expected (e.g. label values, personas).
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+
+class CompanySection(_Model):
+    name: str = Field(min_length=1)  # the company's display name
+
+
+# ------------------------------------------------------------------ providers
+
+class ToolCall(_Model):
+    name: str = Field(min_length=1)  # the tool to call, e.g. send
+    args: dict[str, Any] = Field(default_factory=dict)  # its arguments; strings may hold \1, \2 …
+
+
+class Rule(_Model):
+    """A scripted provider's rule: the first whose ``match`` is found in the message answers."""
+
+    match: str  # a Python regular expression, searched in the incoming message
+    reply: str  # the text of the reply
+    tools: list[ToolCall] = Field(default_factory=list)  # tool calls made before replying
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression: {e}") from None
+        return v
+
+
+class Provider(_Model):
+    """A model provider. Which keys apply depends on ``kind``:
+
+    ========= =====================================================
+    scripted  rules (deterministic, offline; the sample's provider)
+    openai    model, base_url, api_key_env (an OpenAI-compatible API)
+    anthropic model, base_url, api_key_env
+    cli       command (required), max_concurrent, model
+    ========= =====================================================
+    """
+
+    kind: ProviderKind  # what talks to the model
+    model: str | None = Field(None, min_length=1)  # model name passed to the provider
+    base_url: HttpUrl | None = None  # API endpoint (openai/anthropic); None: the vendor's
+    api_key_env: EnvName | None = None  # env var holding the API key (openai/anthropic)
+    # argv of the CLI agent (cli; required there)
+    command: list[str] | None = Field(None, min_length=1, validate_default=True)
+    # CLI agent subprocesses at once, per node (cli only; unset: CLI_MAX_CONCURRENT)
+    max_concurrent: int | None = Field(None, ge=1, validate_default=True)
+    rules: list[Rule] = Field(default_factory=list)  # scripted replies, first match wins (scripted)
+
+    @field_validator("base_url", "api_key_env")
+    @classmethod
+    def _http_only(cls, v: str | None, info: ValidationInfo) -> str | None:
+        kind = info.data.get("kind")
+        if v is not None and kind is not None and kind not in HTTP_KINDS:
+            raise ValueError(f"only for kind openai or anthropic, not {kind}")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        kind = info.data.get("kind")
+        if kind == "cli" and v is None:
+            raise ValueError("required for kind cli: the argv of the agent, e.g. [claude, -p]")
+        if kind not in (None, "cli") and v is not None:
+            raise ValueError(f"only for kind cli, not {kind}")
+        return v
+
+    @field_validator("max_concurrent")
+    @classmethod
+    def _cli_only(cls, v: int | None, info: ValidationInfo) -> int | None:
+        kind = info.data.get("kind")
+        if kind == "cli":
+            return CLI_MAX_CONCURRENT if v is None else v
+        if kind is not None and v is not None:
+            raise ValueError(f"only for kind cli, not {kind}")
+        return v
+
+    @field_validator("rules")
+    @classmethod
+    def _scripted_only(cls, v: list[Rule], info: ValidationInfo) -> list[Rule]:
+        kind = info.data.get("kind")
+        if v and kind not in (None, "scripted"):
+            raise ValueError(f"only for kind scripted, not {kind}")
+        return v
+
+
+# ------------------------------------------------------------------ seats
+
+class Placement(_Model):
+    labels: dict[str, str] = Field(default_factory=dict)  # only a node whose labels include these
+
+    def allows(self, node_labels: Mapping[str, str]) -> bool:
+        """May a node with *node_labels* hold the seat?"""
+        return all(node_labels.get(k) == v for k, v in self.labels.items())
+
+
+class McpServer(_Model):
+    name: str = Field(min_length=1)  # unique per seat; names the server's tools
+    command: str = Field(min_length=1)  # executable of the stdio MCP server
+    args: list[str] = Field(default_factory=list)  # its arguments
+    env: dict[str, str] = Field(default_factory=dict)  # extra environment of the server
+
+
+class Seat(_Model):
+    name: SeatName  # unique; the mailbox and lease are named after it
+    persona: str  # the system prompt: who this seat is and what it does
+    provider: str  # a key of `providers`
+    placement: Placement = Field(default_factory=Placement)  # where the seat may run
+    mcp: list[McpServer] = Field(default_factory=list)  # the seat's own tool servers, spawned with its lease
+
+    @model_validator(mode="after")
+    def _unique_mcp(self) -> Seat:
+        _raise_first(_duplicates([m.name for m in self.mcp], "mcp[{i}].name"))
+        return self
+
+
+# ------------------------------------------------------------------ the rest
+
+class Schedule(_Model):
+    """A message sent to a seat's mailbox periodically: exactly one of every, cron."""
+
+    name: str = Field(min_length=1)  # unique among schedules
+    seat: str  # the seat that receives the message
+    every: str | None = None  # a period: a whole number and s, m, h or d ("30s", "5m", "1h", "1d")
+    cron: str | None = Field(None, validate_default=True)  # five cron fields: minute hour day month weekday
+    message: str  # the text delivered
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        m = DURATION_RE.match(v)
+        if not m or int(m.group(1)) == 0:
+            raise ValueError(f"expected a positive duration like 30s, 5m, 1h or 1d, got {v!r}")
+        return v
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str | None, info: ValidationInfo) -> str | None:
+        every = info.data.get("every")
+        if v is not None and every is not None:
+            raise ValueError("give either every or cron, not both")
+        if v is None:
+            if every is None and "every" in info.data:
+                raise ValueError("required when every is not given: give exactly one of every or cron")
+            return v
+        fields = v.split()
+        if len(fields) != CRON_FIELDS or not all(CRON_FIELD_RE.match(f) for f in fields):
+            raise ValueError(f"expected five cron fields (minute hour day month weekday), got {v!r}")
+        return v
+
+    @property
+    def period(self) -> int | None:
+        """``every`` in seconds (None for a cron schedule)."""
+        if self.every is None:
+            return None
+        m = DURATION_RE.match(self.every)
+        return int(m.group(1)) * DURATION_UNITS[m.group(2)]
+
+
+class Budgets(_Model):
+    org: Tokens | None = None  # tokens the whole company may spend; None: no cap
+    seats: dict[str, Tokens] = Field(default_factory=dict)  # per-seat token caps, by seat name
+
+
+class Retention(_Model):
+    turns_days: int = Field(90, ge=1)  # days a turn record is kept
+    mail_days: int = Field(14, ge=1)  # days worked mail is kept
+
+
+class Company(_Model):
+    """The whole Tier B file. ``Company.model_validate(revision["company"])``
+    rebuilds one from a stored revision."""
+
+    company: CompanySection  # who this is
+    providers: dict[ProviderName, Provider] = Field(min_length=1)  # model providers, by name
+    seats: list[Seat] = Field(min_length=1)  # the agents
+    schedules: list[Schedule] = Field(default_factory=list)  # periodic messages to seats
+    budgets: Budgets = Field(default_factory=Budgets)  # token caps
+    retention: Retention = Field(default_factory=Retention)  # how long records are kept
+    integrations: dict[str, dict[str, Any]] = Field(default_factory=dict)  # opaque for now; kept as given
+
+    @model_validator(mode="after")
+    def _references(self) -> Company:
+        problems = _duplicates([s.name for s in self.seats], "seats[{i}].name")
+        known = ", ".join(self.providers)
+        problems += [At(f"seats[{i}].provider", f"unknown provider {s.provider!r}, known: {known}")
+                     for i, s in enumerate(self.seats) if s.provider not in self.providers]
+        seats = {s.name for s in self.seats}
+        problems += _duplicates([s.name for s in self.schedules], "schedules[{i}].name")
+        problems += [At(f"schedules[{i}].seat", f"unknown seat {s.seat!r}")
+                     for i, s in enumerate(self.schedules) if s.seat not in seats]
+        problems += [At(f"budgets.seats.{name}", f"unknown seat {name!r}")
+                     for name in self.budgets.seats if name not in seats]
+        _raise_first(problems)
+        return self
+
+    def canonical(self) -> str:
+        """The validated company as canonical JSON: defaults filled in, keys
+        sorted, no whitespace. Key order and omitted defaults in the file do
+        not change it; list order does."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False)
+
+    def digest(self) -> str:
+        """The first 16 hex characters of the sha256 of :meth:`canonical`."""
+        return hashlib.sha256(self.canonical().encode()).hexdigest()[:DIGEST_LENGTH]
+
+    def seat(self, name: str) -> Seat:
+        """The seat called *name*; KeyError if there is none."""
+        for s in self.seats:
+            if s.name == name:
+                return s
+        raise KeyError(name)

@@ -1,0 +1,104 @@
+"""``crewletctl apply FILE``: store a company file as a new revision and activate it.
+
+The file is validated first; a bad one is one line on stderr naming the
+file, the key and the problem, exit 78, and nothing is sent. Then crewletctl
+dials the node's NATS (the ``stream`` section of its Tier A config: see
+``crewletctl --help`` for how the config is found), appends the company as
+revision n+1 in the ``config`` bucket and bumps the activation epoch, which
+every node of the fleet watches. NATS unreachable (or without JetStream):
+exit 69, naming the URLs tried.
+
+:func:`with_control_plane` is shared with ``crewletctl history``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import click
+import nats
+
+from crewlet.bus import servers_of
+from crewlet.company import load_company
+from crewlet.config import ConfigError, NodeConfig, load_node_config
+from crewlet.coord.control_plane import JS_TIMEOUT, ControlPlane, ControlPlaneError
+from crewlet.ctl import EXIT_CONFIG, EXIT_UNREACHABLE, PROG, Ctl, fail
+
+CONNECT_TIMEOUT = 2.0  # seconds to reach the node's NATS
+
+T = TypeVar("T")
+
+
+def node_config(ctl: Ctl) -> NodeConfig:
+    """The Tier A config of the node crewletctl talks to (defaults with --data-dir)."""
+    source = ctl.target.config
+    if source is None or source == "<defaults>":
+        return NodeConfig()
+    try:
+        return load_node_config(source)
+    except ConfigError as exc:
+        fail(f"configuration error: {exc}", EXIT_CONFIG)
+
+
+def with_control_plane(ctl: Ctl, work: Callable[[ControlPlane], Awaitable[T]]) -> T:
+    """Run ``work(control_plane)`` on a fresh connection to the node's NATS;
+    exits 69 when NATS cannot be reached or the control plane fails."""
+    cfg = node_config(ctl)
+    servers = servers_of(cfg.stream)
+    where = ", ".join(servers)
+
+    async def run() -> T:
+        errors: list[Exception] = []
+
+        async def keep(exc: Exception) -> None:
+            errors.append(exc)  # reported once, below, instead of logged by nats-py
+
+        try:
+            # nats-py's first connect walks the pool max_reconnect_attempts+1 times
+            # (0 means forever) even without reconnects: make that one quick pass.
+            nc = await nats.connect(servers, name=PROG, connect_timeout=CONNECT_TIMEOUT,
+                                    allow_reconnect=False, max_reconnect_attempts=1,
+                                    reconnect_time_wait=0.1, error_cb=keep)
+        except Exception as exc:  # refused, timed out, bad greeting: all "unreachable"
+            why = errors[-1] if errors else exc  # the cause, rather than "no servers available"
+            text = str(why).strip()
+            raise ControlPlaneError(f"cannot reach NATS at {where}: {type(why).__name__}"
+                                    + (f": {text}" if text else "")) from exc
+        try:
+            plane = await ControlPlane.open(nc.jetstream(timeout=JS_TIMEOUT), cfg.stream.replicas)
+            return await work(plane)
+        except ControlPlaneError as exc:
+            raise ControlPlaneError(f"{exc} (NATS at {where})") from exc
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(run())
+    except ControlPlaneError as exc:
+        fail(str(exc), EXIT_UNREACHABLE)
+
+
+@click.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--check", is_flag=True, help="Only validate FILE and print its digest; send nothing.")
+@click.pass_obj
+def apply(ctl: Ctl, file: str, check: bool) -> None:
+    """Apply a company file: store it as a new revision and activate it.
+
+    Every node of the fleet then applies the new revision. Exits 0 when
+    stored and activated, 78 when FILE is invalid (nothing is sent), 69 when
+    the node's NATS cannot be reached.
+    """
+    try:
+        company = load_company(file)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_CONFIG)
+    if check:
+        click.echo(f"valid {file}: {len(company.seats)} seats, digest {company.digest()}")
+        return
+    rev, epoch = with_control_plane(ctl, lambda plane: plane.apply(company, os.path.abspath(file)))
+    click.echo(f"applied {file}: revision {rev} (epoch {epoch}), {len(company.seats)} seats, "
+               f"digest {company.digest()}")

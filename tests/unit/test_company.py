@@ -1,0 +1,203 @@
+"""Tier B, the company file: the sample, every check's key, the digest, expansion."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from crewlet.company import Company, load_company, parse_company
+from crewlet.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SAMPLE = os.path.join(ROOT, "etc", "company.yaml")
+
+
+def minimal(**overrides) -> dict:
+    data = {
+        "company": {"name": "Acme"},
+        "providers": {"local": {"kind": "scripted", "rules": [{"match": "hello", "reply": "hi"}]}},
+        "seats": [{"name": "pm", "persona": "plans", "provider": "local"},
+                  {"name": "dev", "persona": "builds", "provider": "local"}],
+    }
+    data.update(overrides)
+    return data
+
+
+def parse(data: dict, env: dict | None = None) -> Company:
+    return parse_company(yaml.safe_dump(data, sort_keys=False), "acme.yaml", env=env or {})
+
+
+def error(data: dict, env: dict | None = None) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse(data, env)
+    err = info.value
+    assert err.file == "acme.yaml"
+    assert "\n" not in str(err)
+    return err
+
+
+def test_the_sample_company_loads_with_30_seats():
+    company = load_company(SAMPLE)
+    assert len(company.seats) == 30
+    assert set(company.providers) == {"scripted"}
+    assert {s.provider for s in company.seats} == {"scripted"}
+    eu = [s.name for s in company.seats if s.placement.labels == {"zone": "eu"}]
+    assert len(eu) == 2
+    assert len(company.schedules) == 1
+    assert company.budgets.org and company.budgets.org > 0
+    rule = company.providers["scripted"].rules[1]
+    assert rule.match == r"ask (\w+) (.*)"
+    assert rule.tools[0].name == "send" and rule.tools[0].args == {"to": r"\1", "text": r"\2"}
+    assert Company.model_validate(company.model_dump(mode="json")) == company  # as stored in a revision
+
+
+def test_minimal_company_gets_the_defaults():
+    company = parse(minimal())
+    assert company.retention.turns_days == 90 and company.retention.mail_days == 14
+    assert company.budgets.org is None and company.budgets.seats == {}
+    assert company.schedules == [] and company.integrations == {}
+    assert company.seat("pm").placement.allows({"zone": "us"})
+
+
+@pytest.mark.parametrize("mutate, key, words", [
+    (lambda d: d["seats"][1].update(provider="gpt"), "seats[1].provider",
+     "unknown provider 'gpt', known: local"),
+    (lambda d: d.update(schedules=[{"name": "s", "seat": "ghost", "every": "1h", "message": "m"}]),
+     "schedules[0].seat", "unknown seat 'ghost'"),
+    (lambda d: d.update(budgets={"org": 10, "seats": {"pm": 5, "ghost": 1}}),
+     "budgets.seats.ghost", "unknown seat 'ghost'"),
+])
+def test_each_cross_reference_error_names_its_key(mutate, key, words):
+    data = minimal()
+    mutate(data)
+    err = error(data)
+    assert err.key == key
+    assert str(err) == f"acme.yaml: {key}: {words}"
+
+
+def test_unknown_key_is_an_error_at_that_key():
+    data = minimal()
+    data["seats"][0]["persona_text"] = "typo"
+    assert str(error(data)) == "acme.yaml: seats[0].persona_text: unknown key"
+    assert error(minimal(retentoin={})).key == "retentoin"
+    data = minimal()
+    data["providers"]["local"]["temperature"] = 0.2
+    assert error(data).key == "providers.local.temperature"
+
+
+def test_duplicate_seat_name():
+    data = minimal()
+    data["seats"].append({"name": "pm", "persona": "again", "provider": "local"})
+    err = error(data)
+    assert err.key == "seats[2].name"
+    assert "duplicate name 'pm' (also seats[0].name)" in err.problem
+
+
+def test_duplicate_mcp_server_name_within_a_seat():
+    data = minimal()
+    data["seats"][1]["mcp"] = [{"name": "git", "command": "git-mcp"}, {"name": "git", "command": "other"}]
+    assert error(data).key == "seats[1].mcp[1].name"
+
+
+def test_bad_seat_name():
+    data = minimal()
+    data["seats"][0]["name"] = "Project Manager"
+    err = error(data)
+    assert err.key == "seats[0].name"
+
+
+def test_bad_regex():
+    data = minimal()
+    data["providers"]["local"]["rules"].append({"match": "ask (\\w+", "reply": "x"})
+    err = error(data)
+    assert err.key == "providers.local.rules[1].match"
+    assert "not a valid regular expression" in err.problem
+
+
+def test_schedule_with_both_every_and_cron_or_neither():
+    both = minimal(schedules=[{"name": "s", "seat": "pm", "every": "5m", "cron": "0 9 * * *",
+                               "message": "m"}])
+    err = error(both)
+    assert err.key == "schedules[0].cron" and "not both" in err.problem
+    neither = minimal(schedules=[{"name": "s", "seat": "pm", "message": "m"}])
+    assert error(neither).key == "schedules[0].cron"
+    bad = minimal(schedules=[{"name": "s", "seat": "pm", "every": "5 minutes", "message": "m"}])
+    assert error(bad).key == "schedules[0].every"
+    ok = parse(minimal(schedules=[{"name": "s", "seat": "pm", "every": "5m", "message": "m"},
+                                  {"name": "t", "seat": "dev", "cron": "*/15 9-17 * * 1-5", "message": "m"}]))
+    assert ok.schedules[0].period == 300 and ok.schedules[1].period is None
+    dup = minimal(schedules=[{"name": "s", "seat": "pm", "every": "1d", "message": "m"}] * 2)
+    assert error(dup).key == "schedules[1].name"
+
+
+def test_provider_keys_follow_the_kind():
+    cli = minimal(providers={"agent": {"kind": "cli"}})
+    assert str(error(cli)).startswith("acme.yaml: providers.agent.command: required for kind cli")
+    wrong = minimal(providers={"local": {"kind": "scripted", "base_url": "https://x.example"}})
+    assert error(wrong).key == "providers.local.base_url"
+    url = minimal(providers={"local": {"kind": "openai", "base_url": "ftp://x"}})
+    assert error(url).key == "providers.local.base_url"
+    env = minimal(providers={"local": {"kind": "anthropic", "api_key_env": "sk-ant-123"}})
+    assert error(env).key == "providers.local.api_key_env"
+    ok = parse(minimal(providers={"local": {"kind": "cli", "command": ["claude", "-p"],
+                                            "max_concurrent": 2}}))
+    assert ok.providers["local"].max_concurrent == 2
+
+
+def test_missing_and_empty_sections():
+    assert error({"providers": minimal()["providers"], "seats": minimal()["seats"]}).key == "company"
+    assert error(minimal(seats=[])).key == "seats"
+    assert error(minimal(providers={})).key == "providers"
+    with pytest.raises(ConfigError) as info:
+        parse_company("- a list\n", "acme.yaml")
+    assert "top level must be a mapping" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_company("company: {name: a}\ncompany: {name: b}\n", "acme.yaml")
+    assert "duplicate key 'company'" in str(info.value)
+
+
+def test_digest_is_stable_across_key_order_and_omitted_defaults():
+    a = minimal()
+    b = {"seats": [dict(reversed(list(s.items()))) for s in a["seats"]],
+         "providers": a["providers"], "company": a["company"],
+         "retention": {"mail_days": 14, "turns_days": 90}}
+    assert yaml.safe_dump(a, sort_keys=False) != yaml.safe_dump(b, sort_keys=False)
+    digest = parse(a).digest()
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    assert parse(b).digest() == digest
+    assert parse(minimal(company={"name": "Other"})).digest() != digest
+    # A revision round-trips: the stored dump rebuilds the same company.
+    company = parse(a)
+    assert Company.model_validate(company.model_dump(mode="json")).digest() == digest
+
+
+def test_env_expansion():
+    data = minimal(company={"name": "${COMPANY}"})
+    data["seats"][0]["persona"] = "${PERSONA:-a planner}"
+    company = parse(data, env={"COMPANY": "Initech"})
+    assert company.company.name == "Initech"
+    assert company.seat("pm").persona == "a planner"
+    err = error(data, env={})
+    assert err.key == "company.name" and "COMPANY" in err.problem
+
+
+def test_load_company_errors_name_the_file(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_company(missing)
+    assert str(info.value) == f"{missing}: no such file"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("company: [unclosed\n")
+    with pytest.raises(ConfigError) as info:
+        load_company(bad)
+    assert str(info.value).startswith(f"{bad}: invalid YAML at line")
+
+
+def test_cli_max_concurrent_defaults_to_4_and_belongs_to_cli_only():
+    cli = parse(minimal(providers={"local": {"kind": "cli", "command": ["agent"]}}))
+    assert cli.providers["local"].max_concurrent == 4
+    assert parse(minimal()).providers["local"].max_concurrent is None
+    wrong = minimal(providers={"local": {"kind": "openai", "max_concurrent": 3}})
+    assert error(wrong).key == "providers.local.max_concurrent"
