@@ -11,6 +11,7 @@ import asyncio
 
 import nats
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from crewlet import log
 
@@ -20,6 +21,41 @@ def servers_of(stream) -> list[str]:
     if stream.type == "nats":
         return list(stream.servers)
     return [f"nats://{stream.listen}"]
+
+
+# Short, as DESIGN §4 asks: a request in flight when a connection drops waits
+# its whole timeout, and a publish that timed out is retried (same Nats-Msg-Id).
+JETSTREAM_TIMEOUT = 2.0
+
+
+def jetstream(nc: Client, stream, *, timeout: float = JETSTREAM_TIMEOUT) -> JetStreamContext:
+    """The JetStream context for a node's ``stream`` config section.
+
+    A leaf (embedded, ``stream.leaf``) has no JetStream of its own: it reaches
+    the members' through their domain, ``stream.domain``. A member or a
+    standalone server answers the plain API (it serves the domain as well),
+    and so, we assume, does a cluster dialled with ``type: nats``.
+
+    Beware on a leaf: nats-py's KV helper publishes puts on
+    ``$KV.<bucket>.<key>`` without the domain, and from a leaf those get no
+    answer (measured: ``NoStreamResponseError``); publish them to
+    ``$JS.<domain>.API.$KV.<bucket>.<key>`` instead. Reads and the API calls
+    go through the domain and work.
+    """
+    domain = stream.domain if stream.type == "embedded" and stream.leaf is not None else None
+    return nc.jetstream(domain=domain, timeout=timeout)
+
+
+def kv_subject(js: JetStreamContext, bucket: str) -> str:
+    """The subject prefix a KV write to *bucket* is published on, through *js*.
+
+    Plainly ``$KV.<bucket>.``; through a JetStream domain (a leaf),
+    ``$JS.<domain>.API.$KV.<bucket>.`` — the only form a leaf's writes are
+    answered on (DESIGN §4). nats-py keeps the API prefix of a context in a
+    private attribute; it is the one place this module reads it.
+    """
+    prefix = getattr(js, "_prefix", "$JS.API")
+    return f"$KV.{bucket}." if prefix == "$JS.API" else f"{prefix}.$KV.{bucket}."
 
 
 async def connect(stream, *, name: str, connect_timeout: float = 2.0) -> Client:

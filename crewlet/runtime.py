@@ -26,7 +26,7 @@ import signal
 import subprocess
 import time
 import traceback
-from typing import Any
+from typing import Any, AsyncIterator
 
 import psutil
 import zmq
@@ -44,9 +44,12 @@ PARENT_GONE = signal.SIGUSR2
 class RoleContext:
     """One role child's handles on its node. Made once per process."""
 
-    def __init__(self, role: str, config: NodeConfig, incarnation: int):
+    def __init__(self, role: str, config: NodeConfig, incarnation: int, boot: str):
         self.role = role
         self.config = config
+        # The node's boot instance (crewletd's): leases this node holds carry
+        # it, so a restarted role adopts what its node already held.
+        self.boot = boot
         self.node_id = config.node.id
         self.run_dir = config.run_dir
         # How many times this child was started before; 0 for the first.
@@ -61,6 +64,44 @@ class RoleContext:
         self._heartbeats = True
         self._ready = asyncio.Event()
         self.exit_code = 0
+
+    def jetstream(self):
+        """JetStream over this process's one connection, as this node reaches it."""
+        return bus.jetstream(self.nats, self.config.stream)
+
+    async def companies(self) -> AsyncIterator[dict[str, Any]]:
+        """The company revisions this node applies: the one in force now (if
+        any), then each one the node applies later, as crewletd hands them out
+        (``{"rev", "epoch", "digest", "company"}``)."""
+        sub = self.zmq.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"company")
+        sub.connect(ipc.endpoint(self.run_dir, "events"))
+        try:
+            # Subscribed first, then asked: nothing applied in between is missed.
+            reply = await ipc.acall(self.zmq, self.run_dir, "company", timeout=5.0)
+            current = (reply.get("result") or {}).get("company")
+            seen = None
+            if current is not None:
+                seen = current.get("epoch")
+                yield current
+            while True:
+                topic, payload = await sub.recv_multipart()
+                if topic != b"company":
+                    continue  # a prefix match: "company_applied" and the like
+                update = ipc.unpack(payload)
+                if update.get("epoch") != seen:
+                    seen = update.get("epoch")
+                    yield update
+        finally:
+            sub.close()
+
+    def fail(self, exc: BaseException | None) -> None:
+        """A task the role cannot do without has ended: log it and stop, exit 1."""
+        log.event("role_task_failed", "error",
+                  error=f"{type(exc).__name__}: {exc}" if exc else "ended")
+        self.exit_code = 1
+        self.stopping.set()
 
     async def report(self, kind: str, **fields: Any) -> None:
         """Send one message on crewletd's health endpoint."""
@@ -86,13 +127,13 @@ class RoleContext:
         self.zmq.destroy()
 
 
-def run_role(role: str, config: dict, incarnation: int = 0) -> int:
+def run_role(role: str, config: dict, incarnation: int = 0, boot: str = "") -> int:
     """The zygote's target for every role child. Returns the exit code."""
     cfg = NodeConfig.model_validate(config)
     log.configure(node=cfg.node.id, role=role, level=cfg.log.level, fmt="json")
     module = importlib.import_module(f"roles.{role}")
     try:
-        return asyncio.run(_amain(role, cfg, incarnation, module.main))
+        return asyncio.run(_amain(role, cfg, incarnation, boot, module.main))
     except SystemExit:
         raise
     except BaseException as exc:
@@ -102,9 +143,9 @@ def run_role(role: str, config: dict, incarnation: int = 0) -> int:
         return 1
 
 
-async def _amain(role: str, cfg: NodeConfig, incarnation: int, main) -> int:
+async def _amain(role: str, cfg: NodeConfig, incarnation: int, boot: str, main) -> int:
     loop = asyncio.get_running_loop()
-    ctx = RoleContext(role, cfg, incarnation)
+    ctx = RoleContext(role, cfg, incarnation, boot)
     watchdog = Watchdog(cfg.supervisor.wedge_after)
     watchdog.start()
     loop.add_signal_handler(signal.SIGTERM, ctx.stopping.set)

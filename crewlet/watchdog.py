@@ -6,7 +6,8 @@ runs a watchdog *thread* watching a timestamp the loop refreshes every tick.
 When the loop has not turned for ``wedge_after`` seconds the thread logs
 ``event_loop_wedged``, dumps every thread's stack (the dump says where the loop
 is stuck) and calls ``os._exit(75)``; the supervisor reads 75 as "wedged event
-loop" and restarts the child.
+loop" and restarts the child. A process that was paused as a whole (SIGSTOP)
+is not wedged: the thread notices that it overslept too, and waits again.
 """
 
 from __future__ import annotations
@@ -53,8 +54,17 @@ class Watchdog:
             self._handle.cancel()
 
     def _watch(self) -> None:
+        checked = time.monotonic()
         while not self._stop.wait(self.tick):
-            stalled = time.monotonic() - self._last
+            now = time.monotonic()
+            if now - checked > self.tick + self.wedge_after / 2:
+                # This thread overslept too: the whole process was paused
+                # (SIGSTOP, a suspended VM), not its loop wedged. Give the
+                # loop a fresh period to show it turns.
+                self._last = checked = now
+                continue
+            checked = now
+            stalled = now - self._last
             if stalled >= self.wedge_after:
                 log.event("event_loop_wedged", "error", stalled_s=round(stalled, 2),
                           wedge_after_s=self.wedge_after)

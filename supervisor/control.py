@@ -24,8 +24,16 @@ class CommandError(Exception):
 
 
 async def status(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
-    """The node, its children and its supervisors, as ``crewletctl status`` shows them."""
-    return node.status()
+    """The node, its children and its supervisors, and the fleet as this node
+    sees it (``fleet``; null while the node is not in one)."""
+    result = node.status()
+    result["fleet"] = node.fleet.view() if node.fleet is not None else None
+    return result
+
+
+async def company(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """The company revision in force on this node (``null`` before one is applied)."""
+    return {"company": node.fleet.company if node.fleet is not None else None}
 
 
 async def restart(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
@@ -49,6 +57,7 @@ async def stop(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
 
 COMMANDS: dict[str, Callable[["Node", dict[str, Any]], Awaitable[dict[str, Any]]]] = {
     "status": status,
+    "company": company,
     "restart": restart,
     "stop": stop,
 }

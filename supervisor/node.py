@@ -26,6 +26,7 @@ import asyncio
 import os
 import signal
 import time
+import uuid
 from typing import Any
 
 import psutil
@@ -40,9 +41,11 @@ from roles import broker
 from supervisor import control, procs
 from supervisor import spec as S
 from supervisor.procs import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE, ExitInfo
+from supervisor.fleet import Fleet
 from supervisor.process import ProcessHost, process_child
 from supervisor.spec import StartFailed, SupFlags
 from supervisor.supervisor import Supervisor, nested
+from supervisor.task import task_child
 from supervisor.zygote import Zygote
 
 
@@ -58,6 +61,9 @@ class Node:
         self.zygote = zygote
         self.root: Supervisor | None = None
         self.started_at = time.time()
+        # This run's boot instance: what tells our leases from a previous run's.
+        self.boot = uuid.uuid4().hex[:12]
+        self.fleet: Fleet | None = None
         self._stop_reason: str | None = None
         self._stop = asyncio.Event()
         self._ctx = zmq.asyncio.Context()
@@ -92,7 +98,7 @@ class Node:
             children = [
                 process_child(
                     self.host, name, target="crewlet.runtime:run_role",
-                    kwargs={"role": name, "config": dump},
+                    kwargs={"role": name, "config": dump, "boot": self.boot},
                     title=f"crewlet {cfg.node.id} {name}", ready_timeout=s.ready_timeout,
                     heartbeat_silence=s.wedge_after + s.heartbeat_grace,
                     pdeathsig=runtime.PARENT_GONE, shutdown=s.shutdown_timeout,
@@ -114,8 +120,27 @@ class Node:
                 kwargs={"binary": binary, "conf": conf},
                 title=f"crewlet {cfg.node.id} broker", ready_timeout=s.ready_timeout,
                 heartbeat_silence=None, probe=probe, shutdown=s.broker_shutdown_timeout))
+        root_children.append(self._fleet_child())
         root_children.append(nested("roles", roles, **self._significance()))
         return Supervisor("root", self._flags(S.REST_FOR_ONE), root_children, notify=self.publish)
+
+    def _fleet_child(self):
+        """The node's membership in the fleet, a task of crewletd (supervisor.fleet)."""
+        fleet: dict[str, Fleet] = {}
+
+        async def setup() -> None:
+            fleet["now"] = self.fleet = Fleet(self.cfg, self.boot, self.publish, self.broadcast)
+            await self.fleet.setup()
+
+        async def run() -> None:
+            await fleet["now"].run()
+
+        async def teardown() -> None:
+            await fleet["now"].teardown()
+
+        return task_child("fleet", setup=setup, run=run, teardown=teardown,
+                          ready_timeout=self.cfg.supervisor.ready_timeout,
+                          shutdown=self.cfg.supervisor.shutdown_timeout)
 
     # --------------------------------------------------------------- running
 
@@ -231,6 +256,14 @@ class Node:
 
     # ---------------------------------------------------------------- status
 
+    def broadcast(self, topic: str, payload: dict) -> None:
+        """Publish *payload* on ``events`` under *topic*, without logging it."""
+        if self._events is not None:
+            try:
+                self._events.send_multipart([topic.encode(), ipc.pack(payload)], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
     def publish(self, name: str, level: str = "info", **fields: Any) -> None:
         """Log an event and publish it on ``events`` for local subscribers."""
         log.event(name, level, **fields)
@@ -247,13 +280,16 @@ class Node:
                 pass
 
     def _process_children(self) -> list[dict]:
+        """Running children that are processes of their own (not crewletd's tasks)."""
         if self.root is None:
             return []
-        return [c for c in self.root.children() if c["type"] == S.WORKER and c["pid"]]
+        return [c for c in self.root.children()
+                if c["type"] == S.WORKER and c["pid"] and c["pid"] != os.getpid()]
 
     def expected_children(self) -> list[str]:
-        """Every process child this node runs when all is well, in start order."""
-        return (["broker"] if self.cfg.stream.type == "embedded" else []) + self.cfg.children()
+        """Every worker child this node runs when all is well, in start order."""
+        broker = ["broker"] if self.cfg.stream.type == "embedded" else []
+        return broker + ["fleet"] + self.cfg.children()
 
     def status(self) -> dict[str, Any]:
         children = []

@@ -186,7 +186,12 @@ class ProcessRunning:
         """SIGKILL the child if no heartbeat arrives for *silence* seconds."""
         loop = asyncio.get_running_loop()
 
-        def expired() -> None:
+        def expired(deadline: float) -> None:
+            if loop.time() - deadline > silence / 2:
+                # We ran late ourselves: this whole node was paused (SIGSTOP),
+                # children included. Silence measured across it means nothing.
+                beat()
+                return
             self.host.notify("heartbeat_lost", "error", child=self.name, child_pid=self.pid,
                              silent_s=silence)
             self.kill("killed: no heartbeat")
@@ -194,7 +199,8 @@ class ProcessRunning:
         def beat() -> None:
             if self._beat_timer is not None:
                 self._beat_timer.cancel()
-            self._beat_timer = loop.call_later(silence, expired)
+            deadline = loop.time() + silence
+            self._beat_timer = loop.call_at(deadline, expired, deadline)
 
         self.host._beats[self.pid] = beat
         beat()

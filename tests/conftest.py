@@ -98,6 +98,13 @@ class Node:
         st = self.status()
         return {c["name"]: c for c in st["children"]} if st else {}
 
+    def process_pids(self) -> dict[str, int]:
+        """Children that are processes of their own (not crewletd's tasks), by name."""
+        st = self.status()
+        me = st["node"]["pid"] if st else None
+        return {c["name"]: c["pid"] for c in (st or {}).get("children", [])
+                if c["pid"] and c["pid"] != me}
+
     def wait_running(self, timeout: float = 30.0, exclude: dict[str, int] | None = None) -> dict:
         """Wait until every child runs (with a pid other than *exclude*'s)."""
         def ready():

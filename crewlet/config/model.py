@@ -22,8 +22,9 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 # sun_path is 108 bytes including the terminating NUL.
 MAX_UNIX_SOCKET_PATH = 107
@@ -104,14 +105,61 @@ class NodeSection(_Section):
         return v
 
 
+# A NATS name that is also a subject token (cluster name, JetStream domain).
+NATS_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::", ""}
+
+
+def _nats_name(v: str) -> str:
+    if not NATS_NAME_RE.match(v):
+        raise ValueError(f"must be 1-63 letters, digits, '_' or '-', starting with a letter or digit, "
+                         f"got {v!r}")
+    return v
+
+
+def is_route_to_self(route: str, listen: str) -> bool:
+    """True if *route* names this member's own cluster address *listen*.
+
+    nats-server must not be given a route to itself: measured with 2.15.1, a
+    member with a route to itself opened and dropped ~300 route connections
+    a second ("Duplicate Route"), and two of three members configured that
+    way elected no meta leader until the third joined (with routes to the
+    others only, two do). Same port and the same host, or a loopback route
+    to a loopback or unspecified listen address.
+    """
+    parts = urlsplit(route)
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if parts.port is None or str(parts.port) != port:
+        return False
+    return parts.hostname == host or (parts.hostname in _LOOPBACK and host in _LOOPBACK)
+
+
 class ClusterSection(_Section):
-    name: str = Field(min_length=1)  # NATS cluster name; the same on every node of the cluster
-    listen: HostPort  # where this node accepts cluster routes
-    routes: list[RouteUrl] = Field(default_factory=list)  # seed routes to other cluster members
+    name: str = Field(min_length=1)  # NATS cluster name; the same on every member
+    listen: HostPort  # where this member accepts routes from the other members
+    routes: list[RouteUrl] = Field(default_factory=list, validate_default=True)  # the other members' cluster addresses
+    leaf_listen: HostPort | None = None  # where this member accepts leaf connections of nodes without data; None: none
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _nats_name(v)
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        listen = info.data.get("listen")
+        others = [r for r in v if listen is None or not is_route_to_self(r, listen)]
+        if not others:
+            raise ValueError("must list at least one other member's nats-route://host:port "
+                             "(nats-server refuses a JetStream cluster without routes; a route to this "
+                             "member's own listen address does not count)")
+        return v
 
 
 class LeafSection(_Section):
-    remotes: list[LeafUrl] = Field(min_length=1)  # hubs this node connects to as a leaf
+    remotes: list[LeafUrl] = Field(min_length=1)  # the members' leaf addresses; the leaf dials one, fails over to the next
 
 
 class StreamSection(_Section):
@@ -120,8 +168,9 @@ class StreamSection(_Section):
     servers: list[NatsUrl] = Field(default_factory=list, validate_default=True)  # NATS URLs when type is nats; ignored when embedded
     binary: str | None = Field(None, min_length=1)  # nats-server binary for embedded; None: the one next to the interpreter
     replicas: int = Field(1, ge=1, le=5)  # JetStream replicas of crewlet's streams and KV buckets
-    cluster: ClusterSection | None = None  # embedded server joins a NATS cluster (validated now, used later)
-    leaf: LeafSection | None = None  # embedded server is a leaf node of remote hubs (validated now, used later)
+    domain: str = "crewlet"  # JetStream domain the embedded JetStream serves; a leaf reaches the members' through it
+    cluster: ClusterSection | None = None  # embedded broker is a member of this JetStream cluster (data nodes); ignored when type is nats
+    leaf: LeafSection | None = None  # embedded broker is a leaf of the members, without JetStream (nodes without data); ignored when type is nats
 
     @field_validator("servers")
     @classmethod
@@ -134,6 +183,28 @@ class StreamSection(_Section):
     @classmethod
     def _binary(cls, v: str | None, info: ValidationInfo) -> str | None:
         return None if v is None else _resolve_path(v, info)
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, v: str) -> str:
+        return _nats_name(v)
+
+    @field_validator("leaf")
+    @classmethod
+    def _leaf(cls, v: LeafSection | None, info: ValidationInfo) -> LeafSection | None:
+        if v is not None and info.data.get("type") == "embedded" and info.data.get("cluster") is not None:
+            raise ValueError("cannot be set together with stream.cluster: the embedded broker is either a "
+                             "cluster member (a data node) or a leaf of the members (a node without data)")
+        return v
+
+    @property
+    def broker_kind(self) -> Literal["standalone", "member", "leaf"] | None:
+        """What the embedded broker is; None when type is nats (no broker child)."""
+        if self.type != "embedded":
+            return None
+        if self.cluster is not None:
+            return "member"
+        return "leaf" if self.leaf is not None else "standalone"
 
 
 class IngressSection(_Section):
@@ -219,6 +290,13 @@ class DebugSection(_Section):
     faults: list[Fault] = Field(default_factory=list)  # injected failures, for testing supervision
 
 
+def _fail_at(loc: tuple, value: object, message: str):
+    """Raise a validation error at *loc* below the field being validated, so a
+    cross-section check still names the precise key (e.g. ``stream.leaf``)."""
+    raise ValidationError.from_exception_data("NodeConfig", [InitErrorDetails(
+        type=PydanticCustomError("value_error", "{error}", {"error": message}), loc=loc, input=value)])
+
+
 class NodeConfig(_Section):
     node: NodeSection = Field(default_factory=NodeSection)  # who this node is and what it runs
     data_dir: str = Field(default_factory=default_data_dir, min_length=1, validate_default=True)  # node state; absolute after loading
@@ -249,6 +327,23 @@ class NodeConfig(_Section):
                 f"run dir {run} is {len(os.fsencode(run))} bytes, so its socket paths reach {longest} bytes; "
                 f"a unix socket path must be at most {MAX_UNIX_SOCKET_PATH} bytes: choose a shorter data_dir"
             )
+        return v
+
+    @field_validator("stream")
+    @classmethod
+    def _broker_kind(cls, v: StreamSection, info: ValidationInfo) -> StreamSection:
+        """The broker follows the roles (reference: scaling-out): a data node's
+        embedded broker is a cluster member, a node without data runs a leaf."""
+        node = info.data.get("node")
+        if node is None or v.type != "embedded":
+            return v  # node invalid (already reported), or no broker child: cluster/leaf unused
+        if "data" in node.roles and v.leaf is not None:
+            _fail_at(("leaf",), v.leaf, "a data node must be a broker member, not a leaf: give it "
+                     "stream.cluster (or, on a single node, neither), or drop the data role")
+        if "data" not in node.roles and v.cluster is not None:
+            _fail_at(("cluster",), v.cluster, "a node without the data role runs a leaf of the members, not a "
+                     "member holding replicas and a vote: set stream.leaf to the members' leaf addresses, "
+                     "or add the data role")
         return v
 
     @property

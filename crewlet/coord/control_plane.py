@@ -62,6 +62,7 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from nats.js.kv import KeyValue
 
 from crewlet.company.model import Company
+from crewlet.bus import kv_subject
 from crewlet.coord.buckets import CONFIG, ensure
 
 JS_TIMEOUT = 2.0          # seconds: the JetStream request timeout callers should use
@@ -239,7 +240,7 @@ class ControlPlane:
 
         async def publish() -> bool:
             try:
-                await self.js.publish(_SUBJECT + key, value, headers=headers)
+                await self.js.publish(kv_subject(self.js, CONFIG.name) + key, value, headers=headers)
             except APIError as exc:
                 if exc.err_code in _WRONG_LAST_SEQUENCE:
                     return False

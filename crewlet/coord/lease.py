@@ -40,10 +40,11 @@ from nats.js import JetStreamContext
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
+from crewlet.bus import kv_subject
 from crewlet.coord.buckets import LEASES
 
 _STREAM = f"KV_{LEASES.name}"
-_SUBJECT = f"$KV.{LEASES.name}."
+_SUBJECT = f"$KV.{LEASES.name}."  # the stream's subjects (reads); writes: self._put
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 _RENEW_ATTEMPTS = 2
@@ -101,6 +102,7 @@ class Leases:
         if ttl < 1:
             raise ValueError("a lease TTL must be at least 1 s (the server's granularity)")
         self.js = js
+        self._put = kv_subject(js, LEASES.name)  # through a leaf's domain when there is one
         self.node = node
         self.boot = boot
         self.ttl = ttl
@@ -163,7 +165,7 @@ class Leases:
         pause = _RETRY_PAUSE
         while True:
             try:
-                ack = await self.js.publish(_SUBJECT + key, value, msg_ttl=self.ttl,
+                ack = await self.js.publish(self._put + key, value, msg_ttl=self.ttl,
                                             headers={_EXPECTED_LAST: str(expected),
                                                      "Nats-Msg-Id": msg_id})
                 return ack.seq
@@ -243,7 +245,7 @@ class Leases:
     async def release(self, held: Held) -> bool:
         """Give *held* up; False if it was not ours any more."""
         try:
-            ack = await self.js.publish(_SUBJECT + held.key, b"",
+            ack = await self.js.publish(self._put + held.key, b"",
                                         headers={_EXPECTED_LAST: str(held.revision),
                                                  "KV-Operation": "DEL"})
         except APIError as exc:
@@ -259,9 +261,9 @@ class Leases:
 
         One ordered consumer over the prefix, not a read per key.
         """
-        kv = await self.js.key_value(LEASES.name)
         out: dict[str, Owner] = {}
         try:
+            kv = await self.js.key_value(LEASES.name)
             watcher = await kv.watch(f"{prefix}>", include_history=False)
         except Exception as exc:
             raise LeaseError(f"listing {prefix}*: {type(exc).__name__}: {exc}") from exc

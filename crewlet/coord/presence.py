@@ -10,7 +10,8 @@ Node ids must be distinct and stable. A live presence under our id with
 another boot instance is another node using our id, and we refuse to start
 (:class:`DuplicateNode`, exit 78) — unless it is our own previous incarnation
 (same host and data dir: we hold the data dir's lock, so that process is
-dead), whose lease we take over rather than wait out its TTL.
+dead), whose lease we take over rather than wait out its TTL; and our own
+boot instance's, left by this crewletd's fleet child before it restarted.
 """
 
 from __future__ import annotations
@@ -69,10 +70,9 @@ class Presence:
             owner = await self.leases.owner(key(self.node_id))
             if owner is None:
                 continue  # it lapsed between our claim and our read
-            if owner.boot == self.leases.boot:
-                raise RuntimeError("our own boot id is already present")  # cannot happen
-            if owner.info.get("host") != socket.gethostname() or \
-                    owner.info.get("data_dir") != self.data_dir:
+            ours = owner.boot == self.leases.boot  # this crewletd, rejoining
+            if not ours and (owner.info.get("host") != socket.gethostname()
+                             or owner.info.get("data_dir") != self.data_dir):
                 raise DuplicateNode(self.node_id, owner)
             held = await self.leases.take_over(owner, key(self.node_id), **self._info())
             if held is not None:

@@ -3,6 +3,9 @@
 Pure functions of a status dict (the ``result`` crewletd sends for
 ``status``) and the wall-clock ``now``, so they are tested without a node.
 :func:`normalize` gives the dict the stable keys ``--json`` promises.
+
+The ``fleet`` key is the fleet as this node sees it (``Fleet.view()`` in
+supervisor/fleet.py), null while the node is not in one.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ from rich.text import Text
 NODE_KEYS = ("id", "roles", "pid", "uptime_s", "version", "broker", "data_dir", "config")
 CHILD_KEYS = ("name", "pid", "state", "restarts", "uptime_s", "last_exit", "cpu_percent", "rss_bytes")
 EXIT_KEYS = ("code", "signal", "reason", "at")
+# Keys of ``fleet`` (when not null) and of its nodes / seats / duties in --json output.
+FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties")
+FLEET_NODE_KEYS = ("id", "roles", "broker", "labels", "version", "rev", "renewed_at", "applied",
+                   "status_error", "seats", "duties")
+FLEET_LEASE_KEYS = ("name", "node", "token")  # a seat or a duty and who holds it
 
 STATE_STYLE = {
     "running": "green",
@@ -41,6 +49,20 @@ def normalize(status: dict[str, Any]) -> dict[str, Any]:
         children.append(child)
     out["children"] = children
     out.setdefault("supervisors", [])
+    out["fleet"] = normalize_fleet(status.get("fleet"))
+    return out
+
+
+def normalize_fleet(fleet: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``fleet`` with FLEET_KEYS (lists empty when missing) and every node /
+    seat / duty with its keys; None stays None (the node is in no fleet)."""
+    if not isinstance(fleet, dict):
+        return None
+    out = {**dict.fromkeys(FLEET_KEYS), **fleet}
+    out["nodes"] = [{**dict.fromkeys(FLEET_NODE_KEYS), **n, "seats": n.get("seats") or [],
+                     "duties": n.get("duties") or []} for n in fleet.get("nodes") or []]
+    for key in ("seats", "duties"):
+        out[key] = [{**dict.fromkeys(FLEET_LEASE_KEYS), **x} for x in fleet.get(key) or []]
     return out
 
 
@@ -144,24 +166,136 @@ def supervisors_line(supervisors: list[dict[str, Any]]) -> Text:
     return line
 
 
-def status_view(status: dict[str, Any], now: float | None = None) -> RenderableType:
-    """The node header, the children table and the supervisors line."""
+# ------------------------------------------------------------------ fleet
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def company_text(company: dict[str, Any] | None) -> Text:
+    """'company rev 2 (epoch 2, digest 0fbb3459f9f04620)' or 'no company applied'."""
+    if not company:
+        return Text("no company applied", style="yellow")
+    text = Text("company ")
+    text.append(f"rev {company.get('rev', NONE)}", style="bold")
+    text.append(f" (epoch {company.get('epoch', NONE)}, digest {company.get('digest') or NONE})")
+    return text
+
+
+def applied_rev(node: dict[str, Any]) -> Any:
+    """The revision a fleet node applied: its status record, else its presence."""
+    applied = node.get("applied")
+    return applied.get("rev") if isinstance(applied, dict) else node.get("rev")
+
+
+def rev_text(node: dict[str, Any], here: Any) -> Text:
+    """The node's applied revision; yellow when not the one in force here, red
+    and 'refused' when the node refused a revision (the why is under the table:
+    :func:`refusals_lines`)."""
+    rev = applied_rev(node)
+    shown = NONE if rev is None else str(rev)
+    if node.get("status_error"):
+        return Text(f"{shown} refused", style="red")
+    return Text(shown, style="yellow" if rev != here else "")
+
+
+def refusals_lines(nodes: list[dict[str, Any]]) -> list[Text]:
+    """'n0, n2 refused revision 3: ValidationError: ...': each node's
+    status_error, in red, nodes with the same error on one line."""
+    by_error: dict[str, list[str]] = {}
+    for n in nodes:
+        if n.get("status_error"):
+            by_error.setdefault(str(n["status_error"]), []).append(str(n.get("id") or "?"))
+    return [Text(f"{', '.join(ids)} refused {error}", style="red") for error, ids in by_error.items()]
+
+
+def renewed_text(renewed_at: Any, now: float) -> str:
+    return f"{human_duration(now - renewed_at)} ago" if isinstance(renewed_at, (int, float)) else NONE
+
+
+def fleet_nodes_table(nodes: list[dict[str, Any]], here_id: str | None, here_rev: Any, now: float) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for header, justify in (("NODE", "left"), ("ROLES", "left"), ("BROKER", "left"), ("LABELS", "left"),
+                            ("REV", "left"), ("SEATS", "right"), ("DUTIES", "left"), ("RENEWED", "right")):
+        wraps = header in ("ROLES", "LABELS", "DUTIES")  # narrow terminals: these give way, whole
+        table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
+    for n in nodes:
+        name = Text(str(n.get("id") or "?"))
+        if here_id is not None and n.get("id") == here_id:
+            name.stylize("bold cyan")
+            name.append(" (here)", style="dim")
+        table.add_row(
+            name, ", ".join(n.get("roles") or []) or NONE, str(n.get("broker") or NONE),
+            ", ".join(f"{k}={v}" for k, v in (n.get("labels") or {}).items()) or NONE,
+            rev_text(n, here_rev), str(len(n.get("seats") or [])),
+            ", ".join(n.get("duties") or []) or NONE, renewed_text(n.get("renewed_at"), now),
+        )
+    return table
+
+
+def seats_line(seats: list[dict[str, Any]]) -> Text:
+    """'30 seats held by 3 nodes (n0 10, n1 10, n2 10)': held leases only —
+    which seats of the company nobody holds is not in the status."""
+    if not seats:
+        return Text("no seats held", style="yellow")
+    held: dict[str, int] = {}
+    for seat in seats:
+        holder = str(seat.get("node") or "?")
+        held[holder] = held.get(holder, 0) + 1
+    by = ", ".join(f"{node} {count}" for node, count in sorted(held.items()))
+    return Text(f"{plural(len(seats), 'seat')} held by {plural(len(held), 'node')} ({by})")
+
+
+def duties_line(duties: list[dict[str, Any]]) -> Text:
+    """'duties: fleet_shape@n0'."""
+    held = ", ".join(f"{d.get('name')}@{d.get('node') or '?'}" for d in duties)
+    return Text(f"duties: {held or 'none'}")
+
+
+def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) -> RenderableType:
+    """The fleet as this node sees it: the company in force here, why the
+    last revision was refused, the nodes, who holds the seats and duties."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    if fleet is None:
+        grid.add_row("fleet", Text("not in a fleet (yet)", style="dim"))
+        return grid
+    company = fleet.get("company")
+    grid.add_row("fleet", company_text(company))
+    if fleet.get("error"):
+        grid.add_row("", Text(f"refused {fleet['error']}", style="bold red"))
+    if fleet.get("connected") is False:
+        grid.add_row("", Text("not connected to NATS: this is the fleet as last seen", style="bold yellow"))
+    here_rev = (company or {}).get("rev")
+    nodes = fleet.get("nodes") or []
+    return Group(grid, Text(""), fleet_nodes_table(nodes, here_id, here_rev, now), *refusals_lines(nodes),
+                 seats_line(fleet.get("seats") or []), duties_line(fleet.get("duties") or []))
+
+
+def status_view(status: dict[str, Any], now: float | None = None, fleet: bool = True) -> RenderableType:
+    """The node header, the children table, the supervisors line and (unless
+    *fleet* is false) the fleet section."""
     now = time.time() if now is None else now
-    parts: list[RenderableType] = [node_header(status.get("node") or {}), Text(""),
+    node = status.get("node") or {}
+    parts: list[RenderableType] = [node_header(node), Text(""),
                                    children_table(status.get("children") or [], now)]
     if status.get("supervisors"):
         parts.append(supervisors_line(status["supervisors"]))
+    if fleet:
+        parts += [Text(""), fleet_view(status.get("fleet"), node.get("id"), now)]
     return Group(*parts)
 
 
 def watch_view(status: dict[str, Any] | None, error: str | None, where: str,
-               last_ok: float | None, interval: float, now: float | None = None) -> RenderableType:
+               last_ok: float | None, interval: float, now: float | None = None,
+               fleet: bool = True) -> RenderableType:
     """The live view: the status, or why the node is not reachable right now."""
     now = time.time() if now is None else now
     footer = Text(f"{time.strftime('%H:%M:%S', time.localtime(now))}  every {interval:g}s  "
                   "Ctrl-C to quit", style="dim")
     if error is None and status is not None:
-        return Group(status_view(status, now), Text(""), footer)
+        return Group(status_view(status, now, fleet), Text(""), footer)
     seen = f"last answer {human_duration(now - last_ok)} ago" if last_ok else "no answer yet"
     return Group(Text(f"node not reachable: {error}", style="bold red"),
                  Text(where, style="dim"), Text(f"{seen}; retrying", style="yellow"), Text(""), footer)

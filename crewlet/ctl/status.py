@@ -1,4 +1,4 @@
-"""``crewletctl status``: the node and its children, once, as JSON, or live."""
+"""``crewletctl status``: the node, its children and the fleet, once, as JSON, or live."""
 
 from __future__ import annotations
 
@@ -32,23 +32,30 @@ def exit_code(status: dict[str, Any]) -> int:
 @click.option("--interval", "-n", default=WATCH_INTERVAL, show_default=True, metavar="SECONDS",
               type=click.FloatRange(WATCH_MIN_INTERVAL, WATCH_MAX_INTERVAL, clamp=True),
               help=f"Refresh period of --watch, clamped to {WATCH_MIN_INTERVAL:g}..{WATCH_MAX_INTERVAL:g}.")
+@click.option("--no-fleet", "no_fleet", is_flag=True,
+              help="Leave out the fleet section (table and live views; --json always has `fleet`).")
 @click.pass_obj
-def status(ctl: Ctl, as_json: bool, watch: bool, interval: float) -> None:
-    """Show the node, its children and its supervisors.
+def status(ctl: Ctl, as_json: bool, watch: bool, interval: float, no_fleet: bool) -> None:
+    """Show the node, its children, its supervisors and the fleet.
+
+    The fleet section is the fleet as this node sees it: the company
+    revision in force here (and why it refused a newer one), the live nodes
+    with the revision each applied, the seats and duties they hold. In
+    --json it is `fleet`, null while the node is in no fleet.
 
     Exits 0 when every child is running, 3 when one is not, 69 when no node
-    answers. With --watch, exits 0 on Ctrl-C and keeps retrying while the
-    node is unreachable.
+    answers; the fleet does not change the exit code. With --watch, exits 0
+    on Ctrl-C and keeps retrying while the node is unreachable.
     """
     if as_json and watch:
         raise click.UsageError("--json and --watch cannot be combined")
     if watch:
-        sys.exit(_watch(ctl, interval))
+        sys.exit(_watch(ctl, interval, fleet=not no_fleet))
     result = normalize(ctl.ask("status"))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
-        _console().print(status_view(result))
+        _console().print(status_view(result, fleet=not no_fleet))
     sys.exit(exit_code(result))
 
 
@@ -59,7 +66,7 @@ def _console() -> Console:
     return Console(width=PIPE_WIDTH)
 
 
-def _watch(ctl: Ctl, interval: float) -> int:
+def _watch(ctl: Ctl, interval: float, fleet: bool = True) -> int:
     target = ctl.target
     last: dict[str, Any] | None = None
     last_ok: float | None = None
@@ -76,7 +83,8 @@ def _watch(ctl: Ctl, interval: float) -> int:
                         error = f"crewletd refused: {reply.get('error')}"
                 except ipc.NodeUnreachable as exc:
                     error = str(exc)
-                live.update(watch_view(last, error, target.where(), last_ok, interval), refresh=True)
+                live.update(watch_view(last, error, target.where(), last_ok, interval, fleet=fleet),
+                            refresh=True)
                 time.sleep(max(0.0, interval - (time.monotonic() - started)))
     except KeyboardInterrupt:
         return EXIT_OK

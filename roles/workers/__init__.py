@@ -1,13 +1,19 @@
-"""The workers role: the company-wide singleton duties (later issues).
+"""The workers role: the company-wide singleton duties.
 
-Today it holds the node's NATS connection, heartbeats and reports ready.
+Each duty in :data:`roles.workers.duties.DUTIES` runs on exactly one node of
+the fleet, the holder of its ``duty.<name>`` lease (:mod:`roles.workers.runner`).
 """
 
 from __future__ import annotations
 
+from crewlet.coord.lease import Leases
 from crewlet.runtime import RoleContext
+from roles.workers.duties import DUTIES
+from roles.workers.runner import DutyRunner
 
 
 async def main(ctx: RoleContext) -> None:
+    leases = Leases(ctx.jetstream(), ctx.node_id, ctx.boot, ctx.config.fleet.lease_ttl)
+    runner = DutyRunner(ctx.config, leases, DUTIES)
     await ctx.ready()
-    await ctx.stopping.wait()
+    await runner.run(ctx.stopping)

@@ -22,7 +22,7 @@ ROLES = ("data_applier", "ingress", "seats", "workers")
 def test_node_starts_every_child_and_restarts_a_killed_one_within_a_second(make_node):
     node = make_node().start()
     kids = node.children()
-    assert set(kids) == {"broker", *ROLES}
+    assert set(kids) == {"broker", "fleet", *ROLES}
     assert all(c["state"] == "running" and c["pid"] for c in kids.values())
     # Process titles name node and role.
     for name in ROLES:
@@ -90,7 +90,10 @@ def test_silent_child_is_killed_for_lost_heartbeat(make_node):
 
 
 def test_crash_reason_and_restart(make_node):
-    node = make_node(debug={"faults": [{"role": "ingress", "kind": "crash", "code": 3}]}).start()
+    # after: the ready report leaves the child before it dies (a child that
+    # dies before it is seen ready fails the node's start instead).
+    node = make_node(debug={"faults": [{"role": "ingress", "kind": "crash", "code": 3,
+                                        "after": 0.3}]}).start()
     exited = node.wait_event("child_exited", child="ingress")
     assert exited["code"] == 3 and exited["reason"] == "exit 3"
     kids = node.wait_running(timeout=10)
@@ -100,7 +103,7 @@ def test_crash_reason_and_restart(make_node):
 
 def test_broker_death_restarts_the_roles_after_it(make_node):
     node = make_node().start()
-    before = {name: c["pid"] for name, c in node.children().items()}
+    before = node.process_pids()
     os.kill(before["broker"], signal.SIGKILL)
     after = node.wait_running(timeout=20, exclude=before)
     assert after["broker"]["restarts"] == 1
@@ -123,7 +126,7 @@ def test_sighup_is_forwarded_to_every_child(make_node):
 
 def test_zygote_death_restarts_every_child_from_a_new_zygote(make_node):
     node = make_node().start()
-    before = {name: c["pid"] for name, c in node.children().items()}
+    before = node.process_pids()
     zygote = node.status()["node"]["zygote_pid"]
     os.kill(zygote, signal.SIGKILL)
     # Its children die with it (parent-death signal); crewletd, the subreaper,
@@ -137,7 +140,8 @@ def test_zygote_death_restarts_every_child_from_a_new_zygote(make_node):
 
 def test_restart_intensity_exceeded_exits_69(make_node):
     node = make_node(supervisor={"intensity": 2, "period": 30, "backoff_min": 0.01},
-                     debug={"faults": [{"role": "workers", "kind": "crash", "once": False}]})
+                     debug={"faults": [{"role": "workers", "kind": "crash", "once": False,
+                                        "after": 0.3}]})
     node.start(wait_ready=False)
     assert node.wait_exit(60) == 69
     ev = node.wait_event("node_exiting")

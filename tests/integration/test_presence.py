@@ -63,3 +63,14 @@ def test_our_own_previous_incarnation_is_taken_over_not_waited_out(natsd):
         assert owner.boot == "boot-new"
         await nc2.close()
     run(main())
+
+
+def test_rejoining_under_our_own_boot_takes_our_presence_back(natsd):
+    """crewletd's fleet child restarted (its broker died): same boot instance."""
+    async def main():
+        nc, leases = await leases_for(natsd.url, "boot-1")
+        first = await Presence(leases, "n1", "/data/n1", dict).join()
+        again = await Presence(leases, "n1", "/data/n1", dict).join()
+        assert again.token > first.token
+        await nc.close()
+    run(main())

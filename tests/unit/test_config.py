@@ -107,7 +107,8 @@ stream:
   servers: [nats://a:4222, tls://b:4222]
   binary: /opt/nats-server
   replicas: 3
-  cluster: {name: crew, listen: 0.0.0.0:6222, routes: [nats-route://c:6222]}
+  domain: fleet1
+  cluster: {name: crew, listen: 0.0.0.0:6222, routes: [nats-route://c:6222], leaf_listen: 0.0.0.0:7422}
   leaf: {remotes: [nats-leaf://hub:7422]}
 ingress: {listen: "[::1]:8080"}
 supervisor:
@@ -301,3 +302,101 @@ def test_relative_paths_resolve_against_the_file(tmp_path, monkeypatch):
     assert cfg.data_dir == str(conf_dir / "state")
     assert cfg.stream.binary == str(conf_dir / "bin/nats-server")
     assert cfg.run_dir == str(conf_dir / "state/run")
+
+
+# -- fleet: what the embedded broker is (stream.cluster / stream.leaf) ------------------
+
+CLUSTER = "{name: crew, listen: '127.0.0.1:6222', routes: ['nats-route://127.0.0.1:6223']}"
+LEAF = "{remotes: ['nats-leaf://127.0.0.1:7422']}"
+
+
+@pytest.mark.parametrize(
+    "text, key, problem",
+    [
+        (f"stream: {{leaf: {LEAF}}}\n", "stream.leaf", "a data node must be a broker member, not a leaf"),
+        (f"node: {{roles: [data, seats]}}\nstream: {{leaf: {LEAF}}}\n", "stream.leaf",
+         "a data node must be a broker member, not a leaf"),
+        (f"node: {{roles: [ingress, seats]}}\nstream: {{cluster: {CLUSTER}}}\n", "stream.cluster",
+         "a node without the data role runs a leaf of the members, not a member"),
+        (f"stream: {{cluster: {CLUSTER}, leaf: {LEAF}}}\n", "stream.leaf", "cannot be set together with stream.cluster"),
+        (f"node: {{roles: [seats]}}\nstream: {{cluster: {CLUSTER}, leaf: {LEAF}}}\n", "stream.leaf",
+         "cannot be set together with stream.cluster"),
+        ("stream: {cluster: {name: crew, listen: '127.0.0.1:6222'}}\n", "stream.cluster.routes",
+         "at least one other member"),
+        ("stream: {cluster: {name: crew, listen: '0.0.0.0:6222', routes: ['nats-route://127.0.0.1:6222']}}\n",
+         "stream.cluster.routes", "own listen address does not count"),
+        ("stream: {cluster: {name: 'my crew', listen: '127.0.0.1:6222', routes: ['nats-route://h:6222']}}\n",
+         "stream.cluster.name", "got 'my crew'"),
+        ("stream: {cluster: {name: crew, listen: '127.0.0.1:6222', routes: ['nats-route://h:6222'], "
+         "leaf_listen: '7422'}}\n", "stream.cluster.leaf_listen", "host:port"),
+        ("stream: {cluster: {name: crew, listen: '127.0.0.1:6222', routes: ['http://h:6222']}}\n",
+         "stream.cluster.routes[0]", "nats-route://"),
+        ("stream: {cluster: {listen: '127.0.0.1:6222', routes: ['nats-route://h:6222']}}\n",
+         "stream.cluster.name", "required key is missing"),
+        ("node: {roles: [seats]}\nstream: {leaf: {remotes: []}}\n", "stream.leaf.remotes", "must not be empty"),
+        ("node: {roles: [seats]}\nstream: {leaf: {remotes: ['http://hub:7422']}}\n", "stream.leaf.remotes[0]",
+         "nats-leaf://"),
+        ("stream: {domain: 'a.b'}\n", "stream.domain", "got 'a.b'"),
+        ("stream: {domain: ''}\n", "stream.domain", "got ''"),
+    ],
+)
+def test_fleet_broker_refusals(tmp_path, text, key, problem):
+    path = write(tmp_path, text)
+    err = error(path)
+    assert (err.file, err.key) == (path, key)
+    assert problem in err.problem
+    assert str(err) == f"{path}: {key}: {err.problem}"
+
+
+def test_broker_kind_follows_the_stream_section(tmp_path):
+    assert NodeConfig().stream.broker_kind == "standalone"
+    assert NodeConfig().stream.domain == "crewlet"
+    member = load_node_config(write(tmp_path, f"node: {{id: a}}\nstream: {{cluster: {CLUSTER}}}\n"))
+    assert member.stream.broker_kind == "member" and member.stream.cluster.leaf_listen is None
+    leaf = load_node_config(write(tmp_path, f"node: {{id: d, roles: [ingress, seats]}}\nstream: {{leaf: {LEAF}}}\n"))
+    assert leaf.stream.broker_kind == "leaf"
+    # A node without data and without cluster or leaf runs a standalone broker (a single node).
+    alone = load_node_config(write(tmp_path, "node: {id: s, roles: [seats]}\n"))
+    assert alone.stream.broker_kind == "standalone"
+
+
+def test_cluster_and_leaf_are_ignored_when_the_stream_is_external(tmp_path):
+    # type nats runs no broker: somebody else's cluster, so neither key applies,
+    # whatever the roles (the same as listen and binary).
+    path = write(tmp_path, f"""\
+        node: {{id: x, roles: [data]}}
+        stream: {{type: nats, servers: ['nats://h:4222'], cluster: {CLUSTER}, leaf: {LEAF}}}
+        """)
+    cfg = load_node_config(path)
+    assert cfg.stream.broker_kind is None
+    assert cfg.stream.cluster is not None and cfg.stream.leaf is not None
+
+
+FLEET_FILES = ("node-a", "node-b", "node-c", "node-d-leaf")
+
+
+def test_fleet_example_files(monkeypatch, tmp_path):
+    monkeypatch.setenv("CREWLET_FLEET_DIR", str(tmp_path / "fleet"))
+    cfgs = {name: load_node_config(str(REPO / "etc" / "fleet" / f"{name}.yaml")) for name in FLEET_FILES}
+    assert all(c.warnings == [] for c in cfgs.values())
+    members = [cfgs[n] for n in FLEET_FILES[:3]]
+    leaf = cfgs["node-d-leaf"]
+    assert [c.node.id for c in cfgs.values()] == ["node-a", "node-b", "node-c", "node-d"]
+    assert [c.stream.broker_kind for c in cfgs.values()] == ["member", "member", "member", "leaf"]
+    assert all("data" in c.node.roles for c in members)
+    assert leaf.node.roles == ["ingress", "seats"]
+    assert [c.data_dir for c in cfgs.values()] == [str(tmp_path / "fleet" / d) for d in "abcd"]
+    assert {c.stream.replicas for c in cfgs.values()} == {3}
+    assert {c.stream.domain for c in cfgs.values()} == {"crewlet"}
+    assert len({c.stream.cluster.name for c in members}) == 1
+    # Every member routes to the other two, and the leaf dials every member's leaf port.
+    for me in members:
+        others = {f"nats-route://{c.stream.cluster.listen}" for c in members if c is not me}
+        assert set(me.stream.cluster.routes) == others
+    assert leaf.stream.leaf.remotes == [f"nats-leaf://{c.stream.cluster.leaf_listen}" for c in members]
+    # Every address on loopback and no port used twice.
+    addresses = [a for c in members for a in (c.stream.listen, c.stream.cluster.listen,
+                                              c.stream.cluster.leaf_listen, c.ingress.listen)]
+    addresses += [leaf.stream.listen, leaf.ingress.listen]
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    assert len({a.rpartition(":")[2] for a in addresses}) == len(addresses)

@@ -235,3 +235,155 @@ def test_watch_keeps_going_when_unreachable_and_exits_0_on_ctrl_c(node, tmp_path
     assert [c[1] for c in node.calls] == ["status"] * 3  # kept asking after the node went away
     assert "node not reachable: nothing answered" in result.stdout  # the last frame
     assert all(s <= 1.0 for s in sleeps)
+
+
+# ------------------------------------------------------------------ the fleet
+
+def fleet_node(nid, rev=2, seats=(), duties=(), **kw):
+    n = {"id": nid, "roles": ["data", "seats", "workers"], "broker": "member", "labels": {"zone": "eu"},
+         "version": "0.1.0", "protocol": 1, "boot": "0b65adc15b87", "max_concurrent": 32,
+         "started_at": NOW - 60, "rev": rev, "host": "vm", "data_dir": f"/tmp/{nid}", "pid": 19977,
+         "renewed_at": NOW - 2.4, "applied": {"rev": rev, "epoch": rev, "at": NOW - 30},
+         "status_error": None, "seats": list(seats), "duties": list(duties)}
+    return {**n, **kw}
+
+
+def fleet(*nodes, company=None, error=None, connected=True):
+    company = {"rev": 2, "epoch": 2, "digest": "0fbb3459f9f04620"} if company is None else company
+    return {"company": company or None, "error": error, "connected": connected, "nodes": list(nodes),
+            "seats": [{"name": s, "node": n["id"], "token": 10 + i}
+                      for n in nodes for i, s in enumerate(n["seats"])],
+            "duties": [{"name": d, "node": n["id"], "token": 2} for n in nodes for d in n["duties"]]}
+
+
+def three_nodes(**kw):
+    """n0 (with the fleet_shape duty), n1 (this node, the sample's id) and n2: 10 seats each."""
+    return fleet(*(fleet_node(f"n{i}", seats=[f"s{i}-{j}" for j in range(10)],
+                              duties=["fleet_shape"] if i == 0 else [])
+                   for i in range(3)), **kw)
+
+
+def with_fleet(value):
+    status = sample()
+    status["fleet"] = value
+    return status
+
+
+def line_of(out, start):
+    return next(line for line in out.splitlines() if line.startswith(start))
+
+
+def test_fleet_null_says_not_in_a_fleet():
+    out = text(render.status_view(with_fleet(None), NOW))
+    assert "not in a fleet (yet)" in line_of(out, "fleet ")
+    assert "NODE" not in out and "seats held" not in out
+    assert "not in a fleet" in text(render.status_view(sample(), NOW))  # a reply without the key
+
+
+def test_fleet_with_three_nodes():
+    out = text(render.status_view(with_fleet(three_nodes()), NOW))
+    assert "company rev 2 (epoch 2, digest 0fbb3459f9f04620)" in line_of(out, "fleet ")
+    for header in ("NODE", "ROLES", "BROKER", "LABELS", "REV", "SEATS", "DUTIES", "RENEWED"):
+        assert header in out, header
+    assert line_of(out, "n0").split() == ["n0", "data,", "seats,", "workers", "member", "zone=eu", "2", "10",
+                                          "fleet_shape", "2s", "ago"]
+    assert line_of(out, "n1").split()[:2] == ["n1", "(here)"]  # the sample's node id
+    assert "(here)" not in line_of(out, "n0") + line_of(out, "n2")
+    assert line_of(out, "n2").split()[-4:] == ["10", "-", "2s", "ago"]
+    assert "30 seats held by 3 nodes (n0 10, n1 10, n2 10)" in out
+    assert "duties: fleet_shape@n0" in out
+    assert "refused" not in out and "not connected" not in out
+    # the fleet comes after the children table and the supervisors
+    assert out.index("supervisors") < out.index("company rev 2") < out.index("NODE")
+
+
+def test_fleet_with_an_error_and_a_node_on_another_revision():
+    bad = "revision 3: ValidationError: seats.0.name: bad"
+    f = fleet(fleet_node("n0", seats=[f"a{j}" for j in range(10)], duties=["fleet_shape"], status_error=bad),
+              fleet_node("n1", seats=[f"b{j}" for j in range(10)]), fleet_node("n2", rev=1), error=bad)
+    status = with_fleet(f)
+    out = text(render.status_view(status, NOW))
+    assert "refused revision 3: ValidationError: seats.0.name: bad" in out
+    assert line_of(out, "n0").split()[6:8] == ["2", "refused"]
+    assert "n0 refused revision 3: ValidationError: seats.0.name: bad" in out
+    assert line_of(out, "n2").split()[6] == "1"
+    assert "20 seats held by 2 nodes (n0 10, n1 10)" in out
+    # colors: the refusal red, the node on another revision yellow, n1 plain
+    grid, _, table, *_ = render.fleet_view(render.normalize(status)["fleet"], "n1", NOW).renderables
+    assert any("red" in str(cell.style) for cell in grid.columns[1].cells if "refused" in cell.plain)
+    revs = {row: cell for row, cell in zip(["n0", "n1", "n2"], table.columns[4].cells)}
+    assert revs["n0"].style == "red" and revs["n2"].style == "yellow" and revs["n1"].style == ""
+    # a node that applied nothing yet, or a company not applied here
+    assert render.rev_text(fleet_node("n9", applied=None, rev=None), 2).style == "yellow"
+    assert render.rev_text(fleet_node("n9", applied=None, rev=None), None).plain == "-"
+    out = text(render.status_view(with_fleet(fleet(fleet_node("n1", rev=None, applied=None), company={})), NOW))
+    assert "no company applied" in line_of(out, "fleet ")
+    assert "no seats held" in out and "duties: none" in out
+
+
+def test_fleet_not_connected():
+    out = text(render.status_view(with_fleet(three_nodes(connected=False)), NOW))
+    assert "not connected to NATS" in out
+    assert "30 seats held by 3 nodes" in out  # still shows the last view
+    assert "not connected" not in text(render.status_view(with_fleet(three_nodes()), NOW))
+
+
+def test_fleet_in_watch_view_and_hidden_with_no_fleet():
+    status = with_fleet(three_nodes())
+    assert "duties: fleet_shape@n0" in text(render.watch_view(status, None, "w", NOW, 1.0, NOW))
+    assert "duties:" not in text(render.watch_view(status, None, "w", NOW, 1.0, NOW, fleet=False))
+    assert "NODE" not in text(render.status_view(status, NOW, fleet=False))
+
+
+def test_normalize_fleet():
+    assert render.normalize(sample())["fleet"] is None
+    assert render.normalize(with_fleet(None))["fleet"] is None
+    out = render.normalize(with_fleet({"nodes": [{"id": "n0"}], "seats": [{"name": "a", "node": "n0"}]}))
+    f = out["fleet"]
+    assert set(render.FLEET_KEYS) <= set(f) and f["duties"] == [] and f["company"] is None
+    assert set(render.FLEET_NODE_KEYS) <= set(f["nodes"][0]) and f["nodes"][0]["seats"] == []
+    assert f["seats"] == [{"name": "a", "node": "n0", "token": None}]
+    full = three_nodes()
+    assert render.normalize(with_fleet(full))["fleet"] == full  # a complete view passes unchanged
+
+
+def test_status_json_has_the_fleet(node, tmp_path):
+    node.replies["status"] = with_fleet(three_nodes())
+    result = run(tmp_path, "status", "--json")
+    f = json.loads(result.stdout)["fleet"]
+    assert result.exit_code == 0
+    assert [n["id"] for n in f["nodes"]] == ["n0", "n1", "n2"]
+    assert all(set(render.FLEET_NODE_KEYS) <= set(n) for n in f["nodes"])
+    assert len(f["seats"]) == 30 and set(f["seats"][0]) == {"name", "node", "token"}
+    assert f["duties"] == [{"name": "fleet_shape", "node": "n0", "token": 2}]
+    assert json.loads(run(tmp_path, "status", "--json", "--no-fleet").stdout)["fleet"] == f
+    node.replies["status"] = sample()  # no fleet key at all: null
+    out = json.loads(run(tmp_path, "status", "--json").stdout)
+    assert "fleet" in out and out["fleet"] is None
+
+
+def test_status_fleet_section_and_no_fleet(node, tmp_path):
+    node.replies["status"] = with_fleet(three_nodes(error="revision 3: ValueError: x", connected=False))
+    result = run(tmp_path, "status")
+    assert result.exit_code == 0  # the fleet does not change the exit code
+    assert "30 seats held by 3 nodes (n0 10, n1 10, n2 10)" in result.stdout
+    assert "refused revision 3" in result.stdout
+    result = run(tmp_path, "status", "--no-fleet")
+    assert result.exit_code == 0 and "n1" in result.stdout
+    assert "seats held" not in result.stdout and "company rev" not in result.stdout
+    node.replies["status"] = with_fleet(three_nodes())
+    node.replies["status"]["children"] = [child("seats", "backoff")]
+    assert run(tmp_path, "status").exit_code == 3
+
+
+def test_watch_with_no_fleet(node, tmp_path, monkeypatch):
+    node.replies["status"] = with_fleet(three_nodes())
+
+    def sleep(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("crewlet.ctl.status.time.sleep", sleep)
+    result = run(tmp_path, "status", "--watch")
+    assert result.exit_code == 0 and "duties: fleet_shape@n0" in result.stdout
+    result = run(tmp_path, "status", "--watch", "--no-fleet")
+    assert result.exit_code == 0 and "n1" in result.stdout and "duties:" not in result.stdout

@@ -1,0 +1,272 @@
+"""The node's membership in the fleet: the ``fleet`` child of crewletd.
+
+It runs in crewletd (a task child, :mod:`supervisor.task`), after the broker
+and before the roles, holding crewletd's one NATS connection:
+
+* at start it creates the coordination buckets (idempotent) and **joins**:
+  claims ``node.<id>`` — another live node with our id makes crewletd exit 78
+  with a message naming that node;
+* it renews the presence every ``fleet.heartbeat``; a presence found lost
+  (this node was paused past its TTL) is joined again;
+* it watches the control plane's activation epoch, loads the revision it
+  names, validates it, and hands it to the node's roles: on ``events``
+  (topic ``company``) and to any role asking ``control`` for ``company``. A
+  revision that does not validate is recorded with its error in ``status``
+  and the previous one stays in force;
+* it records in the ``status`` bucket the revision this node reached;
+* on a clean stop it leaves: removes its presence, so peers react at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Callable
+
+import crewlet
+from crewlet import bus, log
+from crewlet.company.model import Company
+from crewlet.config import NodeConfig
+from crewlet.coord import buckets
+from crewlet.coord.control_plane import ControlPlane
+from crewlet.coord.lease import LeaseError, Leases
+from crewlet.coord.presence import DuplicateNode, Presence
+from roles.workers.duties import fleet_shape
+from supervisor.procs import EXIT_CONFIG
+from supervisor.task import Exit
+
+
+def broker_kind(cfg: NodeConfig) -> str:
+    """member | leaf | external: what this node's broker is to the fleet."""
+    if cfg.stream.type == "nats":
+        return "external"
+    return "leaf" if cfg.stream.leaf is not None else "member"
+
+
+class Fleet:
+    """State of the ``fleet`` child. One per crewletd run.
+
+    Invariants: ``company`` is the revision in force on this node (None until
+    one was applied); ``applied`` says which and since when, ``error`` why the
+    last revision seen was not applied (None when it was).
+    """
+
+    def __init__(self, cfg: NodeConfig, boot: str, publish: Callable[..., None],
+                 broadcast: Callable[[str, dict], None]):
+        self.cfg = cfg
+        self.boot = boot
+        self.publish = publish        # log an event and tell local subscribers
+        self.broadcast = broadcast    # tell local subscribers only (big payloads)
+        self.started_at = time.time()
+        self.nc = None
+        self.leases: Leases | None = None
+        self.presence: Presence | None = None
+        self.control: ControlPlane | None = None
+        self.company: dict[str, Any] | None = None
+        self.applied: dict[str, Any] | None = None
+        self.error: str | None = None
+        self._js = None  # set once the fleet's JetStream answered
+        self._unmanned: dict[str, Any] | None = None  # last fleet_role_unmanned we logged
+        # key -> {"node", "info", "token"}: live leases, kept by a watcher.
+        self._lease_view: dict[str, dict[str, Any]] = {}
+        # node id -> its record in the status bucket, kept by a watcher.
+        self._status_view: dict[str, dict[str, Any]] = {}
+
+    def describe(self) -> dict[str, Any]:
+        """What this node is, as its presence tells the fleet."""
+        node = self.cfg.node
+        return {"roles": list(node.roles), "broker": broker_kind(self.cfg),
+                "labels": dict(node.labels), "version": crewlet.__version__,
+                "protocol": crewlet.PROTOCOL_VERSION, "boot": self.boot,
+                "max_concurrent": node.max_concurrent, "started_at": self.started_at,
+                "rev": (self.applied or {}).get("rev")}
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def setup(self) -> None:
+        try:
+            await self._setup()
+        except BaseException:
+            if self.nc is not None:  # a failed start must not leave a connection behind
+                await bus.close(self.nc)
+            raise
+
+    async def _setup(self) -> None:
+        # Ready once connected: the broker's JetStream may still be waiting for
+        # a quorum (a fleet's first member, started alone), and the node's
+        # roles must come up meanwhile. Joining happens in run().
+        self.nc = await bus.connect(self.cfg.stream, name=f"{self.cfg.node.id}/crewletd")
+
+    async def run(self) -> None:
+        await self._join()
+        await asyncio.gather(self._heartbeat(), self._follow_control_plane(),
+                             self._watch(buckets.LEASES.name, self._leases_seen),
+                             self._watch(buckets.STATUS.name, self._status_seen))
+
+    async def _join(self) -> None:
+        """Create the buckets, claim our presence, apply the active company —
+        waiting, as long as it takes, for the fleet's JetStream to answer."""
+        cfg = self.cfg
+        js = bus.jetstream(self.nc, cfg.stream)
+        pause, waiting = 0.1, False
+        while True:
+            try:
+                await buckets.ensure_all(js, cfg.stream.replicas)
+                break
+            except Exception as exc:  # no JetStream yet (no quorum, hub unreachable)
+                if not waiting:
+                    log.event("fleet_waiting_for_jetstream", "warning",
+                              error=f"{type(exc).__name__}: {exc}")
+                    waiting = True
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+        self._js = js
+        self.leases = Leases(js, cfg.node.id, self.boot, cfg.fleet.lease_ttl)
+        self.presence = Presence(self.leases, cfg.node.id, cfg.data_dir, self.describe)
+        try:
+            await self.presence.join()
+        except DuplicateNode as exc:
+            raise Exit(EXIT_CONFIG, f"{cfg.source}: node.id: {exc}") from None
+        self.publish("fleet_joined", token=self.presence.held.token)
+        self.control = await ControlPlane.open(js, cfg.stream.replicas)
+        active = await self.control.active()
+        if active is not None:
+            await self._apply(active)
+
+    async def teardown(self) -> None:
+        if self.presence is not None and self.nc is not None and self.nc.is_connected:
+            try:
+                await self.presence.leave()
+                self.publish("fleet_left")
+            except LeaseError as exc:
+                log.event("fleet_leave_failed", "warning", error=str(exc))
+        if self.nc is not None:
+            await bus.close(self.nc)
+
+    # ------------------------------------------------------------- presence
+
+    def _check_workers_manned(self) -> None:
+        """The fleet_shape duty runs in the workers role — so when no live node
+        runs workers, nobody would say so. The live node with the lowest id
+        does, here."""
+        nodes = {k.removeprefix("node."): v["info"] for k, v in self._lease_view.items()
+                 if k.startswith("node.")}
+        unmanned = bool(nodes) and not any("workers" in n.get("roles", ()) for n in nodes.values())
+        if not unmanned or min(nodes) != self.cfg.node.id:
+            self._unmanned = None
+            return
+        found = fleet_shape.problems(nodes, self.cfg.stream.replicas)["fleet_role_unmanned"]
+        if found != self._unmanned:
+            log.event("fleet_role_unmanned", "warning", **found)
+        self._unmanned = found
+
+    async def _heartbeat(self) -> None:
+        assert self.presence is not None
+        while True:
+            self._check_workers_manned()
+            await asyncio.sleep(self.cfg.fleet.heartbeat)
+            try:
+                if await self.presence.renew() is None:
+                    # Paused past our TTL (or evicted): we were gone; come back.
+                    self.publish("fleet_presence_lost", "warning")
+                    await self.presence.join()
+                    self.publish("fleet_joined", token=self.presence.held.token)
+            except LeaseError as exc:
+                log.event("fleet_presence_renew_failed", "warning", error=str(exc))
+            except DuplicateNode as exc:
+                raise Exit(EXIT_CONFIG, f"{self.cfg.source}: node.id: {exc}") from None
+
+    # -------------------------------------------------------- control plane
+
+    async def _follow_control_plane(self) -> None:
+        assert self.control is not None
+        async for active in self.control.watch():
+            if self.applied is None or active.get("epoch") != self.applied.get("epoch"):
+                await self._apply(active)
+
+    async def _apply(self, active: dict[str, Any]) -> None:
+        """Apply the revision *active* names, or record why not."""
+        assert self.control is not None
+        rev, epoch = active["rev"], active.get("epoch")
+        try:
+            doc = await self.control.revision(rev)
+            company = Company.model_validate(doc["company"])
+        except Exception as exc:  # unreadable or invalid: keep what we run
+            self.error = f"revision {rev}: {type(exc).__name__}: {exc}"
+            self.publish("company_refused", "error", rev=rev, epoch=epoch, error=self.error)
+        else:
+            self.error = None
+            self.company = {"rev": rev, "epoch": epoch, "digest": doc.get("digest"),
+                            "company": company.model_dump(mode="json")}
+            self.applied = {"rev": rev, "epoch": epoch, "at": time.time()}
+            self.publish("company_applied", rev=rev, epoch=epoch, seats=len(company.seats))
+            self.broadcast("company", self.company)
+        await self._record_status()
+
+    async def _record_status(self) -> None:
+        record = {"node": self.cfg.node.id, "boot": self.boot, "applied": self.applied,
+                  "error": self.error, "at": time.time()}
+        try:
+            # A plain publish, not kv.put: it must be answered from a leaf too.
+            await self._js.publish(bus.kv_subject(self._js, buckets.STATUS.name)
+                                   + f"node.{self.cfg.node.id}", json.dumps(record).encode())
+        except Exception as exc:
+            log.event("fleet_status_write_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+
+    # --------------------------------------------------------------- status
+    #
+    # The fleet's view is kept up to date by watchers, so that status answers
+    # from memory at once — also when the broker is down, when it matters most.
+
+    async def _watch(self, bucket: str, seen: Callable[[Any], None]) -> None:
+        kv = await self._js.key_value(bucket)
+        watcher = await kv.watchall()
+        try:
+            async for entry in watcher:
+                if entry is not None:
+                    seen(entry)
+        finally:
+            await watcher.stop()
+
+    def _leases_seen(self, entry) -> None:
+        if entry.operation is not None or not entry.value:
+            self._lease_view.pop(entry.key, None)
+            return
+        try:
+            value = json.loads(entry.value)
+        except ValueError:
+            return
+        self._lease_view[entry.key] = {"node": value.get("node"), "info": value,
+                                       "token": value.get("token") or entry.revision}
+
+    def _status_seen(self, entry) -> None:
+        if entry.operation is None and entry.value:
+            try:
+                self._status_view[entry.key.removeprefix("node.")] = json.loads(entry.value)
+            except ValueError:
+                pass
+
+    def view(self) -> dict[str, Any]:
+        """The fleet as this node sees it: nodes, seats, duties (crewletctl status)."""
+        def prefixed(prefix: str) -> dict[str, dict]:
+            return {k.removeprefix(prefix): v for k, v in self._lease_view.items()
+                    if k.startswith(prefix)}
+        nodes, seats, duties = prefixed("node."), prefixed("seat."), prefixed("duty.")
+        statuses = self._status_view
+        return {
+            "company": {k: v for k, v in (self.company or {}).items() if k != "company"} or None,
+            "error": self.error,
+            "nodes": [{**{k: v for k, v in node["info"].items() if k not in ("node", "token")},
+                       "id": nid,
+                       "applied": (statuses.get(nid) or {}).get("applied"),
+                       "status_error": (statuses.get(nid) or {}).get("error"),
+                       "seats": sorted(k for k, o in seats.items() if o["node"] == nid),
+                       "duties": sorted(k for k, o in duties.items() if o["node"] == nid)}
+                      for nid, node in sorted(nodes.items())],
+            "seats": [{"name": k, "node": o["node"], "token": o["token"]}
+                      for k, o in sorted(seats.items())],
+            "duties": [{"name": k, "node": o["node"], "token": o["token"]}
+                       for k, o in sorted(duties.items())],
+            "connected": bool(self.nc is not None and self.nc.is_connected),
+        }

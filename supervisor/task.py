@@ -1,0 +1,97 @@
+"""Worker children that are tasks on the supervising process's own loop.
+
+Some of a node's work belongs in crewletd itself — its presence in the fleet
+is the node's, not any role's — yet should be supervised like any child:
+started in order, restarted per its spec, its failure counted toward restart
+intensity. :func:`task_child` makes such a child from two coroutines:
+
+* ``setup()`` runs to completion before the child counts as started (its
+  *ready*); raising fails the start;
+* ``run()`` is the child's life; returning is a normal exit (code 0), raising
+  is a crash (code 1, reason the exception), and :class:`Exit` ends it with a
+  code of its choosing — ``Exit(78, why)`` for a configuration problem.
+
+Stopping cancels ``run()``; a ``teardown()`` coroutine, if given, runs after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any, Awaitable, Callable
+
+from supervisor.procs import ExitInfo
+from supervisor.spec import ChildSpec, StartFailed
+
+
+class Exit(Exception):
+    """End a task child with this code and reason."""
+
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _info(exc: BaseException) -> ExitInfo:
+    if isinstance(exc, Exit):
+        return ExitInfo(exc.code, None, exc.reason)
+    return ExitInfo(1, None, f"error: {type(exc).__name__}: {exc}")
+
+
+class TaskRunning:
+    """A started task child; ``pid`` is the supervising process's own."""
+
+    def __init__(self, task: asyncio.Task, teardown: Callable[[], Awaitable[None]] | None):
+        self.pid = os.getpid()
+        self._task = task
+        self._teardown = teardown
+        self.exited: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return  # stop() resolves exited once teardown has run
+        exc = task.exception()
+        if not self.exited.done():
+            self.exited.set_result(ExitInfo(0, None, "exit 0") if exc is None else _info(exc))
+
+    async def stop(self, shutdown: float | str) -> ExitInfo:
+        if not self._task.done():
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._teardown is not None:
+            try:
+                await asyncio.wait_for(self._teardown(), None if isinstance(shutdown, str)
+                                       else float(shutdown))
+            except (asyncio.TimeoutError, Exception):
+                pass  # a teardown that fails must not block the node's stop
+        if not self.exited.done():
+            self.exited.set_result(ExitInfo(0, None, "exit 0"))
+        return self.exited.result()
+
+    def children(self) -> list[dict]:
+        return []
+
+
+def task_child(name: str, *, setup: Callable[[], Awaitable[Any]],
+               run: Callable[[], Awaitable[None]],
+               teardown: Callable[[], Awaitable[None]] | None = None,
+               ready_timeout: float, **spec: Any) -> ChildSpec:
+    """The spec of a child that is a task of this process (see the module doc)."""
+
+    async def start(incarnation: int) -> TaskRunning:
+        try:
+            await asyncio.wait_for(setup(), ready_timeout)
+        except asyncio.TimeoutError:
+            raise StartFailed(ExitInfo(None, None, f"not ready within {ready_timeout:g}s"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise StartFailed(_info(exc)) from exc
+        return TaskRunning(asyncio.get_running_loop().create_task(run(), name=name), teardown)
+
+    return ChildSpec(name, start, **spec)

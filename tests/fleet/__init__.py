@@ -1,0 +1,1 @@
+"""Several real nodes on loopback: the embedded brokers as one fleet."""

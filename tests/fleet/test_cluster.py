@@ -1,0 +1,232 @@
+"""Data nodes' brokers form one JetStream cluster; a node without data is a leaf.
+
+Real crewletd processes (``make_node``) on free loopback ports. Each node is
+started without waiting for it, node by node, as an operator would: a member
+whose peers are not up yet must still count as started (its JetStream answers
+only once a quorum of members has elected a meta leader). Anything that talks
+to JetStream right after the cluster formed retries until a deadline: the
+meta leader is elected some time after the routes are up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import nats
+import pytest
+
+from crewlet import bus
+from crewlet.config import NodeConfig
+from roles import broker
+from tests.conftest import free_port, wait_for
+
+DOMAIN = "crewlet"  # the default stream.domain
+
+
+def url(node) -> str:
+    return f"nats://{node.config['stream']['listen']}"
+
+
+def make_members(make_node, ids=("fa", "fb", "fc"), cluster="crewtest"):
+    """Three data nodes (config only) whose brokers are members of one cluster,
+    each accepting leaves; returns (nodes, their leaf URLs)."""
+    cports = [free_port() for _ in ids]
+    lports = [free_port() for _ in ids]
+    nodes = []
+    for i, node_id in enumerate(ids):
+        nodes.append(make_node(node={"id": node_id}, stream={"replicas": 3, "cluster": {
+            "name": cluster,
+            "listen": f"127.0.0.1:{cports[i]}",
+            "routes": [f"nats-route://127.0.0.1:{p}" for j, p in enumerate(cports) if j != i],
+            "leaf_listen": f"127.0.0.1:{lports[i]}"}}))
+    return nodes, [f"nats-leaf://127.0.0.1:{p}" for p in lports]
+
+
+def start_alone(node, timeout: float = 15.0) -> None:
+    """Start *node* and wait until its broker counts as started, whatever else is up."""
+    node.start(wait_ready=False)
+
+    def broker_running():
+        assert node.proc.poll() is None, f"crewletd exited {node.proc.returncode}:\n{node.read_log()[-3000:]}"
+        return node.children().get("broker", {}).get("state") == "running"
+    wait_for(broker_running, timeout, what=f"{node.config['node']['id']}'s broker running")
+
+
+async def retry(make, timeout: float = 20.0, what: str = "JetStream"):
+    """Await ``make()`` until it succeeds; the last error once *timeout* passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await make()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+@pytest.mark.fleet
+@pytest.mark.timeout(90)
+def test_three_data_nodes_started_one_by_one_form_one_r3_cluster(make_node):
+    nodes, _ = make_members(make_node)
+    ids = {n.config["node"]["id"] for n in nodes}
+    for node in nodes:
+        # The first member has no peer yet: its broker is ready all the same.
+        start_alone(node)
+    for node in nodes:
+        kids = node.wait_running(timeout=30)
+        assert all(c["restarts"] == 0 for c in kids.values()), kids
+    for node in nodes:
+        conf = open(os.path.join(node.run_dir, "nats.conf")).read()
+        assert "cluster {" in conf and f'domain: "{DOMAIN}"' in conf
+        assert node.config["stream"]["cluster"]["listen"] not in conf.split("routes:")[1]
+
+    async def check():
+        ncs = [await nats.connect(url(n), connect_timeout=2) for n in nodes]
+        try:
+            js1, js2, js3 = (bus.jetstream(nc, NodeConfig.model_validate(n.config).stream)
+                             for nc, n in zip(ncs, nodes))
+            await retry(lambda: js1.add_stream(name="FLEET", subjects=["fleet.>"], num_replicas=3),
+                        what="an R3 stream")
+            ack = await retry(lambda: js2.publish("fleet.hello", b"from node 2",
+                                                  headers={"Nats-Msg-Id": "hello-1"}))
+            got = await retry(lambda: js3.get_msg("FLEET", ack.seq))
+            assert got.data == b"from node 2"
+            sub = await js3.pull_subscribe("fleet.hello", stream="FLEET")
+            [msg] = await retry(lambda: sub.fetch(1, timeout=2))
+            assert msg.data == b"from node 2"
+            await msg.ack()
+            info = await js3.stream_info("FLEET")
+            assert info.config.num_replicas == 3
+            assert info.cluster.name == "crewtest"
+            peers = [info.cluster.leader, *(p.name for p in info.cluster.replicas)]
+            assert sorted(peers) == sorted(ids)  # a leader and two replicas, one per node
+            for nc in ncs:
+                assert nc._server_info.get("domain") == DOMAIN
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    asyncio.run(check())
+
+
+@pytest.mark.fleet
+@pytest.mark.timeout(90)
+def test_stateless_node_runs_a_leaf_and_reaches_the_members_jetstream_through_the_domain(make_node):
+    members, leaf_urls = make_members(make_node)
+    stateless = make_node(node={"id": "fd", "roles": ["ingress", "seats"]},
+                          stream={"replicas": 3, "leaf": {"remotes": leaf_urls}})
+    # A leaf is ready with no member up: it keeps dialling them.
+    stateless.start(wait_ready=False)
+    stateless.wait_running(timeout=15)
+    for node in members:
+        start_alone(node)
+    for node in members:
+        node.wait_running(timeout=30)
+    kids = stateless.wait_running(timeout=5)
+    assert set(kids) >= {"broker", "ingress", "seats"} and "data_applier" not in kids
+    assert all(c["state"] == "running" and c["restarts"] == 0 for c in kids.values()), kids
+    conf = open(os.path.join(stateless.run_dir, "nats.conf")).read()
+    assert "jetstream" not in conf and "leafnodes {" in conf
+    assert not os.path.exists(broker.store_dir(NodeConfig.model_validate(stateless.config)))
+
+    async def check():
+        member = await nats.connect(url(members[0]), connect_timeout=2)
+        leaf = await nats.connect(url(stateless), connect_timeout=2)
+        try:
+            assert not leaf._server_info.get("jetstream")  # no JetStream of its own
+            await retry(lambda: member.jetstream(timeout=2).add_stream(
+                name="WORK", subjects=["work.>"], num_replicas=3), what="an R3 stream")
+            js = bus.jetstream(leaf, NodeConfig.model_validate(stateless.config).stream)
+            # What the test asks for, spelled out: the domain is how a leaf gets there.
+            direct = leaf.jetstream(domain=DOMAIN, timeout=2)
+            account = await retry(direct.account_info, what="JetStream through the leaf")
+            assert account.domain == DOMAIN
+            assert (await js.account_info()).domain == DOMAIN
+            with pytest.raises(Exception):  # without the domain nobody answers
+                await leaf.jetstream(timeout=0.5).account_info()
+            ack = await retry(lambda: js.publish("work.1", b"from the leaf",
+                                                 headers={"Nats-Msg-Id": "leaf-1"}))
+            assert ack.stream == "WORK" and ack.domain == DOMAIN
+            got = await member.jetstream(timeout=2).get_msg("WORK", ack.seq)
+            assert got.data == b"from the leaf"
+            info = await js.stream_info("WORK")
+            assert info.config.num_replicas == 3 and len(info.cluster.replicas) == 2
+        finally:
+            await leaf.close()
+            await member.close()
+
+    asyncio.run(check())
+    assert stateless.wait_running(timeout=5)
+
+
+@pytest.mark.fleet
+@pytest.mark.parametrize("roles, stream, key, problem", [
+    (["data", "ingress", "seats", "workers"], {"leaf": {"remotes": ["nats-leaf://127.0.0.1:7422"]}},
+     "stream.leaf", "a data node must be a broker member, not a leaf"),
+    (["ingress", "seats"], {"cluster": {"name": "c", "listen": "127.0.0.1:6222",
+                                        "routes": ["nats-route://127.0.0.1:6223"]}},
+     "stream.cluster", "without the data role runs a leaf"),
+])
+def test_broker_kind_against_the_roles_is_refused_with_exit_78(make_node, roles, stream, key, problem):
+    node = make_node(node={"id": "bad", "roles": roles}, stream=stream)
+    node.start(wait_ready=False)
+    assert node.wait_exit(20) == 78
+    text = node.read_log()
+    assert f"{node.config_path}: {key}: " in text and problem in text, text[-2000:]
+    assert not os.path.exists(os.path.join(node.run_dir, "nats.conf"))
+
+
+# -- the generated nats.conf (no processes) -------------------------------------------
+
+
+def _cfg(tmp_path, **overrides) -> NodeConfig:
+    return NodeConfig.model_validate({"data_dir": str(tmp_path / "d"), "node": {"id": "n1"}, **overrides})
+
+
+def test_standalone_config_runs_jetstream_in_the_domain(tmp_path):
+    cfg = _cfg(tmp_path)
+    assert broker.kind(cfg) == "standalone"
+    text = "\n".join(broker.config_lines(cfg))
+    assert 'server_name: "n1"' in text and 'host: "127.0.0.1"' in text and "port: 4222" in text
+    assert f'store_dir: "{tmp_path}/d/broker"' in text and 'domain: "crewlet"' in text
+    assert "cluster" not in text and "leafnodes" not in text
+
+
+def test_member_config_drops_a_route_to_itself(tmp_path):
+    cfg = _cfg(tmp_path, stream={"domain": "prod", "cluster": {
+        "name": "crew", "listen": "127.0.0.1:6222", "leaf_listen": "127.0.0.1:7422",
+        "routes": ["nats-route://127.0.0.1:6222", "nats-route://localhost:6223",
+                   "nats-route://10.0.0.2:6222"]}})
+    assert broker.kind(cfg) == "member"
+    lines = broker.config_lines(cfg)
+    text = "\n".join(lines)
+    assert 'domain: "prod"' in text and 'name: "crew"' in text and 'listen: "127.0.0.1:6222"' in text
+    assert '"nats-route://127.0.0.1:6222"' not in text  # itself
+    assert '"nats-route://localhost:6223"' in text and '"nats-route://10.0.0.2:6222"' in text
+    assert "leafnodes {" in text and 'listen: "127.0.0.1:7422"' in text
+    no_leaves = _cfg(tmp_path, stream={"cluster": {"name": "crew", "listen": "127.0.0.1:6222",
+                                                   "routes": ["nats-route://127.0.0.1:6223"]}})
+    assert "leafnodes" not in "\n".join(broker.config_lines(no_leaves))
+
+
+def test_leaf_config_has_no_jetstream_and_one_remote_over_every_member(tmp_path):
+    remotes = ["nats-leaf://127.0.0.1:7422", "nats-leaf://127.0.0.1:7423"]
+    cfg = _cfg(tmp_path, node={"id": "n1", "roles": ["seats"]}, stream={"leaf": {"remotes": remotes}})
+    assert broker.kind(cfg) == "leaf"
+    text = "\n".join(broker.config_lines(cfg))
+    assert "jetstream" not in text and "cluster" not in text
+    assert '{ urls: ["nats-leaf://127.0.0.1:7422", "nats-leaf://127.0.0.1:7423"] }' in text
+
+
+def test_jetstream_helper_uses_the_domain_only_from_a_leaf(tmp_path):
+    nc = nats.NATS()  # never connected: the context only records its prefix
+    standalone = _cfg(tmp_path).stream
+    leaf = _cfg(tmp_path, node={"id": "n1", "roles": ["seats"]},
+                stream={"domain": "prod", "leaf": {"remotes": ["nats-leaf://h:7422"]}}).stream
+    external = _cfg(tmp_path, stream={"type": "nats", "servers": ["nats://h:4222"]}).stream
+    assert bus.jetstream(nc, standalone)._prefix == "$JS.API"
+    assert bus.jetstream(nc, external)._prefix == "$JS.API"
+    assert bus.jetstream(nc, leaf)._prefix == "$JS.prod.API"
+    assert bus.jetstream(nc, leaf, timeout=0.5)._timeout == 0.5

@@ -1,0 +1,218 @@
+"""A fleet of real crewletd nodes sharing one real broker (``stream.type: nats``).
+
+Tests ask for ``natsd`` before ``make_node``, so the broker outlives the nodes
+at teardown (fixtures are torn down in reverse order).
+
+Timing constants are shortened by config (heartbeat 1 s, lease TTL 3 s,
+sweep 0.5 s); the claim and release limits stay the design's (4 and 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+
+import nats
+import psutil
+import pytest
+
+from tests.conftest import CREWLETCTL, alive, wait_for
+
+pytestmark = pytest.mark.fleet
+
+FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
+COMPANY = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "company.yaml")
+
+
+def fleet_node(make_node, natsd, node_id: str, **overrides):
+    cfg = {"node": {"id": node_id, **overrides.pop("node", {})},
+           "stream": {"type": "nats", "servers": [natsd.url]},
+           "fleet": {**FAST, **overrides.pop("fleet", {})}}
+    return make_node(**cfg, **overrides)
+
+
+def company(tmp: str, seats: int = 30) -> str:
+    """A company file of *seats* seats with no placement."""
+    path = os.path.join(tmp, f"company-{seats}.yaml")
+    with open(path, "w") as f:
+        f.write("company: {name: t}\nproviders: {p: {kind: scripted}}\nseats:\n")
+        f.writelines(f"  - {{name: s{i:02d}, persona: seat {i}, provider: p}}\n"
+                     for i in range(seats))
+    return path
+
+
+def apply(node, path: str = COMPANY) -> None:
+    out = subprocess.run([*CREWLETCTL, "-c", node.config_path, "apply", path],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def seats_of(node) -> dict[str, str]:
+    """seat -> holding node, as this node's fleet view shows it."""
+    st = node.status()
+    fleet = (st or {}).get("fleet") or {}
+    return {s["name"]: s["node"] for s in fleet.get("seats", [])}
+
+
+def spread(node, seats: int = 30) -> Counter | None:
+    """Seats held per node, once all *seats* are held (else None)."""
+    held = seats_of(node)
+    if len(held) != seats:
+        return None
+    return Counter(held[s] for s in held)
+
+
+def test_a_single_node_holds_every_seat_and_every_duty(natsd, make_node):
+    # etc/company.yaml places two seats in zone eu: this node may hold them.
+    node = fleet_node(make_node, natsd, "solo", node={"labels": {"zone": "eu"}}).start()
+    apply(node)
+    wait_for(lambda: len(seats_of(node)) == 30, 30, what="30 seats held")
+    fleet = node.status()["fleet"]
+    assert {d["name"]: d["node"] for d in fleet["duties"]} == {"fleet_shape": "solo"}
+    (me,) = fleet["nodes"]
+    assert me["id"] == "solo" and me["broker"] == "external" and me["applied"]["rev"] == 1
+    assert len(me["seats"]) == 30 and me["duties"] == ["fleet_shape"]
+
+
+def test_thirty_seats_over_three_nodes_held_once_and_evenly(natsd, make_node, short_tmp):
+    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(3)]
+    apply(nodes[0], company(short_tmp))
+    ids = [f"n{i}" for i in range(3)]
+
+    def even():
+        counts = spread(nodes[0])
+        return counts if counts and all(9 <= counts[i] <= 11 for i in ids) else None
+    counts = wait_for(even, 60, what="30 seats spread over 3 nodes")
+    assert sum(counts.values()) == 30
+    # Every node sees the same: each seat held exactly once, by one node.
+    views = [seats_of(n) for n in nodes]
+    assert views[0] == views[1] == views[2]
+    # Claims per node stayed within 4 per sweep window.
+    for node in nodes:
+        claims = [e["ts"] for e in node.events() if e.get("event") == "seat_claimed"]
+        for i, t in enumerate(claims):
+            assert sum(1 for u in claims[i:] if u - t < FAST["sweep"]) <= 4, node.config["node"]
+
+
+def test_kill_9_of_a_node_moves_its_seats_within_ttl_and_two_sweeps(natsd, make_node, short_tmp):
+    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(3)]
+    apply(nodes[0], company(short_tmp))
+    wait_for(lambda: spread(nodes[0]) and len(spread(nodes[0])) == 3, 60,
+             what="every node holding seats")
+    victim = nodes[2]
+    duty_holder = {d["name"]: d["node"] for d in nodes[0].status()["fleet"]["duties"]}
+    tree = victim.tree_pids()
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    t0 = time.monotonic()
+    wait_for(lambda: (c := spread(nodes[0])) and set(c) == {"n0", "n1"}, 30,
+             what="survivors holding all 30 seats")
+    took = time.monotonic() - t0
+    # TTL + two sweeps, plus the slack of 10 orphans at 4 claims per sweep each.
+    assert took < FAST["lease_ttl"] + 4 * FAST["sweep"] + 3, took
+    duties = {d["name"]: d["node"] for d in nodes[0].status()["fleet"]["duties"]}
+    assert duties.get("fleet_shape") in ("n0", "n1")
+    assert duty_holder  # there was a holder before
+
+
+def test_graceful_stop_hands_seats_over_before_the_ttl(natsd, make_node, short_tmp):
+    slow = {"lease_ttl": 30}  # a TTL the hand-over must not wait for
+    nodes = [fleet_node(make_node, natsd, f"n{i}", fleet=slow).start() for i in range(2)]
+    apply(nodes[0], company(short_tmp))
+    wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="both holding")
+    t0 = time.monotonic()
+    nodes[1].proc.send_signal(signal.SIGTERM)
+    assert nodes[1].wait_exit(30) == 0
+    wait_for(lambda: (c := spread(nodes[0])) and set(c) == {"n0"}, 20,
+             what="the survivor holding all 30")
+    assert time.monotonic() - t0 < 15  # well before the 30 s TTL
+
+
+def test_a_second_node_with_the_same_id_is_refused(natsd, make_node):
+    fleet_node(make_node, natsd, "twin").start()
+    other = fleet_node(make_node, natsd, "twin")
+    other.start(wait_ready=False)
+    assert other.wait_exit(30) == 78
+    assert "node id 'twin' is held by a live node" in other.read_log()
+
+
+def test_placement_labels_are_honoured(natsd, make_node):
+    eu = fleet_node(make_node, natsd, "eu", node={"labels": {"zone": "eu"}}).start()
+    fleet_node(make_node, natsd, "us", node={"labels": {"zone": "us"}}).start()
+    apply(eu)
+    wait_for(lambda: len(seats_of(eu)) == 30, 60, what="30 seats held")
+    held = seats_of(eu)
+    # etc/company.yaml places these two with {zone: eu}.
+    assert held["support-eu-1"] == "eu" and held["support-eu-2"] == "eu"
+    assert Counter(held.values())["us"] > 0
+
+
+def test_a_paused_node_is_fenced_and_its_seats_taken(natsd, make_node, short_tmp):
+    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(2)]
+    apply(nodes[0], company(short_tmp))
+    wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="both holding")
+    zombie = nodes[1]
+    before = {s: n for s, n in seats_of(nodes[0]).items() if n == "n1"}
+    tree = [psutil.Process(p) for p in zombie.tree_pids()]
+    for proc in tree:
+        proc.suspend()
+    try:
+        wait_for(lambda: (c := spread(nodes[0])) and set(c) == {"n0"}, 30,
+                 what="the live node taking the paused node's seats")
+    finally:
+        for proc in tree:
+            try:
+                proc.resume()
+            except psutil.NoSuchProcess:
+                pass
+    # Awake again, the zombie finds its leases gone and gives the seats up.
+    zombie.wait_event("seat_lost", timeout=30)
+    lost = {e["seat"] for e in zombie.events() if e.get("event") == "seat_lost"}
+    assert lost and lost <= set(before)
+    # Nobody holds a seat twice, and the fleet settles evenly again.
+    wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="resettled")
+    assert seats_of(nodes[0]) == seats_of(zombie)
+
+
+def test_a_revision_reaches_every_node_and_a_bad_one_is_refused(natsd, make_node, short_tmp):
+    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(2)]
+    apply(nodes[0], company(short_tmp))
+
+    def applied(rev):
+        fleet = nodes[0].status()["fleet"]
+        return all((n.get("applied") or {}).get("rev") == rev for n in fleet["nodes"]) \
+            and len(fleet["nodes"]) == 2
+    wait_for(lambda: applied(1), 30, what="revision 1 on both nodes")
+    wait_for(lambda: len(seats_of(nodes[0])) == 30, 60, what="30 seats held")
+
+    async def sneak_in_a_bad_revision():
+        # What apply would refuse, written straight into the control plane.
+        nc = await nats.connect(natsd.url)
+        kv = await nc.jetstream().key_value("config")
+        await kv.create("rev.2", json.dumps({"rev": 2, "company": {"seats": "nope"}}).encode())
+        active = await kv.get("active")
+        await kv.update("active", json.dumps({"rev": 2, "epoch": 2}).encode(),
+                        last=active.revision)
+        await nc.close()
+    asyncio.run(sneak_in_a_bad_revision())
+    for node in nodes:
+        node.wait_event("company_refused", timeout=20, rev=2)
+    fleet = nodes[0].status()["fleet"]
+    assert all(n["applied"]["rev"] == 1 and "revision 2" in n["status_error"]
+               for n in fleet["nodes"])
+    assert len(seats_of(nodes[0])) == 30  # still running revision 1
+
+
+def test_fleet_role_unmanned_is_logged_when_no_node_runs_workers(natsd, make_node):
+    a = fleet_node(make_node, natsd, "a", node={"roles": ["data", "ingress", "seats"]}).start()
+    fleet_node(make_node, natsd, "b", node={"roles": ["data", "seats"]}).start()
+    ev = a.wait_event("fleet_role_unmanned", timeout=20)
+    assert ev["roles"] == ["workers"] and ev["nodes"] == ["a", "b"]
