@@ -230,3 +230,47 @@ def test_jetstream_helper_uses_the_domain_only_from_a_leaf(tmp_path):
     assert bus.jetstream(nc, external)._prefix == "$JS.API"
     assert bus.jetstream(nc, leaf)._prefix == "$JS.prod.API"
     assert bus.jetstream(nc, leaf, timeout=0.5)._timeout == 0.5
+
+
+@pytest.mark.fleet
+@pytest.mark.timeout(150)
+def test_seats_over_an_embedded_r3_cluster_survive_a_member_killed(make_node, short_tmp):
+    """The README's fleet, shortened: three data nodes whose brokers are one R3
+    cluster, a company applied, its seats spread; kill -9 one node's whole
+    process tree and the survivors — on a cluster with one member gone — hold
+    every seat within the lease TTL plus two sweeps (and some slack)."""
+    from tests.fleet.test_fleet import FAST, apply, company, spread
+
+    cports = [free_port() for _ in range(3)]
+    nodes = []
+    for i in range(3):
+        nodes.append(make_node(node={"id": f"m{i}"}, fleet=FAST, stream={"replicas": 3, "cluster": {
+            "name": "seats", "listen": f"127.0.0.1:{cports[i]}",
+            "routes": [f"nats-route://127.0.0.1:{p}" for j, p in enumerate(cports) if j != i]}}))
+    for node in nodes:
+        start_alone(node)
+    for node in nodes:
+        node.wait_running(timeout=60)
+    wait_for(lambda: len((nodes[0].status()["fleet"] or {}).get("nodes", [])) == 3, 60,
+             what="three nodes present")
+    apply(nodes[0], company(short_tmp))
+    wait_for(lambda: (c := spread(nodes[0])) and sorted(c.values()) == [10, 10, 10], 60,
+             what="30 seats spread 10/10/10")
+    victim = nodes[2]
+    for pid in victim.tree_pids():
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    t0 = time.monotonic()
+    wait_for(lambda: (c := spread(nodes[0])) and set(c) == {"m0", "m1"}, 60,
+             what="the two survivors holding all 30 seats")
+    took = time.monotonic() - t0
+    assert took < FAST["lease_ttl"] + 2 * FAST["sweep"] + 10, took
+    # Leases keep renewing on the two-member quorum: for two TTLs (every lease
+    # renewed several times over) all 30 stay held, 15 and 15.
+    deadline = time.monotonic() + 2 * FAST["lease_ttl"]
+    while time.monotonic() < deadline:
+        counts = spread(nodes[0])
+        assert counts and sorted(counts.values()) == [15, 15], counts
+        time.sleep(0.2)
