@@ -68,13 +68,23 @@ def cli() -> None:
 @click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False),
               help="Tier A config file (default: $CREWLET_CONFIG, /etc/crewlet/crewlet.yaml, "
                    "else built-in defaults).")
-def start(config_path: str | None) -> None:
+@click.option("--company", "company_path", type=click.Path(dir_okay=False),
+              help="A company file to apply once the node has joined, if the fleet has no "
+                   "company yet (as `crewletctl apply` would); ignored when one is active.")
+def start(config_path: str | None, company_path: str | None) -> None:
     """Start this node: the broker, then its roles; runs until stopped."""
+    from crewlet.company import load_company
     from supervisor.node import Node
     from supervisor.zygote import Zygote
 
     sysd.take_environment()
     cfg = _load(config_path)
+    seed = None
+    if company_path is not None:
+        try:
+            seed = (load_company(company_path), os.path.abspath(company_path))
+        except ConfigError as exc:
+            _fail_config(str(exc))
     log.configure(node=cfg.node.id, role="crewletd", level=cfg.log.level, fmt=cfg.log.format)
     for warning in cfg.warnings:
         log.event("config_warning", "warning", message=warning)
@@ -89,7 +99,7 @@ def start(config_path: str | None) -> None:
     log.event("crewletd_starting", pid=os.getpid(), config=cfg.source, data_dir=cfg.data_dir,
               pid1=os.getpid() == 1)
     try:
-        node = Node(cfg, zygote)
+        node = Node(cfg, zygote, seed=seed)
         code = asyncio.run(node.run())
     except BrokerNotFound as exc:
         zygote.close()

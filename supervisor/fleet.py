@@ -3,9 +3,12 @@
 It runs in crewletd (a task child, :mod:`supervisor.task`), after the broker
 and before the roles, holding crewletd's one NATS connection:
 
-* at start it creates the coordination buckets (idempotent) and **joins**:
+* at start it connects; then it creates the coordination buckets
+  (idempotent; waiting for JetStream to have a quorum) and **joins**:
   claims ``node.<id>`` — another live node with our id makes crewletd exit 78
   with a message naming that node;
+* given ``crewletd start --company FILE`` and a fleet with no company yet,
+  it applies that file (as ``crewletctl apply`` does);
 * it renews the presence every ``fleet.heartbeat``; a presence found lost
   (this node was paused past its TTL) is joined again;
 * it watches the control plane's activation epoch, loads the revision it
@@ -53,11 +56,12 @@ class Fleet:
     """
 
     def __init__(self, cfg: NodeConfig, boot: str, publish: Callable[..., None],
-                 broadcast: Callable[[str, dict], None]):
+                 broadcast: Callable[[str, dict], None], seed: tuple | None = None):
         self.cfg = cfg
         self.boot = boot
         self.publish = publish        # log an event and tell local subscribers
         self.broadcast = broadcast    # tell local subscribers only (big payloads)
+        self.seed = seed              # (Company, source): applied if the fleet has none
         self.started_at = time.time()
         self.nc = None
         self.leases: Leases | None = None
@@ -131,6 +135,11 @@ class Fleet:
         self.publish("fleet_joined", token=self.presence.held.token)
         self.control = await ControlPlane.open(js, cfg.stream.replicas)
         active = await self.control.active()
+        if active is None and self.seed is not None:
+            company, source = self.seed
+            rev, epoch = await self.control.apply(company, source)
+            self.publish("company_seeded", rev=rev, epoch=epoch, source=source)
+            active = await self.control.active()
         if active is not None:
             await self._apply(active)
 

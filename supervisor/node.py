@@ -56,9 +56,11 @@ class Node:
     ``_stop_reason`` is set once a stop was asked for.
     """
 
-    def __init__(self, cfg: NodeConfig, zygote: Zygote):
+    def __init__(self, cfg: NodeConfig, zygote: Zygote, seed: tuple | None = None):
         self.cfg = cfg
         self.zygote = zygote
+        # (Company, source path) to apply if the fleet has no company yet.
+        self.seed = seed
         self.root: Supervisor | None = None
         self.started_at = time.time()
         # This run's boot instance: what tells our leases from a previous run's.
@@ -129,7 +131,8 @@ class Node:
         fleet: dict[str, Fleet] = {}
 
         async def setup() -> None:
-            fleet["now"] = self.fleet = Fleet(self.cfg, self.boot, self.publish, self.broadcast)
+            fleet["now"] = self.fleet = Fleet(self.cfg, self.boot, self.publish, self.broadcast,
+                                              seed=self.seed)
             await self.fleet.setup()
 
         async def run() -> None:

@@ -76,10 +76,12 @@ class Node:
     def run_dir(self) -> str:
         return os.path.join(self.config["data_dir"], "run")
 
-    def start(self, *, wait_ready: bool = True, prefix: list[str] | None = None) -> "Node":
+    def start(self, *, wait_ready: bool = True, prefix: list[str] | None = None,
+              args: tuple[str, ...] = ()) -> "Node":
         self.log_path = os.path.join(self.dir, "crewletd.log")
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([*(prefix or []), *CREWLETD, "start", "-c", self.config_path],
+        self.proc = subprocess.Popen([*(prefix or []), *CREWLETD, "start", "-c", self.config_path,
+                                      *args],
                                      stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
                                      start_new_session=True)
         log.close()

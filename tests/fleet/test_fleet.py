@@ -21,7 +21,7 @@ import nats
 import psutil
 import pytest
 
-from tests.conftest import CREWLETCTL, alive, wait_for
+from tests.conftest import CREWLETCTL, wait_for
 
 pytestmark = pytest.mark.fleet
 
@@ -36,13 +36,17 @@ def fleet_node(make_node, natsd, node_id: str, **overrides):
     return make_node(**cfg, **overrides)
 
 
-def company(tmp: str, seats: int = 30) -> str:
-    """A company file of *seats* seats with no placement."""
-    path = os.path.join(tmp, f"company-{seats}.yaml")
+def company(tmp: str, seats: int = 30, placed: dict[str, dict] | None = None) -> str:
+    """A company file of *seats* seats (``s00``…), plus *placed* seats with
+    their placement labels."""
+    path = os.path.join(tmp, f"company-{seats}-{len(placed or {})}.yaml")
     with open(path, "w") as f:
         f.write("company: {name: t}\nproviders: {p: {kind: scripted}}\nseats:\n")
         f.writelines(f"  - {{name: s{i:02d}, persona: seat {i}, provider: p}}\n"
                      for i in range(seats))
+        f.writelines(f"  - {{name: {name}, persona: placed, provider: p, "
+                     f"placement: {{labels: {json.dumps(labels)}}}}}\n"
+                     for name, labels in (placed or {}).items())
     return path
 
 
@@ -68,9 +72,8 @@ def spread(node, seats: int = 30) -> Counter | None:
 
 
 def test_a_single_node_holds_every_seat_and_every_duty(natsd, make_node):
-    # etc/company.yaml places two seats in zone eu: this node may hold them.
-    node = fleet_node(make_node, natsd, "solo", node={"labels": {"zone": "eu"}}).start()
-    apply(node)
+    node = fleet_node(make_node, natsd, "solo").start()
+    apply(node)  # the sample company, etc/company.yaml
     wait_for(lambda: len(seats_of(node)) == 30, 30, what="30 seats held")
     fleet = node.status()["fleet"]
     assert {d["name"]: d["node"] for d in fleet["duties"]} == {"fleet_shape": "solo"}
@@ -144,14 +147,13 @@ def test_a_second_node_with_the_same_id_is_refused(natsd, make_node):
     assert "node id 'twin' is held by a live node" in other.read_log()
 
 
-def test_placement_labels_are_honoured(natsd, make_node):
+def test_placement_labels_are_honoured(natsd, make_node, short_tmp):
     eu = fleet_node(make_node, natsd, "eu", node={"labels": {"zone": "eu"}}).start()
     fleet_node(make_node, natsd, "us", node={"labels": {"zone": "us"}}).start()
-    apply(eu)
+    apply(eu, company(short_tmp, 28, {"gdpr-1": {"zone": "eu"}, "gdpr-2": {"zone": "eu"}}))
     wait_for(lambda: len(seats_of(eu)) == 30, 60, what="30 seats held")
     held = seats_of(eu)
-    # etc/company.yaml places these two with {zone: eu}.
-    assert held["support-eu-1"] == "eu" and held["support-eu-2"] == "eu"
+    assert held["gdpr-1"] == "eu" and held["gdpr-2"] == "eu"
     assert Counter(held.values())["us"] > 0
 
 
@@ -216,3 +218,19 @@ def test_fleet_role_unmanned_is_logged_when_no_node_runs_workers(natsd, make_nod
     fleet_node(make_node, natsd, "b", node={"roles": ["data", "seats"]}).start()
     ev = a.wait_event("fleet_role_unmanned", timeout=20)
     assert ev["roles"] == ["workers"] and ev["nodes"] == ["a", "b"]
+
+
+def test_start_with_a_company_seeds_an_empty_fleet_only(natsd, make_node, short_tmp):
+    first = fleet_node(make_node, natsd, "a").start()
+    assert first.status()["fleet"]["company"] is None
+    # A node started with --company seeds the fleet, which had none...
+    second = fleet_node(make_node, natsd, "b").start(
+        wait_ready=False, args=("--company", company(short_tmp, 4)))
+    second.wait_event("company_seeded", timeout=30)
+    wait_for(lambda: (first.status()["fleet"]["company"] or {}).get("rev") == 1, 20,
+             what="the seeded company reaching the first node")
+    # ...and a node started later with another --company does not override it.
+    third = fleet_node(make_node, natsd, "c").start(args=("--company", company(short_tmp, 6)))
+    wait_for(lambda: (third.status()["fleet"]["company"] or {}).get("rev") == 1, 20,
+             what="the third node on revision 1")
+    assert "company_seeded" not in third.read_log()

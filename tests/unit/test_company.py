@@ -43,8 +43,8 @@ def test_the_sample_company_loads_with_30_seats():
     assert len(company.seats) == 30
     assert set(company.providers) == {"scripted"}
     assert {s.provider for s in company.seats} == {"scripted"}
-    eu = [s.name for s in company.seats if s.placement.labels == {"zone": "eu"}]
-    assert len(eu) == 2
+    # Placement is shown commented out, so the sample runs whole on one node.
+    assert all(s.placement.labels == {} for s in company.seats)
     assert len(company.schedules) == 1
     assert company.budgets.org and company.budgets.org > 0
     rule = company.providers["scripted"].rules[1]
