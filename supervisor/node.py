@@ -2,10 +2,12 @@
 
 The tree (DESIGN §2)::
 
-    root      rest_for_one   [broker (embedded stream only), roles]
+    root      rest_for_one   [broker (embedded stream only), fleet, roles]
     roles     one_for_one    [data_applier, ingress, seats, workers] ∩ node.roles
 
-When the broker dies, the roles restart after it (rest_for_one). Both levels
+``fleet`` is a task of crewletd (:mod:`supervisor.fleet`): the node's presence
+and its company revision. When the broker dies, fleet and roles restart after
+it (rest_for_one). Both levels
 take intensity, period, backoff and auto_shutdown from ``supervisor.*``. With
 ``auto_shutdown`` other than ``never``, role children are transient and
 significant: one ending by itself ends the node (the container fails fast).
