@@ -161,6 +161,16 @@ class Node:
         except psutil.NoSuchProcess:
             return set()
 
+    def kill_tree(self) -> set[int]:
+        """``kill -9`` on crewletd's whole process tree; returns the pids hit."""
+        pids = self.tree_pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
     def kill_all(self) -> None:
         """Last-resort cleanup: SIGKILL crewletd's session, whatever is left."""
         if self.proc is None:

@@ -257,11 +257,7 @@ def test_seats_over_an_embedded_r3_cluster_survive_a_member_killed(make_node, sh
     wait_for(lambda: (c := spread(nodes[0])) and sorted(c.values()) == [10, 10, 10], 60,
              what="30 seats spread 10/10/10")
     victim = nodes[2]
-    for pid in victim.tree_pids():
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+    victim.kill_tree()
     t0 = time.monotonic()
     wait_for(lambda: (c := spread(nodes[0])) and set(c) == {"m0", "m1"}, 60,
              what="the two survivors holding all 30 seats")

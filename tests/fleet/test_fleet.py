@@ -109,12 +109,7 @@ def test_kill_9_of_a_node_moves_its_seats_within_ttl_and_two_sweeps(natsd, make_
              what="every node holding seats")
     victim = nodes[2]
     duty_holder = {d["name"]: d["node"] for d in nodes[0].status()["fleet"]["duties"]}
-    tree = victim.tree_pids()
-    for pid in tree:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    victim.kill_tree()
     t0 = time.monotonic()
     wait_for(lambda: (c := spread(nodes[0])) and set(c) == {"n0", "n1"}, 30,
              what="survivors holding all 30 seats")
