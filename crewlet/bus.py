@@ -23,6 +23,8 @@ def servers_of(stream) -> list[str]:
     return [f"nats://{stream.listen}"]
 
 
+FIRST_CONNECT_ATTEMPTS = 3  # per server, 0.1 s apart, before a first connect gives up
+
 # Short, as DESIGN §4 asks: a request in flight when a connection drops waits
 # its whole timeout, and a publish that timed out is retried (same Nats-Msg-Id).
 JETSTREAM_TIMEOUT = 2.0
@@ -73,11 +75,18 @@ async def connect(stream, *, name: str, connect_timeout: float = 2.0) -> Client:
     async def closed() -> None:
         log.event("nats_closed", "debug")
 
+    servers = servers_of(stream)
+    # The first connect tries each server a few times and then fails, so a
+    # child started while its broker is down exits (and is restarted with
+    # backoff) instead of hanging in "starting". Once connected, reconnect
+    # forever: nats-py reads this option on every reconnect.
     nc = await nats.connect(
-        servers=servers_of(stream), name=name, connect_timeout=connect_timeout,
-        max_reconnect_attempts=-1, reconnect_time_wait=0.5, allow_reconnect=True,
-        disconnected_cb=disconnected, reconnected_cb=reconnected, error_cb=error,
-        closed_cb=closed)
+        servers=servers, name=name, connect_timeout=connect_timeout,
+        max_reconnect_attempts=FIRST_CONNECT_ATTEMPTS, reconnect_time_wait=0.1,
+        allow_reconnect=True, disconnected_cb=disconnected, reconnected_cb=reconnected,
+        error_cb=error, closed_cb=closed)
+    nc.options["max_reconnect_attempts"] = -1
+    nc.options["reconnect_time_wait"] = 0.5
     log.event("nats_connected", url=str(nc.connected_url.netloc if nc.connected_url else None))
     return nc
 

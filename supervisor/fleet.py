@@ -32,7 +32,7 @@ from crewlet import bus, log
 from crewlet.company.model import Company
 from crewlet.config import NodeConfig
 from crewlet.coord import buckets
-from crewlet.coord.control_plane import ControlPlane
+from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionNotFound
 from crewlet.coord.lease import LeaseError, Leases
 from crewlet.coord.presence import DuplicateNode, Presence
 from roles.workers.duties import fleet_shape
@@ -104,9 +104,13 @@ class Fleet:
 
     async def run(self) -> None:
         await self._join()
-        await asyncio.gather(self._heartbeat(), self._follow_control_plane(),
-                             self._watch(buckets.LEASES.name, self._leases_seen),
-                             self._watch(buckets.STATUS.name, self._status_seen))
+        # One fails, all stop (and the child exits, to be restarted whole):
+        # never half a membership left running beside a new one.
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._heartbeat())
+            group.create_task(self._follow_control_plane())
+            group.create_task(self._watch(buckets.LEASES.name, self._leases_seen))
+            group.create_task(self._watch(buckets.STATUS.name, self._status_seen))
 
     async def _join(self) -> None:
         """Create the buckets, claim our presence, apply the active company —
@@ -176,7 +180,7 @@ class Fleet:
             self._check_workers_manned()
             await asyncio.sleep(self.cfg.fleet.heartbeat)
             try:
-                if await self.presence.renew() is None:
+                if self.presence.held is None or await self.presence.renew() is None:
                     # Paused past our TTL (or evicted): we were gone; come back.
                     self.publish("fleet_presence_lost", "warning")
                     await self.presence.join()
@@ -198,10 +202,23 @@ class Fleet:
         """Apply the revision *active* names, or record why not."""
         assert self.control is not None
         rev, epoch = active["rev"], active.get("epoch")
+        pause = 0.2
+        while True:  # a read that got no answer is tried again, not taken for a bad revision
+            try:
+                doc = await self.control.revision(rev)
+                break
+            except RevisionNotFound:
+                doc = None
+                break
+            except ControlPlaneError as exc:
+                log.event("company_read_failed", "warning", rev=rev, error=str(exc))
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
         try:
-            doc = await self.control.revision(rev)
+            if doc is None:
+                raise RevisionNotFound(f"revision {rev} is named active but does not exist")
             company = Company.model_validate(doc["company"])
-        except Exception as exc:  # unreadable or invalid: keep what we run
+        except Exception as exc:  # missing or invalid: keep what we run
             self.error = f"revision {rev}: {type(exc).__name__}: {exc}"
             self.publish("company_refused", "error", rev=rev, epoch=epoch, error=self.error)
         else:

@@ -94,6 +94,9 @@ class Supervisor:
                     await self._start(child)
                 except StartFailed as exc:
                     await self._stop_all()
+                    if self._stopping.is_set():  # stopped while starting: not a failure
+                        self._finish(ExitInfo(0, None, "stopped while starting"))
+                        return
                     code = EXIT_CONFIG if exc.info.code == EXIT_CONFIG else EXIT_UNAVAILABLE
                     self._finish(ExitInfo(code, None,
                                           f"{child.spec.id} failed to start: {exc.info.reason}"))
@@ -296,7 +299,7 @@ class Supervisor:
         incarnation = child.incarnation
         self._move(child, states.STARTING)
         try:
-            running = await child.spec.start(incarnation - 1)
+            running = await self._unless_stopping(child.spec.start(incarnation - 1))
         except StartFailed as exc:
             info = exc.info
         except asyncio.CancelledError:
@@ -318,6 +321,28 @@ class Supervisor:
         self._notify("child_start_failed", "error", child=child.spec.id,
                      supervisor=self.name, reason=info.reason)
         raise StartFailed(info)
+
+    async def _unless_stopping(self, starting):
+        """Await a child's start, abandoning it if this supervisor is asked to
+        stop meanwhile: a start can wait up to ready_timeout, and the stop
+        (say, of a parent restarting us after the broker died) must not."""
+        start = asyncio.ensure_future(starting)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            start.cancel()
+            raise
+        finally:
+            stop.cancel()
+        if start.done():
+            return start.result()
+        start.cancel()  # the child being started is killed by its start's cleanup
+        try:
+            await start
+        except (asyncio.CancelledError, StartFailed):
+            pass
+        raise StartFailed(ExitInfo(None, None, "start abandoned: stopping"))
 
     async def _stop_child(self, child: _Child) -> None:
         running = child.running

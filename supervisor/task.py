@@ -34,6 +34,9 @@ class Exit(Exception):
 
 
 def _info(exc: BaseException) -> ExitInfo:
+    if isinstance(exc, BaseExceptionGroup):  # from a TaskGroup: an Exit in it decides
+        exits = [e for e in exc.exceptions if isinstance(e, Exit)]
+        exc = exits[0] if exits else exc.exceptions[0]
     if isinstance(exc, Exit):
         return ExitInfo(exc.code, None, exc.reason)
     return ExitInfo(1, None, f"error: {type(exc).__name__}: {exc}")
@@ -53,8 +56,20 @@ class TaskRunning:
         if task.cancelled():
             return  # stop() resolves exited once teardown has run
         exc = task.exception()
+        info = ExitInfo(0, None, "exit 0") if exc is None else _info(exc)
+        # Ended by itself: tear down before it counts as exited, so what it
+        # held (a connection, a presence) is gone before a replacement starts.
+        asyncio.get_running_loop().create_task(self._finish(info))
+
+    async def _finish(self, info: ExitInfo) -> None:
+        if self._teardown is not None:
+            try:
+                await self._teardown()
+            except Exception:
+                pass
+            self._teardown = None
         if not self.exited.done():
-            self.exited.set_result(ExitInfo(0, None, "exit 0") if exc is None else _info(exc))
+            self.exited.set_result(info)
 
     async def stop(self, shutdown: float | str) -> ExitInfo:
         if not self._task.done():

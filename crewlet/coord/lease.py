@@ -101,6 +101,9 @@ class Leases:
                  patience: float | None = None):
         if ttl < 1:
             raise ValueError("a lease TTL must be at least 1 s (the server's granularity)")
+        # The server keeps whole seconds (nats-py sends int(ttl)): our own idea
+        # of freshness must not outlast what the server keeps.
+        ttl = float(int(ttl))
         self.js = js
         self._put = kv_subject(js, LEASES.name)  # through a leaf's domain when there is one
         self.node = node
@@ -192,6 +195,7 @@ class Leases:
         live lease (a delete, an expiry marker), writes once more over it.
         """
         value = _value(self.node, self.boot, None, info)
+        sent = time.monotonic()  # before the write: a resent write may land late
         seq = await self._write(key, value, expected)
         if seq is None:
             last, owner = await self._last(key)
@@ -200,7 +204,7 @@ class Leases:
             seq = await self._write(key, value, last)
             if seq is None:
                 return None  # somebody else claimed it between our read and write
-        return Held(key, token=seq, revision=seq, renewed=time.monotonic(), ttl=self.ttl)
+        return Held(key, token=seq, revision=seq, renewed=sent, ttl=self.ttl)
 
     async def claim_or_adopt(self, key: str, **info: Any) -> Held | None:
         """Claim *key*, or adopt it if this node incarnation already holds it
@@ -217,10 +221,11 @@ class Leases:
     async def take_over(self, owner: Owner, key: str, **info: Any) -> Held | None:
         """Replace *owner*'s live lease on *key*, known to be dead (our own
         previous incarnation); None if the key changed since it was read."""
+        sent = time.monotonic()
         seq = await self._write(key, _value(self.node, self.boot, None, info), owner.revision)
         if seq is None:
             return None
-        return Held(key, token=seq, revision=seq, renewed=time.monotonic(), ttl=self.ttl)
+        return Held(key, token=seq, revision=seq, renewed=sent, ttl=self.ttl)
 
     async def renew(self, held: Held, **info: Any) -> Held | None:
         """Extend *held* by another TTL; None if it is no longer ours.
@@ -243,24 +248,41 @@ class Leases:
         raise LeaseError(f"renewing {held.key}: the compare-and-set kept failing")
 
     async def release(self, held: Held) -> bool:
-        """Give *held* up; False if it was not ours any more."""
-        try:
-            ack = await self.js.publish(self._put + held.key, b"",
-                                        headers={_EXPECTED_LAST: str(held.revision),
-                                                 "KV-Operation": "DEL"})
-        except APIError as exc:
-            if exc.err_code in _WRONG_LAST_SEQUENCE:
+        """Give *held* up; False if it was not ours any more.
+
+        A renewal that timed out yet was stored leaves ``held.revision``
+        behind: a refused delete re-reads, and deletes at the current revision
+        when the lease is still ours (same boot and token).
+        """
+        expected = held.revision
+        for _ in range(2):
+            try:
+                await self.js.publish(self._put + held.key, b"",
+                                      headers={_EXPECTED_LAST: str(expected),
+                                               "KV-Operation": "DEL"})
+                return True
+            except APIError as exc:
+                if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                    raise LeaseError(f"releasing {held.key}: {exc}") from exc
+            except Exception as exc:
+                raise LeaseError(f"releasing {held.key}: {type(exc).__name__}: {exc}") from exc
+            _, owner = await self._last(held.key)
+            if owner is None or owner.boot != self.boot or owner.token != held.token:
                 return False
-            raise LeaseError(f"releasing {held.key}: {exc}") from exc
-        except Exception as exc:
-            raise LeaseError(f"releasing {held.key}: {type(exc).__name__}: {exc}") from exc
-        return ack.seq > 0
+            expected = owner.revision
+        return False
 
     async def holders(self, prefix: str) -> dict[str, Owner]:
         """Every live lease whose key starts with *prefix* (``seat.``, ``node.``).
 
         One ordered consumer over the prefix, not a read per key.
         """
+        try:
+            return await asyncio.wait_for(self._holders(prefix), self.patience)
+        except asyncio.TimeoutError:
+            raise LeaseError(f"listing {prefix}*: no answer within {self.patience:g}s") from None
+
+    async def _holders(self, prefix: str) -> dict[str, Owner]:
         out: dict[str, Owner] = {}
         try:
             kv = await self.js.key_value(LEASES.name)

@@ -38,6 +38,8 @@ async def _watch_fleet(ctx: RoleContext, sweeper: SeatSweeper) -> None:
         async for entry in watcher:
             if entry is None:
                 continue
+            if not entry.key.startswith(("node.", "seat.")):
+                continue  # duties, conversations: not the sweep's business
             if entry.operation in ("DEL", "PURGE"):
                 nodes.discard(entry.key)
                 sweeper.wake()

@@ -62,7 +62,9 @@ class SeatSweeper:
         self.releases = releases
         self.on_claim = on_claim
         self.on_release = on_release
-        self.seats: list[SeatView] = []
+        # None until the first company revision arrives: before that the sweep
+        # only renews (everything would look "not in the company" otherwise).
+        self.seats: list[SeatView] | None = None
         self.held: dict[str, Held] = {}
         self.last_renew: float | None = None
         self._claims: deque[float] = deque()
@@ -91,11 +93,14 @@ class SeatSweeper:
         self._stopping = stopping
         try:
             while not stopping.is_set():
+                self._wake.clear()  # before: a change seen during the sweep wakes the next
+                started = time.monotonic()
                 try:
                     await self.sweep()
                 except LeaseError as exc:
                     log.event("sweep_failed", "warning", error=str(exc))
-                self._wake.clear()
+                # Early sweeps are spaced, so a burst of changes is one sweep.
+                await asyncio.sleep(max(0.0, self.interval / 10 - (time.monotonic() - started)))
                 waiting = asyncio.ensure_future(self._wake.wait())
                 halt = asyncio.ensure_future(stopping.wait())
                 await asyncio.wait({waiting, halt}, timeout=self.interval,
@@ -110,7 +115,14 @@ class SeatSweeper:
     async def sweep(self) -> None:
         self.sweeps += 1
         await self._renew()
+        if self.seats is None:
+            return  # no company yet: hold what we hold, decide nothing
         nodes = await self.leases.holders("node.")
+        mine = nodes.get(f"node.{self.me.id}")
+        if mine is None or mine.boot != self.boot:
+            # Our node has not joined (yet), or another node holds our id:
+            # never act on the fleet under an identity we do not own.
+            return
         owners = await self.leases.holders("seat.")
         await self._recover(owners)
         live = [NodeView(k.removeprefix("node."), dict(o.info.get("labels", {})))
@@ -129,23 +141,30 @@ class SeatSweeper:
                 await self.on_claim(seat, held)
 
     async def _renew(self) -> None:
-        all_renewed = True
+        """Renew every held seat at once; drop the lost and the stale."""
         started = time.monotonic()
+        # Stale by our own clock (we were paused): stop acting first, ask after.
         for seat, held in list(self.held.items()):
-            if self._stopping.is_set():
-                return  # stopping: the release of everything comes next
-            try:
-                renewed = await self.leases.renew(held)
-            except LeaseError as exc:
-                all_renewed = False
-                if not held.fresh():
-                    await self._drop(seat, f"renewal unknown and the lease is stale: {exc}")
+            if not held.fresh(started):
+                await self._drop(seat, "lease stale on waking")
+        seats = list(self.held)
+        results = await asyncio.gather(*(self.leases.renew(self.held[s]) for s in seats),
+                                       return_exceptions=True)
+        all_renewed = True
+        for seat, result in zip(seats, results):
+            if seat not in self.held:
                 continue
-            if renewed is None:
+            if isinstance(result, BaseException):
+                all_renewed = False
+                if not isinstance(result, LeaseError):
+                    raise result
+                if not self.held[seat].fresh():
+                    await self._drop(seat, f"renewal unknown and the lease is stale: {result}")
+            elif result is None:
                 all_renewed = False
                 await self._drop(seat, "lease lost")
             else:
-                self.held[seat] = renewed
+                self.held[seat] = result
         if all_renewed:
             self.last_renew = started
 
@@ -155,11 +174,16 @@ class SeatSweeper:
             seat = key.removeprefix("seat.")
             if owner.node != self.me.id or seat in self.held:
                 continue
+            if not self._budget(self._claims, self.claims):
+                return  # adopting spawns a seat's work too: it counts as a claim
             if owner.boot == self.boot:
                 held = await self.leases.renew(
                     Held(key, owner.token, owner.revision, renewed=0.0, ttl=self.leases.ttl))
             else:
+                # An earlier incarnation of this node: our presence is ours
+                # (checked by the caller), so that process is gone.
                 held = await self.leases.take_over(owner, key)
+            self._claims.append(time.monotonic())
             if held is not None:
                 self.held[seat] = held
                 await self.on_claim(seat, held)

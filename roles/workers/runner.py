@@ -64,6 +64,10 @@ class DutyRunner:
                 if held is not None:
                     self._start(duty, held)
                 return
+            if not held.fresh():
+                # Stale by our own clock (we were paused): stop before asking.
+                self._stop(duty.name, "lease stale on waking")
+                return
             renewed = await self.leases.renew(held)
         except LeaseError as exc:
             log.event("duty_lease_unknown", "warning", duty=duty.name, error=str(exc))

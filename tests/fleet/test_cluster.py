@@ -233,14 +233,18 @@ def test_jetstream_helper_uses_the_domain_only_from_a_leaf(tmp_path):
 
 
 @pytest.mark.fleet
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(180)
 def test_seats_over_an_embedded_r3_cluster_survive_a_member_killed(make_node, short_tmp):
     """The README's fleet, shortened: three data nodes whose brokers are one R3
     cluster, a company applied, its seats spread; kill -9 one node's whole
     process tree and the survivors — on a cluster with one member gone — hold
     every seat within the lease TTL plus two sweeps (and some slack)."""
-    from tests.fleet.test_fleet import FAST, apply, company, spread
+    from tests.fleet.test_fleet import apply, company, spread
 
+    # A TTL longer than a stream leader election (~5 s, DESIGN §4): a member
+    # killed may have led the leases bucket, and the survivors' renewals wait
+    # out the election without their leases lapsing.
+    FAST = {"heartbeat": 3, "lease_ttl": 10, "sweep": 0.5}
     cports = [free_port() for _ in range(3)]
     nodes = []
     for i in range(3):
@@ -262,10 +266,12 @@ def test_seats_over_an_embedded_r3_cluster_survive_a_member_killed(make_node, sh
     wait_for(lambda: (c := spread(nodes[0])) and set(c) == {"m0", "m1"}, 60,
              what="the two survivors holding all 30 seats")
     took = time.monotonic() - t0
+    # TTL + two sweeps, plus a stream leader election when the victim led the
+    # leases bucket (~5 s measured, sometimes more under load).
     assert took < FAST["lease_ttl"] + 2 * FAST["sweep"] + 10, took
-    # Leases keep renewing on the two-member quorum: for two TTLs (every lease
-    # renewed several times over) all 30 stay held, 15 and 15.
-    deadline = time.monotonic() + 2 * FAST["lease_ttl"]
+    # Leases keep renewing on the two-member quorum: for a TTL (every lease
+    # renewed many times over) all 30 stay held, 15 and 15.
+    deadline = time.monotonic() + FAST["lease_ttl"]
     while time.monotonic() < deadline:
         counts = spread(nodes[0])
         assert counts and sorted(counts.values()) == [15, 15], counts
