@@ -636,7 +636,7 @@ def print_text(rep: dict[str, Any]) -> None:
         print(f"   {op:9} {t['crewlet']['ops']:5d} {t['crewlet']['ops_per_s']:10.0f} "
               f"{t['bare']['ops_per_s']:10.0f}   {_x(t['ratio']):>12}   {rounds}")
     print("   " + "; ".join(f"{op}: {c} vs {b}" for op, (c, b) in labels.items()))
-    print("   (Leases.claim reads the key, then writes it: 2 round trips, kv.create of a new key 1;"
+    print("   (Leases.claim writes first: 1 round trip for a never-written key, like kv.create;"
           " renew adds a Nats-Msg-Id)")
     print()
     h = rep["handover"]
@@ -649,8 +649,8 @@ def print_text(rep: dict[str, Any]) -> None:
         print(f"   {label:34} {t['n']:4d} {t['median']:8.2f} {t['p95']:8.2f} {t['max']:8.2f}"
               f"   {'':14}{s['median']:8.2f} {s['p95']:6.2f}")
     print(f"   {'crewlet/bare':34} {'':4} {_x(h['ratio']['median']):>8} {_x(h['ratio']['p95']):>8}")
-    print("   (B's claim after a delete: Leases.claim = direct get + CAS, 2 round trips; bare kv.create"
-          " on a deleted key fails, reads, retries: 3)")
+    print("   (B's claim after a delete: Leases.claim = refused write, leader get, CAS: 3 round trips;"
+          " bare kv.create on a deleted key fails, reads, retries: 3)")
     print(f"   B's first claim refused after the delete showed (retried at once; t1 = the claim that "
           f"succeeded): crewlet {h['crewlet']['first_claim_refused']}/{h['crewlet']['total_ms']['n']}, "
           f"bare {h['bare']['first_claim_refused']}/{h['bare']['total_ms']['n']}")
