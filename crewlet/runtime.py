@@ -39,6 +39,8 @@ from crewlet.watchdog import Watchdog
 # The parent-death signal of role children: distinct from SIGTERM, which is a
 # request to stop, so a child orphaned by its zygote's death exits non-zero.
 PARENT_GONE = signal.SIGUSR2
+# Seconds between a role's re-asks of the company in force (see companies()).
+COMPANY_RECHECK = 30.0
 
 
 class RoleContext:
@@ -78,21 +80,27 @@ class RoleContext:
         sub.setsockopt(zmq.SUBSCRIBE, b"company")
         sub.connect(ipc.endpoint(self.run_dir, "events"))
         try:
-            # Subscribed first, then asked: nothing applied in between is missed.
-            reply = await ipc.acall(self.zmq, self.run_dir, "company", timeout=5.0)
-            current = (reply.get("result") or {}).get("company")
             seen = None
-            if current is not None:
-                seen = current.get("epoch")
-                yield current
             while True:
-                topic, payload = await sub.recv_multipart()
-                if topic != b"company":
-                    continue  # a prefix match: "company_applied" and the like
-                update = ipc.unpack(payload)
-                if update.get("epoch") != seen:
-                    seen = update.get("epoch")
-                    yield update
+                # A SUB's subscription may reach crewletd a moment after our
+                # request does, so a broadcast in between could be missed:
+                # besides listening, ask again every COMPANY_RECHECK seconds.
+                reply = await ipc.acall(self.zmq, self.run_dir, "company", timeout=5.0)
+                current = (reply.get("result") or {}).get("company")
+                if current is not None and current.get("epoch") != seen:
+                    seen = current.get("epoch")
+                    yield current
+                deadline = asyncio.get_running_loop().time() + COMPANY_RECHECK
+                while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                    if not await sub.poll(int(left * 1000) + 1):
+                        break
+                    topic, payload = await sub.recv_multipart()
+                    if topic != b"company":
+                        continue  # a prefix match: "company_applied" and the like
+                    update = ipc.unpack(payload)
+                    if update.get("epoch") != seen:
+                        seen = update.get("epoch")
+                        yield update
         finally:
             sub.close()
 
