@@ -19,12 +19,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-import yaml
 from pydantic import ValidationError
 
 from crewlet.company.model import At, Company
-from crewlet.config import ConfigError, expand_env
-from crewlet.config.load import _Loader, _problem, _show, dotted  # Tier A's rules, shared on purpose
+from crewlet.config import ConfigError
+from crewlet.config.load import _problem, _show, dotted, expand_tree, parse_yaml  # Tier A's rules, shared on purpose
 
 
 def load_company(path: str | os.PathLike) -> Company:
@@ -46,37 +45,16 @@ def load_company(path: str | os.PathLike) -> Company:
 
 def parse_company(text: str, source: str = "<company>", env: Mapping[str, str] | None = None) -> Company:
     """Parse, expand (from *env*, default ``os.environ``) and validate *text*."""
-    data = _parse_yaml(text, source)
+    data = parse_yaml(text, source)
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source, None, f"the top level must be a mapping of keys, got {_show(data)}")
-    data = _expand(data, os.environ if env is None else env, (), source)
+    data = expand_tree(data, os.environ if env is None else env, (), source)
     try:
         return Company.model_validate(data)
     except ValidationError as e:
         raise _from_validation(e, source) from None
-
-
-def _parse_yaml(text: str, source: str) -> object:
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(source, None, f"invalid YAML{where}: {e.problem or e.context}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(source, None, f"invalid YAML: {e}") from None
-
-
-def _expand(obj: object, env: Mapping[str, str], loc: tuple, file: str) -> object:
-    if isinstance(obj, str):
-        return expand_env(obj, env, dotted(loc), file=file)
-    if isinstance(obj, dict):
-        return {k: _expand(v, env, (*loc, k), file) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_expand(v, env, (*loc, i), file) for i, v in enumerate(obj)]
-    return obj
 
 
 def _key_and_problem(err: dict) -> tuple[str | None, str]:

@@ -98,13 +98,14 @@ def dotted(loc: tuple) -> str:
     return out
 
 
-def _expand_tree(obj: object, env: Mapping[str, str], loc: tuple, file: str) -> object:
+def expand_tree(obj: object, env: Mapping[str, str], loc: tuple, file: str) -> object:
+    """``expand_env`` over every string scalar of *obj* (keys untouched)."""
     if isinstance(obj, str):
         return expand_env(obj, env, dotted(loc), file=file)
     if isinstance(obj, dict):
-        return {k: _expand_tree(v, env, (*loc, k), file) for k, v in obj.items()}
+        return {k: expand_tree(v, env, (*loc, k), file) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_expand_tree(v, env, (*loc, i), file) for i, v in enumerate(obj)]
+        return [expand_tree(v, env, (*loc, i), file) for i, v in enumerate(obj)]
     return obj
 
 
@@ -131,19 +132,27 @@ class _Loader(yaml.SafeLoader):
 def _read_yaml(path: str) -> object:
     try:
         with open(path, encoding="utf-8") as f:
-            return yaml.load(f, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+            text = f.read()
     except FileNotFoundError:
         raise ConfigError(path, None, "no such file") from None
     except OSError as e:
         raise ConfigError(path, None, f"cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(path, None, f"not UTF-8 text: {e.reason} at byte {e.start}") from None
+    return parse_yaml(text, path)
+
+
+def parse_yaml(text: str, source: str) -> object:
+    """YAML *text* as data; duplicate keys and syntax errors are ConfigErrors
+    naming *source*, the line and the column. Shared by every config tier."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(path, None, f"invalid YAML{where}: {e.problem or e.context}") from None
+        raise ConfigError(source, None, f"invalid YAML{where}: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(path, None, f"invalid YAML: {e}") from None
+        raise ConfigError(source, None, f"invalid YAML: {e}") from None
 
 
 def _show(value: object) -> str:
@@ -225,7 +234,7 @@ def load_node_config(path: str | os.PathLike | None = None) -> NodeConfig:
         raise ConfigError(source, None, f"the top level must be a mapping of keys, got {_show(data)}")
     warnings: list[str] = []
     _default_node_id(data, env, warnings)
-    data = _expand_tree(data, env, (), source)
+    data = expand_tree(data, env, (), source)
     base_dir = os.path.dirname(os.path.abspath(file)) if file is not None else None
     try:
         cfg = NodeConfig.model_validate(data, context={"base_dir": base_dir})
