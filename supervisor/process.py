@@ -237,12 +237,23 @@ def process_child(host: ProcessHost, name: str, *, target: str, kwargs: dict[str
 
     async def start(incarnation: int) -> ProcessRunning:
         r, w = os.pipe()
+        fork = asyncio.ensure_future(host.zygote.fork(
+            target, {**kwargs, "incarnation": incarnation}, title=title, out_fd=w,
+            pdeathsig=pdeathsig))
         try:
-            pid = await host.zygote.fork(target, {**kwargs, "incarnation": incarnation},
-                                         title=title, out_fd=w, pdeathsig=pdeathsig)
+            pid = await asyncio.shield(fork)
         except (ZygoteGone, ForkFailed) as exc:
             os.close(r)
             raise StartFailed(ExitInfo(None, None, str(exc))) from exc
+        except asyncio.CancelledError:
+            # Cancelled while the zygote forks: the child exists (or is about
+            # to); learn its pid and kill it rather than leave it behind.
+            os.close(r)
+            try:
+                procs.signal_group(await fork, signal.SIGKILL)
+            except (ZygoteGone, ForkFailed):
+                pass
+            raise
         finally:
             os.close(w)
         host.pump(r, role=name, pid=pid)

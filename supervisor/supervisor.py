@@ -331,7 +331,10 @@ class Supervisor:
         try:
             await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
+            # Cancelled ourselves: the start's own cleanup (killing the child
+            # it forked) must have run before we go on.
             start.cancel()
+            await asyncio.wait({start})
             raise
         finally:
             stop.cancel()

@@ -79,10 +79,14 @@ async def until(predicate, timeout: float = 5.0, what: str = "condition"):
     return value
 
 
-def _pid_titled(title: str) -> int | None:
-    for proc in psutil.process_iter(["cmdline"]):
-        if proc.info["cmdline"] and proc.info["cmdline"][0] == title:
-            return proc.pid
+def _pid_titled(parent: int, title: str) -> int | None:
+    """The child of *parent* whose process title is *title*."""
+    for proc in psutil.Process(parent).children():
+        try:
+            if proc.cmdline()[:1] == [title]:
+                return proc.pid
+        except psutil.Error:
+            pass
     return None
 
 
@@ -418,7 +422,7 @@ def test_cancelling_a_start_stops_the_child_being_started(short_tmp):
         starting = asyncio.create_task(sup.start())
         await until(lambda: child(sup, "a")["state"] == "running", what="a running")
         a = pids(sup)["a"]
-        slow = await until(lambda: _pid_titled("kid slow"), what="slow forked")
+        slow = await until(lambda: _pid_titled(h.zygote.pid, "kid slow"), what="slow forked")
         t0 = time.monotonic()
         starting.cancel()
         with pytest.raises(asyncio.CancelledError):
