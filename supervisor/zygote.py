@@ -196,7 +196,8 @@ class Zygote:
     """crewletd's handle on its zygote: start it, fork children, learn of exits.
 
     Invariants: ``_forks`` holds a future per fork request not yet answered;
-    ``_exits`` holds a future per forked pid whose exit is not yet reported.
+    ``_exits`` holds a future per forked pid until its exit is reported and
+    taken (:meth:`exit_of`).
     The zygote is (re)started lazily by :meth:`fork` when it is not running.
     """
 
@@ -271,10 +272,16 @@ class Zygote:
         self.pid = None
 
     def exit_of(self, pid: int) -> asyncio.Future[int]:
-        """A future resolved with *pid*'s raw wait status when it exits."""
+        """A future resolved with *pid*'s raw wait status when it exits.
+
+        The exit may already have been reported (a child that died at once can
+        have its ``exited`` read right after its ``forked``, before the forker
+        resumed): the future is kept until asked for, then dropped once done.
+        """
         fut = self._exits.get(pid)
         if fut is None:
             fut = self._exits[pid] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda _: self._exits.pop(pid, None))
         return fut
 
     def deliver_exit(self, pid: int, status: int) -> bool:
@@ -311,7 +318,6 @@ class Zygote:
                 fut = self._exits[msg["pid"]] = asyncio.get_running_loop().create_future()
             if not fut.done():
                 fut.set_result(msg["status"])
-            self._exits.pop(msg["pid"], None)
 
     def _lost(self) -> None:
         """The zygote's socket closed: it died. Pending forks fail; children it
