@@ -8,12 +8,17 @@ is its help. A request is ``{"id", "op", "deadline", "args"}``; the reply is
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import zmq
+from nats.js.errors import NotFoundError
 
 from crewlet import ipc, log
+from crewlet.company.model import Company
+from crewlet.queue.base import MailboxError
 
 if TYPE_CHECKING:
     from supervisor.node import Node
@@ -55,11 +60,128 @@ async def stop(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     return {"stopping": True}
 
 
+def _mail(node: "Node"):
+    """The fleet child's mailboxes and the company in force, or a refusal saying why not."""
+    fleet = node.fleet
+    if fleet is None or fleet.mailboxes is None:
+        raise CommandError("this node has not joined the fleet yet")
+    if fleet.company is None:
+        raise CommandError("no company is applied yet (crewletctl apply FILE)")
+    return fleet, fleet.mailboxes, Company.model_validate(fleet.company["company"])
+
+
+def _seat_arg(company: Company, args: dict[str, Any], key: str = "seat") -> str:
+    seat = args.get(key)
+    if not isinstance(seat, str) or seat not in {s.name for s in company.seats}:
+        known = ", ".join(s.name for s in company.seats[:10])
+        more = ", …" if len(company.seats) > 10 else ""
+        raise CommandError(f"no seat named {seat!r} in the company; seats: {known}{more}")
+    return seat
+
+
+async def send(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """Put ``text`` in the mailbox of ``seat`` (``trigger``: an id that makes a resend land
+    once; ``wait``: seconds to wait for the turn that works it, whose record is answered)."""
+    fleet, mailboxes, company = _mail(node)
+    seat = _seat_arg(company, args)
+    text = args.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise CommandError("text must be a non-empty string")
+    trigger = args.get("trigger") or uuid.uuid4().hex
+    wait = args.get("wait")
+    headers = {"Crewlet-From": f"crewletctl@{node.cfg.node.id}"}
+    if not wait:
+        seq = await mailboxes.send(seat, text, trigger=trigger, headers=headers)
+        return {"seat": seat, "seq": seq, "trigger": trigger, "turn": None}
+    # Listen before sending, so a quick turn's record is not missed.
+    done: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def seen(msg) -> None:
+        try:
+            record = json.loads(msg.data)
+        except ValueError:
+            return
+        if record.get("trigger") == trigger and record.get("outcome") != "running" and not done.done():
+            done.set_result(record)
+
+    sub = await fleet.nc.subscribe(f"events.turn.{seat}", cb=seen)
+    try:
+        seq = await mailboxes.send(seat, text, trigger=trigger, headers=headers)
+        try:
+            turn = await asyncio.wait_for(done, float(wait))
+        except asyncio.TimeoutError:
+            turn = None
+    finally:
+        await sub.unsubscribe()
+    return {"seat": seat, "seq": seq, "trigger": trigger, "turn": turn}
+
+
+async def seats(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """Every seat of the company: owner, mailbox pending and in flight, last turn, dead letters."""
+    fleet, mailboxes, company = _mail(node)
+    js = fleet._js
+    owners = {s["name"].removeprefix("seat."): s for s in fleet.view()["seats"]}
+    limit = asyncio.Semaphore(SEATS_PARALLEL)
+
+    async def one(seat: str) -> dict[str, Any]:
+        async with limit:
+            row: dict[str, Any] = {"seat": seat, "owner": (owners.get(seat) or {}).get("node"),
+                                   "token": (owners.get(seat) or {}).get("token")}
+            try:
+                row.update(await mailboxes.info(seat))
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            try:
+                msg = await js.get_last_msg("EVENTS", f"events.turn.{seat}")
+                row["last_turn"] = json.loads(msg.data)
+            except NotFoundError:
+                row["last_turn"] = None
+            return row
+
+    rows = await asyncio.gather(*(one(s.name) for s in company.seats))
+    try:
+        info = await js.stream_info("DLQ", subjects_filter="dlq.>")
+        dead = {subject.removeprefix("dlq."): n for subject, n in (info.state.subjects or {}).items()}
+    except Exception:
+        dead = {}
+    for row in rows:
+        row["dead_letters"] = dead.get(row["seat"], 0)
+    return {"seats": rows, "rev": fleet.company.get("rev")}
+
+
+async def dlq(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """Dead letters (``seat``: one seat's; ``limit``), or with ``requeue``: put that one back."""
+    _, mailboxes, company = _mail(node)
+    if args.get("requeue") is not None:
+        seq = args["requeue"]
+        if not isinstance(seq, int) or seq < 1:
+            raise CommandError("requeue takes a dead letter's number (a positive integer)")
+        try:
+            new = await mailboxes.requeue(seq)
+        except (LookupError, MailboxError) as exc:
+            raise CommandError(str(exc)) from None
+        return {"requeued": seq, "seq": new}
+    seat = _seat_arg(company, args) if args.get("seat") is not None else None
+    limit = args.get("limit") or 100
+    letters = await mailboxes.dead_letters(seat, limit=int(limit))
+    return {"dead_letters": [{"seq": d.seq, "seat": d.seat, "reason": d.reason,
+                              "deliveries": d.deliveries, "original_seq": d.original_seq,
+                              "at": d.at, "trigger": d.headers.get("Crewlet-Trigger"),
+                              "text": d.data.decode(errors="replace")}
+                             for d in letters]}
+
+
+# Mailbox infos asked at once by `seats`.
+SEATS_PARALLEL = 32
+
 COMMANDS: dict[str, Callable[["Node", dict[str, Any]], Awaitable[dict[str, Any]]]] = {
     "status": status,
     "company": company,
     "restart": restart,
     "stop": stop,
+    "send": send,
+    "seats": seats,
+    "dlq": dlq,
 }
 
 

@@ -16,6 +16,9 @@ and before the roles, holding crewletd's one NATS connection:
   (topic ``company``) and to any role asking ``control`` for ``company``. A
   revision that does not validate is recorded with its error in ``status``
   and the previous one stays in force;
+* before it hands a revision to the roles it creates every seat's mailbox
+  that does not exist yet (DESIGN §5: before anything publishes), and sizes
+  the mailbox stream for the company;
 * it records in the ``status`` bucket the revision this node reached;
 * on a clean stop it leaves: removes its presence, so peers react at once.
 """
@@ -35,6 +38,7 @@ from crewlet.coord import buckets
 from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionNotFound
 from crewlet.coord.lease import LeaseError, Leases
 from crewlet.coord.presence import DuplicateNode, Presence
+from crewlet.queue.jetstream import JetStreamMailboxes
 from roles.workers.duties import fleet_shape
 from supervisor.procs import EXIT_CONFIG
 from supervisor.task import Exit
@@ -45,6 +49,16 @@ def broker_kind(cfg: NodeConfig) -> str:
     if cfg.stream.type == "nats":
         return "external"
     return "leaf" if cfg.stream.leaf is not None else "member"
+
+
+# The mailbox stream's consumer limit (DESIGN §4 pitfall: the 1001st consumer
+# is refused unless it is raised): room for twice the company, so the
+# mailboxes of removed seats can wait for retirement beside their successors.
+MAILBOX_FLOOR = 1000
+
+
+def mailbox_capacity(seats: int) -> int:
+    return max(MAILBOX_FLOOR, 2 * seats)
 
 
 class Fleet:
@@ -71,6 +85,7 @@ class Fleet:
         self.applied: dict[str, Any] | None = None
         self.error: str | None = None
         self._js = None  # set once the fleet's JetStream answered
+        self.mailboxes: JetStreamMailboxes | None = None  # likewise
         self._unmanned: dict[str, Any] | None = None  # last fleet_role_unmanned we logged
         # key -> {"node", "info", "token"}: live leases, kept by a watcher.
         self._lease_view: dict[str, dict[str, Any]] = {}
@@ -130,6 +145,7 @@ class Fleet:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
         self._js = js
+        self.mailboxes = JetStreamMailboxes(js, self.nc)
         self.leases = Leases(js, cfg.node.id, self.boot, cfg.fleet.lease_ttl)
         self.presence = Presence(self.leases, cfg.node.id, cfg.data_dir, self.describe)
         try:
@@ -222,6 +238,7 @@ class Fleet:
             self.error = f"revision {rev}: {type(exc).__name__}: {exc}"
             self.publish("company_refused", "error", rev=rev, epoch=epoch, error=self.error)
         else:
+            await self._ensure_mailboxes(company)
             self.error = None
             self.company = {"rev": rev, "epoch": epoch, "digest": doc.get("digest"),
                             "company": company.model_dump(mode="json")}
@@ -229,6 +246,30 @@ class Fleet:
             self.publish("company_applied", rev=rev, epoch=epoch, seats=len(company.seats))
             self.broadcast("company", self.company)
         await self._record_status()
+
+    async def _ensure_mailboxes(self, company: Company) -> None:
+        """Every seat's mailbox exists before the roles hear of the company.
+
+        Tried until it works: a role told of a seat whose mailbox is missing
+        would fetch from nothing, and mail sent meanwhile would be refused.
+        """
+        assert self.mailboxes is not None
+        seats = [s.name for s in company.seats]
+        pause = 0.2
+        while True:
+            try:
+                started = time.monotonic()
+                await self.mailboxes.ensure_streams(
+                    replicas=self.cfg.stream.replicas, mail_days=company.retention.mail_days,
+                    max_consumers=mailbox_capacity(len(seats)))
+                created = await self.mailboxes.ensure(seats)
+                log.event("mailboxes_ready", seats=len(seats), created=created,
+                          took_ms=round((time.monotonic() - started) * 1000, 1))
+                return
+            except Exception as exc:
+                log.event("mailboxes_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
     async def _record_status(self) -> None:
         record = {"node": self.cfg.node.id, "boot": self.boot, "applied": self.applied,

@@ -313,7 +313,8 @@ class Node:
                     cpu, rss = proc.cpu_percent(None), proc.memory_info().rss
                 except psutil.Error:
                     pass
-            children.append({**c, "cpu_percent": cpu, "rss_bytes": rss})
+            stats = self.host.stats.get(c["pid"]) if c["pid"] else None
+            children.append({**c, "cpu_percent": cpu, "rss_bytes": rss, "stats": stats})
         me = psutil.Process()
         return {
             "node": {

@@ -43,7 +43,8 @@ class ProcessHost:
 
     Invariants: ``_ready[pid]`` is a future for each child started and not yet
     ready; ``_beats[pid]`` is the heartbeat callback of each running child that
-    heartbeats.
+    heartbeats; ``stats[pid]`` the last stats report of each child that
+    sends them (the seats role: its turns), dropped with the child.
     """
 
     def __init__(self, run_dir: str, zygote: Zygote, ctx: zmq.asyncio.Context,
@@ -54,6 +55,7 @@ class ProcessHost:
         self.notify = notify or log.event
         self._ready: dict[int, asyncio.Future[None]] = {}
         self._beats: dict[int, Callable[[], None]] = {}
+        self.stats: dict[int, dict[str, Any]] = {}
         self._health: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task | None = None
 
@@ -87,6 +89,9 @@ class ProcessHost:
                 beat = self._beats.get(pid)
                 if beat is not None:
                     beat()
+            elif kind == "stats":
+                if pid in self._beats:  # a child we run, not one already gone
+                    self.stats[pid] = msg.get("stats") or {}
             elif kind == "ready":
                 # A ready that arrives before its starter asks (our loop was
                 # busy) is kept: ready_of finds the future already resolved.
@@ -171,6 +176,7 @@ class ProcessRunning:
         if self._beat_timer is not None:
             self._beat_timer.cancel()
         self.host._beats.pop(self.pid, None)
+        self.host.stats.pop(self.pid, None)
         self.host.forget(self.pid)
         # Whatever the child started went with it: its reaper SIGKILLed the
         # group while the child's zombie still held the group id.

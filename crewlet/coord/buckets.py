@@ -18,7 +18,11 @@ cooldowns  <provider>.<key id>                             provider key cooling
 rate       <valve>                                         the notification valve
 budgets    org, seat.<id>                                  token spend against caps
 objects    store                                           which file store is used
+notes      <seat>                                          a seat's private notes
 =========  ==============================================  =========================
+
+``notes`` is not in DESIGN §4's table: a seat's private notes live here until
+the estate (the seat diary) takes them over.
 """
 
 from __future__ import annotations
@@ -47,8 +51,9 @@ COOLDOWNS = Bucket("cooldowns")
 RATE = Bucket("rate")
 BUDGETS = Bucket("budgets")
 OBJECTS = Bucket("objects")
+NOTES = Bucket("notes")
 
-ALL = (LEASES, CONFIG, STATUS, LEDGER, CLAIMS, COOLDOWNS, RATE, BUDGETS, OBJECTS)
+ALL = (LEASES, CONFIG, STATUS, LEDGER, CLAIMS, COOLDOWNS, RATE, BUDGETS, OBJECTS, NOTES)
 
 
 async def ensure(js: JetStreamContext, bucket: Bucket, replicas: int) -> KeyValue:

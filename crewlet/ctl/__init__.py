@@ -178,7 +178,7 @@ def main() -> None:
 
 
 # The command modules import the names above, so they come last.
-from crewlet.ctl import apply, history, restart, status, stop  # noqa: E402
+from crewlet.ctl import apply, dlq, history, restart, seats, send, status, stop  # noqa: E402
 
-for _module in (status, restart, stop, apply, history):
+for _module in (status, restart, stop, apply, history, send, seats, dlq):
     cli.add_command(getattr(_module, _module.__name__.rpartition(".")[2]))

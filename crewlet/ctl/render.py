@@ -1,11 +1,19 @@
-"""How ``crewletctl status`` looks: the status dict as rich renderables.
+"""How crewletctl looks: the results crewletd sends, as rich renderables.
 
-Pure functions of a status dict (the ``result`` crewletd sends for
-``status``) and the wall-clock ``now``, so they are tested without a node.
-:func:`normalize` gives the dict the stable keys ``--json`` promises.
+Pure functions of a result dict (what crewletd answers for ``status``,
+``seats``, ``dlq`` or ``send``) and the wall-clock ``now``, so they are
+tested without a node. :func:`normalize` (and :func:`normalize_seats`,
+:func:`normalize_dead_letters`) give the dicts the stable keys ``--json``
+promises.
 
 The ``fleet`` key is the fleet as this node sees it (``Fleet.view()`` in
-supervisor/fleet.py), null while the node is not in one.
+supervisor/fleet.py), null while the node is not in one. The ``stats`` of
+the child named ``seats`` is its turn engine's last report (running turns,
+slots, per seat its last turn), null until it sent one.
+
+A turn record is what one seat's turn did (``TurnRecord`` in
+crewlet/agent/turn.py); the stats keep a short form of each seat's last one
+(``trigger, outcome, at, took_ms, error``, ``at`` being its start).
 """
 
 from __future__ import annotations
@@ -20,20 +28,36 @@ from rich.text import Text
 
 # Keys every node / child / last_exit has in --json output (None when unknown).
 NODE_KEYS = ("id", "roles", "pid", "uptime_s", "version", "broker", "data_dir", "config")
-CHILD_KEYS = ("name", "pid", "state", "restarts", "uptime_s", "last_exit", "cpu_percent", "rss_bytes")
+CHILD_KEYS = ("name", "pid", "state", "restarts", "uptime_s", "last_exit", "cpu_percent", "rss_bytes",
+              "stats")
 EXIT_KEYS = ("code", "signal", "reason", "at")
 # Keys of ``fleet`` (when not null) and of its nodes / seats / duties in --json output.
 FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties")
 FLEET_NODE_KEYS = ("id", "roles", "broker", "labels", "version", "rev", "renewed_at", "applied",
                    "status_error", "seats", "duties")
 FLEET_LEASE_KEYS = ("name", "node", "token")  # a seat or a duty and who holds it
+# Keys of a row of ``seats`` and of a dead letter in --json output.
+SEAT_KEYS = ("seat", "owner", "token", "pending", "in_flight", "redelivered", "ack_floor", "dead_letters",
+             "last_turn", "error")
+DEAD_LETTER_KEYS = ("seq", "seat", "reason", "deliveries", "original_seq", "at", "trigger", "text")
 
 STATE_STYLE = {
     "running": "green",
     "starting": "yellow", "backoff": "yellow", "stopping": "yellow",
     "exited": "red", "fatal": "bold red", "stopped": "red",
 }
+OUTCOME_STYLE = {
+    "done": "green", "skipped": "dim",
+    "fenced": "yellow", "interrupted": "yellow", "deferred": "yellow",
+    "failed": "red", "running": "cyan",
+}
 NONE = "-"
+# Seat names a turns line lists before "+N more": 32 turn slots would fill a screen.
+NAMES_SHOWN = 12
+# Finished turns the live status lists: enough to see the node work, few enough to fit.
+RECENT_TURNS = 5
+# Characters of a dead letter's text in its row (one line of a wide table).
+LETTER_TEXT = 60
 
 
 def normalize(status: dict[str, Any]) -> dict[str, Any]:
@@ -64,6 +88,19 @@ def normalize_fleet(fleet: dict[str, Any] | None) -> dict[str, Any] | None:
     for key in ("seats", "duties"):
         out[key] = [{**dict.fromkeys(FLEET_LEASE_KEYS), **x} for x in fleet.get(key) or []]
     return out
+
+
+def normalize_seats(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``seats`` result with ``rev`` and every row with SEAT_KEYS (None when
+    unknown, e.g. the mailbox numbers of a row with an ``error``)."""
+    return {**result, "rev": result.get("rev"),
+            "seats": [{**dict.fromkeys(SEAT_KEYS), **row} for row in result.get("seats") or []]}
+
+
+def normalize_dead_letters(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``dlq`` result with every dead letter with DEAD_LETTER_KEYS."""
+    return {**result, "dead_letters": [{**dict.fromkeys(DEAD_LETTER_KEYS), **d}
+                                       for d in result.get("dead_letters") or []]}
 
 
 # ------------------------------------------------------------------ values
@@ -109,6 +146,39 @@ def last_exit_text(last_exit: dict[str, Any] | None, now: float) -> str:
 def state_text(state: str | None) -> Text:
     state = state or "unknown"
     return Text(state, style=STATE_STYLE.get(state, "magenta"))
+
+
+def ago_text(at: Any, now: float) -> str:
+    """'12s ago' for a unix time; '-' for anything else."""
+    return f"{human_duration(now - at)} ago" if isinstance(at, (int, float)) else NONE
+
+
+def took_text(ms: float | None) -> str:
+    """How long a turn took: 850ms, 1.2s, 3m12s; '-' for None."""
+    if not isinstance(ms, (int, float)):
+        return NONE
+    if ms < 1000:
+        return f"{ms:.0f}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    return human_duration(ms / 1000)
+
+
+def outcome_text(outcome: str | None) -> Text:
+    outcome = outcome or "unknown"
+    return Text(outcome, style=OUTCOME_STYLE.get(outcome, "magenta"))
+
+
+def one_line(text: str | None, width: int) -> str:
+    """*text* on one line (whitespace runs made one space), cut to *width* with '…'."""
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= width else flat[:width - 1] + "…"
+
+
+def names_text(names: list[str], shown: int = NAMES_SHOWN) -> str:
+    """'a, b, c' or 'a, b, … +30 more'."""
+    more = f", … +{len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 # ------------------------------------------------------------------ views
@@ -210,7 +280,7 @@ def refusals_lines(nodes: list[dict[str, Any]]) -> list[Text]:
 
 
 def renewed_text(renewed_at: Any, now: float) -> str:
-    return f"{human_duration(now - renewed_at)} ago" if isinstance(renewed_at, (int, float)) else NONE
+    return ago_text(renewed_at, now)
 
 
 def fleet_nodes_table(nodes: list[dict[str, Any]], here_id: str | None, here_rev: Any, now: float) -> Table:
@@ -273,15 +343,89 @@ def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) ->
                  seats_line(fleet.get("seats") or []), duties_line(fleet.get("duties") or []))
 
 
-def status_view(status: dict[str, Any], now: float | None = None, fleet: bool = True) -> RenderableType:
-    """The node header, the children table, the supervisors line and (unless
-    *fleet* is false) the fleet section."""
+# ------------------------------------------------------------------ turns
+
+def seats_stats(children: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The turn engine's last report: the ``stats`` of the child named seats, if it sent one."""
+    for c in children:
+        if c.get("name") == "seats" and isinstance(c.get("stats"), dict):
+            return c["stats"]
+    return None
+
+
+def finished_at(turn: dict[str, Any]) -> float | None:
+    """When a turn (a record, or the stats' short form) ended, as a unix time."""
+    at = turn.get("started_at", turn.get("at"))
+    if not isinstance(at, (int, float)):
+        return None
+    took = turn.get("took_ms")
+    return at + (took / 1000 if isinstance(took, (int, float)) else 0)
+
+
+def turns_line(stats: dict[str, Any]) -> Text:
+    """'turns  2/32 running (peak 5) · 1204 finished · running a, b · deferred c: org budget …':
+    the node's turn slots, and the seats running a turn or held back now."""
+    seats = stats.get("seats") or {}
+    line = Text("turns  ", style="bold")
+    line.append(f"{stats.get('running') or 0}/{stats.get('max_concurrent') or NONE} running "
+                f"(peak {stats.get('peak') or 0}) · {stats.get('turns') or 0} finished")
+    if not seats:
+        line.append(" · no seats held here", style="dim")
+    running = sorted(name for name, s in seats.items() if s.get("running"))
+    if running:
+        line.append(" · running ")
+        line.append(names_text(running), style="cyan")
+    deferred: dict[str, list[str]] = {}
+    for name, s in sorted(seats.items()):
+        if s.get("deferred"):
+            deferred.setdefault(str(s["deferred"]), []).append(name)
+    for reason, names in deferred.items():
+        line.append(f" · deferred {names_text(names)}: {reason}", style="yellow")
+    return line
+
+
+def recent_turns_table(stats: dict[str, Any], now: float, count: int = RECENT_TURNS) -> Table | None:
+    """The last *count* finished turns on this node, newest first (one per seat:
+    the stats keep each seat's last); None before the first."""
+    seats = stats.get("seats") or {}
+    last = [(name, s["last"]) for name, s in seats.items() if isinstance(s.get("last"), dict)]
+    if not last:
+        return None
+    last.sort(key=lambda row: finished_at(row[1]) or 0.0, reverse=True)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for header, justify in (("SEAT", "left"), ("OUTCOME", "left"), ("TOOK", "right"), ("ENDED", "right"),
+                            ("ERROR", "left")):
+        table.add_column(header, justify=justify, no_wrap=header != "ERROR")
+    for name, turn in last[:count]:
+        table.add_row(name, outcome_text(turn.get("outcome")), took_text(turn.get("took_ms")),
+                      ago_text(finished_at(turn), now), Text(str(turn.get("error") or "")))
+    return table
+
+
+def turns_view(stats: dict[str, Any], now: float, recent: bool = False) -> RenderableType:
+    """The turns line, and with *recent* the last few finished turns."""
+    table = recent_turns_table(stats, now) if recent else None
+    if table is None:
+        return turns_line(stats)
+    return Group(turns_line(stats), Text(""), Text("recent turns", style="bold"), table)
+
+
+# ------------------------------------------------------------------ status
+
+def status_view(status: dict[str, Any], now: float | None = None, fleet: bool = True,
+                recent: bool = False) -> RenderableType:
+    """The node header, the children table, the supervisors line, the turns
+    line (when the seats child reported its stats; with *recent* the last
+    finished turns too) and (unless *fleet* is false) the fleet section."""
     now = time.time() if now is None else now
     node = status.get("node") or {}
-    parts: list[RenderableType] = [node_header(node), Text(""),
-                                   children_table(status.get("children") or [], now)]
+    children = status.get("children") or []
+    parts: list[RenderableType] = [node_header(node), Text(""), children_table(children, now)]
     if status.get("supervisors"):
         parts.append(supervisors_line(status["supervisors"]))
+    stats = seats_stats(children)
+    if stats is not None:
+        parts.append(turns_view(stats, now, recent))
     if fleet:
         parts += [Text(""), fleet_view(status.get("fleet"), node.get("id"), now)]
     return Group(*parts)
@@ -290,12 +434,158 @@ def status_view(status: dict[str, Any], now: float | None = None, fleet: bool = 
 def watch_view(status: dict[str, Any] | None, error: str | None, where: str,
                last_ok: float | None, interval: float, now: float | None = None,
                fleet: bool = True) -> RenderableType:
-    """The live view: the status, or why the node is not reachable right now."""
+    """The live view: the status with the recent turns, or why the node is not reachable right now."""
+    now = time.time() if now is None else now
+    body = status_view(status, now, fleet, recent=True) if error is None and status is not None else None
+    return live_view(body, error, where, last_ok, interval, now)
+
+
+def live_view(body: RenderableType | None, error: str | None, where: str, last_ok: float | None,
+              interval: float, now: float | None = None) -> RenderableType:
+    """One frame of a --watch: *body* (None: the node did not answer, *error*
+    says why) above a clock line."""
     now = time.time() if now is None else now
     footer = Text(f"{time.strftime('%H:%M:%S', time.localtime(now))}  every {interval:g}s  "
                   "Ctrl-C to quit", style="dim")
-    if error is None and status is not None:
-        return Group(status_view(status, now, fleet), Text(""), footer)
+    if body is not None:
+        return Group(body, Text(""), footer)
     seen = f"last answer {human_duration(now - last_ok)} ago" if last_ok else "no answer yet"
     return Group(Text(f"node not reachable: {error}", style="bold red"),
                  Text(where, style="dim"), Text(f"{seen}; retrying", style="yellow"), Text(""), footer)
+
+
+# ------------------------------------------------------------------ seats
+
+def last_turn_text(turn: dict[str, Any] | None, now: float) -> Text:
+    """'done 12s ago' (when it ended); '-' before a seat's first turn."""
+    if not isinstance(turn, dict):
+        return Text(NONE)
+    text = outcome_text(turn.get("outcome"))
+    at = finished_at(turn)
+    if at is not None:
+        text.append(f" {ago_text(at, now)}", style="")
+    return text
+
+
+def count_text(n: Any, alarm: str | None = None) -> Text:
+    """A number, styled *alarm* when above 0; '-' when unknown."""
+    if not isinstance(n, int):
+        return Text(NONE)
+    return Text(str(n), style=alarm if alarm and n > 0 else "")
+
+
+def seats_table(rows: list[dict[str, Any]], now: float) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for header, justify in (("SEAT", "left"), ("OWNER", "left"), ("PENDING", "right"), ("IN FLIGHT", "right"),
+                            ("DEAD", "right"), ("LAST TURN", "left"), ("TOOK", "right")):
+        table.add_column(header, justify=justify, no_wrap=True)
+    for r in rows:
+        last = r.get("last_turn") if isinstance(r.get("last_turn"), dict) else {}
+        table.add_row(str(r.get("seat")), str(r.get("owner") or NONE), count_text(r.get("pending")),
+                      count_text(r.get("in_flight")), count_text(r.get("dead_letters"), "red"),
+                      last_turn_text(r.get("last_turn"), now), took_text(last.get("took_ms")))
+    return table
+
+
+def seats_footer(rows: list[dict[str, Any]], rev: Any) -> Text:
+    """'12 seats, 10 owned, 34 pending, 3 in flight, 2 dead letters · company rev 3'."""
+    def total(key: str) -> int:
+        return sum(r[key] for r in rows if isinstance(r.get(key), int))
+
+    owned = sum(1 for r in rows if r.get("owner"))
+    text = Text(f"{plural(len(rows), 'seat')}, {owned} owned, {total('pending')} pending, "
+                f"{total('in_flight')} in flight, ")
+    dead = total("dead_letters")
+    text.append(plural(dead, "dead letter"), style="red" if dead else "")
+    text.append(f" · company rev {NONE if rev is None else rev}", style="dim")
+    return text
+
+
+def seat_errors_lines(rows: list[dict[str, Any]]) -> list[Text]:
+    """'a, b: TimeoutError: ...': the seats whose mailbox could not be read, by error."""
+    by_error: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("error"):
+            by_error.setdefault(str(r["error"]), []).append(str(r.get("seat")))
+    return [Text(f"{names_text(seats)}: {error}", style="red") for error, seats in by_error.items()]
+
+
+def seats_view(result: dict[str, Any], now: float | None = None) -> RenderableType:
+    """The ``seats`` result: one row per seat of the company, the seats whose
+    mailbox could not be read, and the totals."""
+    now = time.time() if now is None else now
+    rows = result.get("seats") or []
+    if not rows:
+        return Text(f"no seats in the company (rev {result.get('rev', NONE)})", style="yellow")
+    return Group(seats_table(rows, now), *seat_errors_lines(rows), seats_footer(rows, result.get("rev")))
+
+
+# ------------------------------------------------------------------ dead letters
+
+def dead_letters_table(letters: list[dict[str, Any]], now: float) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for header, justify in (("SEQ", "right"), ("SEAT", "left"), ("DELIVERIES", "right"), ("REASON", "left"),
+                            ("AGE", "right"), ("TEXT", "left")):
+        wraps = header in ("REASON", "TEXT")  # narrow terminals: these give way
+        table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
+    for d in letters:
+        at = d.get("at")
+        # Text, not str: a str cell is read as rich markup, and mail may contain "[/x]".
+        table.add_row(str(d.get("seq")), str(d.get("seat")), str(d.get("deliveries") or NONE),
+                      Text(str(d.get("reason") or NONE)),
+                      human_duration(now - at) if isinstance(at, (int, float)) else NONE,
+                      Text(one_line(d.get("text"), LETTER_TEXT)))
+    return table
+
+
+def dead_letters_view(result: dict[str, Any], now: float | None = None, seat: str | None = None,
+                      limit: int | None = None) -> RenderableType:
+    """The ``dlq`` result, oldest first, and how to put one back; says when
+    *limit* may have cut the list short."""
+    now = time.time() if now is None else now
+    letters = result.get("dead_letters") or []
+    if not letters:
+        return Text(f"no dead letters{f' for {seat}' if seat else ''}", style="green")
+    footer = f"{plural(len(letters), 'dead letter')}, oldest first"
+    if limit is not None and len(letters) >= limit:
+        footer += f" (the first {limit}: --limit shows more)"
+    return Group(dead_letters_table(letters, now),
+                 Text(f"{footer}; `crewletctl dlq requeue SEQ` puts one back", style="dim"))
+
+
+# ------------------------------------------------------------------ send
+
+def sent_text(result: dict[str, Any]) -> str:
+    """'sent to alice (trigger 3f2a…, seq 12)'."""
+    return f"sent to {result.get('seat')} (trigger {result.get('trigger')}, seq {result.get('seq')})"
+
+
+def turn_text(turn: dict[str, Any]) -> str:
+    """A turn record for a terminal: outcome, rounds, tool calls, tokens and
+    times on one line, a line per tool call, the error, then the reply."""
+    tokens = turn.get("tokens") or {}
+    calls = turn.get("tool_calls") or []
+    head = (f"turn {turn.get('outcome') or 'unknown'} on {turn.get('node') or NONE}: "
+            f"{plural(turn.get('rounds') or 0, 'round')}, {plural(len(calls), 'tool call')}, "
+            f"tokens {tokens.get('input', 0)} in / {tokens.get('output', 0)} out, "
+            f"took {took_text(turn.get('took_ms'))} (provider {took_text(turn.get('provider_ms'))})")
+    if (turn.get("deliveries") or 0) > 1:
+        head += f", delivery {turn['deliveries']}"
+    lines = [head]
+    for call in calls:
+        line, error = f"  round {call.get('round', NONE)}: {call.get('name')}", call.get("error")
+        if error:  # a message, or just True
+            line += f" failed: {error}" if isinstance(error, str) else " failed"
+        lines.append(line)
+    if turn.get("error"):
+        lines.append(f"error: {turn['error']}")
+    if turn.get("outcome") in ("failed", "fenced", "interrupted"):
+        lines.append("the mail goes back to the mailbox for another delivery, or to the dead letters "
+                     "(crewletctl dlq) when it cannot pass")
+    if turn.get("reply"):
+        lines += ["", str(turn["reply"])]
+    return "\n".join(lines)
+
+
+def no_turn_text(wait: float) -> str:
+    return f"no turn finished within {wait:g}s (the mail is in the mailbox)"

@@ -1,23 +1,43 @@
-"""The seats role: seat leases now; mailboxes and turns in the turns issue.
+"""The seats role: seat leases, mailboxes, turns and MCP servers (DESIGN §5).
 
 It follows the company revisions this node applies (from crewletd), runs the
-seat sweep (:mod:`roles.seats.sweeper`), and sweeps early when the fleet
-changes: a seat or node lease deleted or expired, or a node appearing.
+seat sweep (:mod:`roles.seats.sweeper`) — sweeping early when the fleet
+changes: a seat or node lease deleted or expired, or a node appearing — and
+the turn loop (:mod:`roles.seats.turns`), whose hooks start and stop a seat's
+work as its lease is claimed and released.
+
+Every process a seat spawns (MCP servers, CLI agents) carries the mark
+``CREWLET_SPAWNED_BY=<node>/seats``; a new seats process first kills what an
+earlier one left behind (:func:`crewlet.agent.janitor.kill_marked`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 from crewlet import log
+from crewlet.agent.janitor import kill_marked
+from crewlet.agent.tools import Notes
+from crewlet.company import Company
 from crewlet.coord.buckets import LEASES
+from crewlet.coord.counters import Budgets, Cooldowns, Ledger
 from crewlet.coord.lease import Leases
+from crewlet.queue.jetstream import JetStreamMailboxes
 from crewlet.runtime import RoleContext
 from roles.seats.sweeper import SeatSweeper
+from roles.seats.turns import STATS_EVERY, TurnEngine
+
+# Days a ledger entry outlives the mail retention it answers for.
+LEDGER_MARGIN_DAYS = 1
 
 
-async def _follow(ctx: RoleContext, sweeper: SeatSweeper) -> None:
+async def _follow(ctx: RoleContext, sweeper: SeatSweeper, engine: TurnEngine) -> None:
     async for company in ctx.companies():
+        model = Company.model_validate(company["company"])
+        engine.set_company(model)
+        engine.ledger.ttl = (model.retention.mail_days + LEDGER_MARGIN_DAYS) * 86400
         sweeper.set_company(company["company"])
         log.event("seats_company", rev=company["rev"], seats=len(sweeper.seats))
 
@@ -50,22 +70,57 @@ async def _watch_fleet(ctx: RoleContext, sweeper: SeatSweeper) -> None:
         await watcher.stop()
 
 
+async def _report(ctx: RoleContext, engine: TurnEngine) -> None:
+    """Tell crewletd what the turns are doing (crewletctl status shows it)."""
+    while True:
+        await ctx.report("stats", stats=engine.stats())
+        await asyncio.sleep(STATS_EVERY)
+
+
 async def main(ctx: RoleContext) -> None:
     fleet = ctx.config.fleet
-    leases = Leases(ctx.jetstream(), ctx.node_id, ctx.boot, fleet.lease_ttl)
+    mark = f"{ctx.node_id}/seats"
+    os.environ["CREWLET_SPAWN_MARK"] = mark  # the cli provider marks its agents with it
+    # Commands installed beside crewlet (crewlet-demo-mcp in a venv) resolve
+    # even when that venv's bin dir is not on the PATH crewletd was started with.
+    bindir = os.path.dirname(sys.executable)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join(filter(None, [bindir, os.environ.get("PATH")]))
+    left = kill_marked(mark)
+    if left:
+        log.event("seats_leftovers_killed", "warning", pids=left)
+    js = ctx.jetstream()
+    leases = Leases(js, ctx.node_id, ctx.boot, fleet.lease_ttl)
     sweeper = SeatSweeper(leases, ctx.node_id, ctx.config.node.labels, boot=ctx.boot,
                           sweep=fleet.sweep, heartbeat=fleet.heartbeat,
                           claims=fleet.claims_per_sweep, releases=fleet.releases_per_sweep)
+    mailboxes = JetStreamMailboxes(js, ctx.nats)
+    engine = TurnEngine(node=ctx.node_id, run_dir=ctx.run_dir, mark=mark, mailboxes=mailboxes,
+                        ledger=Ledger(js, ttl=86400 * 15), budgets=Budgets(js),
+                        cooldowns=Cooldowns(js), notes=Notes(js), sweeper=sweeper,
+                        max_concurrent=ctx.config.node.max_concurrent, events_js=js)
+    sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
     ctx.sweeper = sweeper  # the turn loop reads admission from here
-    helpers = [asyncio.create_task(_follow(ctx, sweeper)),
-               asyncio.create_task(_watch_fleet(ctx, sweeper))]
+    # Mail wakes its seat: a plain subscription, no JetStream state per seat.
+    async def wake(msg) -> None:
+        engine.wake(msg.subject.rpartition(".")[2])
+
+    wakes = await ctx.nats.subscribe("agents.inbox.*", cb=wake)
+    helpers = [asyncio.create_task(_follow(ctx, sweeper, engine)),
+               asyncio.create_task(_watch_fleet(ctx, sweeper)),
+               asyncio.create_task(engine.budgets.run(ctx.stopping)),
+               asyncio.create_task(_report(ctx, engine))]
     for task in helpers:
         # These must run as long as the role does: one that fails ends the
         # role (and so is restarted by its supervisor), never silently.
-        task.add_done_callback(lambda t: t.cancelled() or ctx.fail(t.exception()))
+        task.add_done_callback(lambda t: t.cancelled() or ctx.stopping.is_set()
+                               or ctx.fail(t.exception()))
     await ctx.ready()
     try:
         await sweeper.run(ctx.stopping)
     finally:
+        await wakes.unsubscribe()
+        await engine.close()
+        await engine.budgets.flush()
         for task in helpers:
             task.cancel()

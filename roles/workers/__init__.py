@@ -6,6 +6,9 @@ the fleet, the holder of its ``duty.<name>`` lease (:mod:`roles.workers.runner`)
 
 from __future__ import annotations
 
+import asyncio
+
+from crewlet.company import Company
 from crewlet.coord.lease import Leases
 from crewlet.runtime import RoleContext
 from roles.workers.duties import DUTIES
@@ -14,6 +17,16 @@ from roles.workers.runner import DutyRunner
 
 async def main(ctx: RoleContext) -> None:
     leases = Leases(ctx.jetstream(), ctx.node_id, ctx.boot, ctx.config.fleet.lease_ttl)
-    runner = DutyRunner(ctx.config, leases, DUTIES)
+    runner = DutyRunner(ctx.config, leases, DUTIES, role=ctx)
+
+    async def follow() -> None:
+        async for company in ctx.companies():
+            runner.company = Company.model_validate(company["company"])
+
+    following = asyncio.create_task(follow())
+    following.add_done_callback(lambda t: t.cancelled() or ctx.fail(t.exception()))
     await ctx.ready()
-    await runner.run(ctx.stopping)
+    try:
+        await runner.run(ctx.stopping)
+    finally:
+        following.cancel()

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from crewlet import log
+from crewlet.company import Company
 from crewlet.config import NodeConfig
 from crewlet.coord.lease import Held, LeaseError, Leases
 from roles.workers.duties import Duty
@@ -30,16 +31,21 @@ class DutyContext:
     leases: Leases
     interval: float   # how often a periodic duty looks again
     token: int        # this duty's fencing token: every write it makes carries it
+    role: Any = None  # the workers role's RoleContext (its NATS connection, jetstream())
+    company: Callable[[], Company | None] = lambda: None  # the company in force on this node
 
 
 class DutyRunner:
     """Invariant: ``held[name]`` and ``tasks[name]`` exist together, for the
     duties this node runs now."""
 
-    def __init__(self, config: NodeConfig, leases: Leases, duties: tuple[Duty, ...]):
+    def __init__(self, config: NodeConfig, leases: Leases, duties: tuple[Duty, ...], *,
+                 role: Any = None):
         self.config = config
         self.leases = leases
         self.duties = duties
+        self.role = role
+        self.company: Company | None = None  # set by the role as revisions arrive
         self.held: dict[str, Held] = {}
         self.tasks: dict[str, asyncio.Task] = {}
 
@@ -86,7 +92,8 @@ class DutyRunner:
                 self.tasks[duty.name] = self._task(duty, renewed)
 
     def _task(self, duty: Duty, held: Held) -> asyncio.Task:
-        ctx = DutyContext(self.config, self.leases, self.config.fleet.heartbeat, held.token)
+        ctx = DutyContext(self.config, self.leases, self.config.fleet.heartbeat, held.token,
+                          role=self.role, company=lambda: self.company)
         return asyncio.create_task(duty.run(ctx), name=f"duty {duty.name}")
 
     def _start(self, duty: Duty, held: Held) -> None:

@@ -48,8 +48,10 @@ def test_the_sample_company_loads_with_30_seats():
     assert len(company.schedules) == 1
     assert company.budgets.org and company.budgets.org > 0
     rule = company.providers["scripted"].rules[1]
-    assert rule.match == r"ask (\w+) (.*)"
-    assert rule.tools[0].name == "send" and rule.tools[0].args == {"to": r"\1", "text": r"\2"}
+    assert rule.match == r"(?i)\bask ([a-z0-9_-]+) (?:to )?(.+)"
+    assert rule.tools[0].name == "send" and rule.tools[0].args == {"seat": r"\1", "text": r"\2"}
+    # The ceo's own MCP server, shipped with crewlet as a console script.
+    assert [(m.name, m.command) for m in company.seat("ceo").mcp] == [("desk", "crewlet-demo-mcp")]
     assert Company.model_validate(company.model_dump(mode="json")) == company  # as stored in a revision
 
 

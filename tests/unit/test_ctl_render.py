@@ -387,3 +387,333 @@ def test_watch_with_no_fleet(node, tmp_path, monkeypatch):
     assert result.exit_code == 0 and "duties: fleet_shape@n0" in result.stdout
     result = run(tmp_path, "status", "--watch", "--no-fleet")
     assert result.exit_code == 0 and "n1" in result.stdout and "duties:" not in result.stdout
+
+
+# ------------------------------------------------------------------ turns, seats, dead letters, send
+
+def turn_record(seat="alice", outcome="done", **kw):
+    r = {"seat": seat, "trigger": "t-1", "node": "n1", "token": 7, "deliveries": 1, "sender": "crewletctl@n1",
+         "outcome": outcome, "error": None, "rounds": 2, "tokens": {"input": 120, "output": 40},
+         "tool_calls": [{"name": "notes.write", "error": None, "round": 1},
+                        {"name": "search", "error": "boom", "round": 2}],
+         "reply": "Hello [bold]there[/x]\nsecond line", "started_at": NOW - 14.2, "took_ms": 1234.5,
+         "provider_ms": 900.1}
+    return {**r, **kw}
+
+
+def seat_stats(running=False, deferred=None, last=None, turns=0):
+    return {"running": running, "turns": turns, "deferred": deferred, "last": last, "mcp": {}}
+
+
+def last_of(outcome, ended_ago, took_ms=800.0, error=None):
+    return {"trigger": "t", "outcome": outcome, "at": NOW - ended_ago - took_ms / 1000, "took_ms": took_ms,
+            "error": error}
+
+
+def engine_stats(**seats):
+    return {"running": sum(1 for s in seats.values() if s["running"]), "max_concurrent": 32, "peak": 5,
+            "turns": 1204, "seats": seats}
+
+
+def with_stats(stats):
+    return sample(child("broker"), child("seats", stats=stats))
+
+
+@pytest.mark.parametrize("ms, shown", [
+    (None, "-"), ("x", "-"), (0, "0ms"), (849.6, "850ms"), (1234.5, "1.2s"), (59_940, "59.9s"),
+    (192_400, "3m12s"),
+])
+def test_took_text(ms, shown):
+    assert render.took_text(ms) == shown
+
+
+def test_small_values():
+    assert render.ago_text(NOW - 12.5, NOW) == "12s ago" and render.ago_text(None, NOW) == "-"
+    assert render.one_line("a  b\n\tc", 10) == "a b c" and render.one_line(None, 5) == ""
+    assert render.one_line("abcdefghij", 5) == "abcd…" and len(render.one_line("x" * 99, 60)) == 60
+    assert render.names_text(["a", "b"]) == "a, b" and render.names_text([]) == ""
+    assert render.names_text([f"s{i}" for i in range(5)], shown=3) == "s0, s1, s2, … +2 more"
+    assert render.outcome_text("done").style == "green" and "red" in render.outcome_text("failed").style
+    assert render.outcome_text(None).plain == "unknown"
+    assert render.finished_at({"started_at": NOW - 10, "took_ms": 4000}) == NOW - 6
+    assert render.finished_at({"at": NOW - 10, "took_ms": None}) == NOW - 10
+    assert render.finished_at({}) is None
+
+
+def test_normalize_gives_children_stats():
+    stats = engine_stats(alice=seat_stats())
+    out = render.normalize(with_stats(stats))
+    assert [c["stats"] for c in out["children"]] == [None, stats]  # broker: none; seats: passed through
+
+
+def test_status_turns_line():
+    over = "org budget of 1000 tokens spent (1200)"
+    stats = engine_stats(alice=seat_stats(running=True), bob=seat_stats(True, last=last_of("done", 3)),
+                         carol=seat_stats(deferred=over), dave=seat_stats(deferred=over), erin=seat_stats())
+    out = text(render.status_view(with_stats(stats), NOW))
+    line = line_of(out, "turns")
+    assert "2/32 running (peak 5) · 1204 finished · running alice, bob" in line
+    assert "deferred carol, dave: org budget of 1000 tokens spent (1200)" in line
+    assert "erin" not in line
+    # after the supervisors, before the fleet; the static view lists no recent turns
+    assert out.index("supervisors") < out.index("turns  ") < out.index("fleet ")
+    assert "recent turns" not in out
+
+
+def test_status_turns_line_with_many_running_and_no_seats():
+    stats = engine_stats(**{f"s{i:02d}": seat_stats(running=True) for i in range(20)})
+    line = line_of(text(render.status_view(with_stats(stats), NOW)), "turns")
+    assert "20/32 running" in line and "s11, … +8 more" in line and "s12" not in line
+    empty = {"running": 0, "max_concurrent": 32, "peak": 0, "turns": 0, "seats": {}}
+    assert line_of(text(render.status_view(with_stats(empty), NOW)), "turns").split("  ", 1)[1] == \
+        "0/32 running (peak 0) · 0 finished · no seats held here"
+
+
+def test_status_without_stats_has_no_turns_line():
+    for status in (sample(), with_stats(None)):  # no key at all, or the seats child has not reported
+        out = text(render.status_view(status, NOW))
+        assert "turns" not in out and "n1" in out
+    # stats on another child are not turns
+    assert "turns" not in text(render.status_view(sample(child("broker", stats=engine_stats())), NOW))
+
+
+def test_watch_view_shows_the_recent_turns_newest_first():
+    stats = engine_stats(**{"alice": seat_stats(last=last_of("done", 30)),
+                            "bob": seat_stats(running=True, last=last_of("failed", 2, 8000, "provider 500")),
+                            "carol": seat_stats(), **{f"x{i}": seat_stats(last=last_of("done", 100 + i))
+                                                      for i in range(6)}})
+    out = text(render.watch_view(with_stats(stats), None, "w", NOW, 1.0, NOW))
+    assert "running bob" in line_of(out, "turns")
+    recent = out[out.index("recent turns"):].splitlines()
+    assert recent[1].split() == ["SEAT", "OUTCOME", "TOOK", "ENDED", "ERROR"]
+    assert recent[3].split() == ["bob", "failed", "8.0s", "2s", "ago", "provider", "500"]
+    assert recent[4].split() == ["alice", "done", "800ms", "30s", "ago"]
+    assert [line.split()[0] for line in recent[5:8]] == ["x0", "x1", "x2"]  # RECENT_TURNS = 5 rows
+    assert "x3" not in out and "carol" not in out[out.index("recent turns"):]
+    # before any turn finished: the line, no table
+    busy = with_stats(engine_stats(alice=seat_stats(running=True)))
+    out = text(render.watch_view(busy, None, "w", NOW, 1.0, NOW))
+    assert "running alice" in out and "recent turns" not in out
+
+
+def test_live_view():
+    assert "hello" in text(render.live_view(render.Text("hello"), None, "w", NOW, 0.5, NOW))
+    assert "every 0.5s" in text(render.live_view(render.Text("hello"), None, "w", NOW, 0.5, NOW))
+    out = text(render.live_view(None, "gone", "looked at /x", None, 1.0, NOW))
+    assert "node not reachable: gone" in out and "no answer yet; retrying" in out and "looked at /x" in out
+
+
+def seats_result():
+    return {"rev": 3, "seats": [
+        {"seat": "alice", "owner": "n1", "token": 7, "pending": 0, "in_flight": 1, "redelivered": 0,
+         "ack_floor": 3, "dead_letters": 0, "last_turn": turn_record()},
+        {"seat": "bob", "owner": None, "token": None, "pending": 4, "in_flight": 0, "redelivered": 1,
+         "ack_floor": 0, "dead_letters": 2, "last_turn": None},
+        {"seat": "carol", "owner": "n2", "token": 9, "error": "TimeoutError: consumer info",
+         "last_turn": None, "dead_letters": 0},
+        {"seat": "dave", "owner": "n2", "token": 9, "error": "TimeoutError: consumer info",
+         "last_turn": None, "dead_letters": 0},
+        {"seat": "erin", "owner": "n1", "token": 3, "pending": 0, "in_flight": 0, "redelivered": 0,
+         "ack_floor": 9, "dead_letters": 0, "last_turn": turn_record("erin", "failed", took_ms=None)},
+    ]}
+
+
+def test_seats_view():
+    out = text(render.seats_view(render.normalize_seats(seats_result()), NOW))
+    assert line_of(out, "SEAT").split() == ["SEAT", "OWNER", "PENDING", "IN", "FLIGHT", "DEAD", "LAST",
+                                            "TURN", "TOOK"]
+    assert line_of(out, "alice").split() == ["alice", "n1", "0", "1", "0", "done", "12s", "ago", "1.2s"]
+    assert line_of(out, "bob").split() == ["bob", "-", "4", "0", "2", "-", "-"]
+    assert line_of(out, "carol").split() == ["carol", "n2", "-", "-", "0", "-", "-"]
+    assert line_of(out, "erin").split() == ["erin", "n1", "0", "0", "0", "failed", "14s", "ago", "-"]
+    assert "carol, dave: TimeoutError: consumer info" in out
+    assert "5 seats, 4 owned, 4 pending, 1 in flight, 2 dead letters · company rev 3" in out
+    dead = render.seats_table(seats_result()["seats"], NOW).columns[4].cells
+    assert [c.style for c in dead][:2] == ["", "red"]
+
+
+def test_seats_view_empty_and_normalize():
+    assert "no seats in the company (rev 3)" in text(render.seats_view({"rev": 3, "seats": []}, NOW))
+    assert "no seats in the company" in text(render.seats_view({}, NOW))
+    out = render.normalize_seats(seats_result())
+    assert out["rev"] == 3 and all(set(row) == set(render.SEAT_KEYS) for row in out["seats"])
+    assert out["seats"][2]["pending"] is None and out["seats"][0]["error"] is None
+    assert render.normalize_seats({}) == {"rev": None, "seats": []}
+    assert "1 seat, 0 owned, 0 pending, 0 in flight, 0 dead letters" in text(
+        render.seats_view({"rev": 1, "seats": [{"seat": "a"}]}, NOW))
+
+
+def letter(seq, seat="bob", **kw):
+    d = {"seq": seq, "seat": seat, "reason": "delivery budget of 25 spent", "deliveries": 26,
+         "original_seq": 100 + seq, "at": NOW - 3600, "trigger": f"t{seq}",
+         "text": "please  do\nthe [/x] thing"}
+    return {**d, **kw}
+
+
+def test_dead_letters_view():
+    letters = [letter(4), letter(9, "carol", text="y" * 200)]
+    out = text(render.dead_letters_view({"dead_letters": letters}, NOW))
+    assert line_of(out, "SEQ").split() == ["SEQ", "SEAT", "DELIVERIES", "REASON", "AGE", "TEXT"]
+    assert line_of(out, "  4").split() == ["4", "bob", "26", "delivery", "budget", "of", "25", "spent",
+                                           "1h00m", "please", "do", "the", "[/x]", "thing"]  # not markup
+    assert line_of(out, "  9").split()[-1] == "y" * (render.LETTER_TEXT - 1) + "…"
+    assert "2 dead letters, oldest first; `crewletctl dlq requeue SEQ` puts one back" in out
+    assert "--limit" not in out
+    assert "the first 2: --limit shows more" in text(
+        render.dead_letters_view({"dead_letters": [letter(4), letter(9)]}, NOW, limit=2))
+
+
+def test_dead_letters_view_empty_and_normalize():
+    assert text(render.dead_letters_view({"dead_letters": []}, NOW)).strip() == "no dead letters"
+    assert text(render.dead_letters_view({}, NOW, seat="bob")).strip() == "no dead letters for bob"
+    out = render.normalize_dead_letters({"dead_letters": [{"seq": 1, "seat": "a"}]})
+    assert out == {"dead_letters": [{**dict.fromkeys(render.DEAD_LETTER_KEYS), "seq": 1, "seat": "a"}]}
+    line = line_of(text(render.dead_letters_view(out, NOW)), "  1")
+    assert line.split() == ["1", "a", "-", "-", "-"]
+
+
+def test_turn_text():
+    sent = render.sent_text({"seat": "alice", "seq": 12, "trigger": "t-1"})
+    assert sent == "sent to alice (trigger t-1, seq 12)"
+    assert render.turn_text(turn_record()).splitlines() == [
+        "turn done on n1: 2 rounds, 2 tool calls, tokens 120 in / 40 out, took 1.2s (provider 900ms)",
+        "  round 1: notes.write", "  round 2: search failed: boom", "",
+        "Hello [bold]there[/x]", "second line"]
+    failed = render.turn_text(turn_record(outcome="failed", error="provider 500", deliveries=3, tool_calls=[],
+                                          reply="", rounds=1)).splitlines()
+    assert failed[0] == ("turn failed on n1: 1 round, 0 tool calls, tokens 120 in / 40 out, took 1.2s "
+                         "(provider 900ms), delivery 3")
+    assert failed[1] == "error: provider 500" and "dead letters (crewletctl dlq)" in failed[2]
+    assert len(failed) == 3
+    assert render.turn_text({}).splitlines() == [
+        "turn unknown on -: 0 rounds, 0 tool calls, tokens 0 in / 0 out, took - (provider -)"]
+    assert render.no_turn_text(30.0) == "no turn finished within 30s (the mail is in the mailbox)"
+    flags = [{"name": "calc", "error": True, "round": 1}, {"name": "send", "error": False, "round": 2}]
+    assert render.turn_text(turn_record(tool_calls=flags)).splitlines()[1:3] == [
+        "  round 1: calc failed", "  round 2: send"]  # the records' bool errors
+
+
+# ------------------------------------------------------------------ send, seats, dlq against a fake crewletd
+
+def test_send(node, tmp_path):
+    node.replies["send"] = {"seat": "alice", "seq": 12, "trigger": "t-1", "turn": None}
+    result = run(tmp_path, "send", "alice", "hello there")
+    assert result.exit_code == 0 and result.stdout == "sent to alice (trigger t-1, seq 12)\n"
+    assert node.calls[-1][1:] == ("send", ctl.CALL_TIMEOUT, {"seat": "alice", "text": "hello there"})
+    result = CliRunner().invoke(ctl.cli, ["--data-dir", str(tmp_path), "send", "alice", "-"],
+                                input="from\nstdin\n")
+    assert result.exit_code == 0 and node.calls[-1][3] == {"seat": "alice", "text": "from\nstdin\n"}
+    result = run(tmp_path, "send", "alice", "hi", "--json", "--trigger", "abc")
+    assert json.loads(result.stdout) == node.replies["send"]
+    assert node.calls[-1][3] == {"seat": "alice", "text": "hi", "trigger": "abc"}
+
+
+def test_send_wait_prints_the_turn(node, tmp_path):
+    node.replies["send"] = {"seat": "alice", "seq": 12, "trigger": "t-1", "turn": turn_record()}
+    result = run(tmp_path, "send", "alice", "hi", "--wait", "30")
+    assert result.exit_code == 0
+    assert node.calls[-1][1:] == ("send", 30 + ctl.CALL_TIMEOUT,
+                                  {"seat": "alice", "text": "hi", "wait": 30.0})
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["sent to alice (trigger t-1, seq 12)", "turn done on n1: 2 rounds, 2 tool calls, "
+                         "tokens 120 in / 40 out, took 1.2s (provider 900ms)"]
+    assert lines[-2:] == ["Hello [bold]there[/x]", "second line"]
+    # no turn in time: the mail was accepted, so still 0
+    node.replies["send"] = {**node.replies["send"], "turn": None}
+    result = run(tmp_path, "send", "alice", "hi", "--wait", "2.5")
+    assert result.exit_code == 0 and result.stdout.splitlines()[1] == \
+        "no turn finished within 2.5s (the mail is in the mailbox)"
+    assert node.calls[-1][2] == 2.5 + ctl.CALL_TIMEOUT
+
+
+def test_send_refused(node, tmp_path):
+    node.replies["send"] = "no seat named 'zed' in the company; seats: alice, bob"
+    result = run(tmp_path, "send", "zed", "hi")
+    assert result.exit_code == 1 and "crewletctl: no seat named 'zed'" in result.stderr
+    node.replies["send"] = None
+    assert run(tmp_path, "send", "alice", "hi", "--wait", "5").exit_code == 69
+
+
+def test_seats(node, tmp_path):
+    from crewlet.ctl.seats import SEATS_TIMEOUT
+    node.replies["seats"] = seats_result()
+    result = run(tmp_path, "seats")
+    assert result.exit_code == 0 and node.calls[-1][1:] == ("seats", SEATS_TIMEOUT, {})
+    assert line_of(result.stdout, "bob").split() == ["bob", "-", "4", "0", "2", "-", "-"]
+    assert "5 seats, 4 owned, 4 pending, 1 in flight, 2 dead letters · company rev 3" in result.stdout
+    out = json.loads(run(tmp_path, "seats", "--json").stdout)
+    assert out["rev"] == 3 and [r["seat"] for r in out["seats"]] == ["alice", "bob", "carol", "dave", "erin"]
+    assert all(set(r) == set(render.SEAT_KEYS) for r in out["seats"])
+    assert out["seats"][0]["last_turn"] == turn_record()
+    node.replies["seats"] = "no company is applied yet (crewletctl apply FILE)"
+    result = run(tmp_path, "seats")
+    assert result.exit_code == 1 and "no company is applied yet" in result.stderr
+
+
+@pytest.mark.parametrize("rounds, shown", [
+    (1, "5 seats, 4 owned"),  # the table
+    (2, "crewletd refused: no company is applied yet"),  # refused: said, not "unreachable"
+    (3, "node not reachable: nothing answered"),  # gone: the retry frame
+])
+def test_seats_watch(node, tmp_path, monkeypatch, rounds, shown):
+    node.replies["seats"] = seats_result()
+    later = ["no company is applied yet (crewletctl apply FILE)", None]
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == rounds:
+            raise KeyboardInterrupt
+        node.replies["seats"] = later[len(sleeps) - 1]
+
+    monkeypatch.setattr("crewlet.ctl.seats.time.sleep", sleep)
+    result = run(tmp_path, "seats", "--watch", "-n", "0.5")
+    assert result.exit_code == 0 and shown in result.stdout  # the last frame
+    assert [c[1] for c in node.calls] == ["seats"] * rounds and all(s <= 0.5 for s in sleeps)
+
+
+def test_dlq_list(node, tmp_path):
+    from crewlet.ctl.dlq import LIMIT, PER_LETTER
+    node.replies["dlq"] = {"dead_letters": [letter(4), letter(9)]}
+    result = run(tmp_path, "dlq")
+    assert result.exit_code == 0 and line_of(result.stdout, "  4").split()[:3] == ["4", "bob", "26"]
+    assert node.calls[-1][1:] == ("dlq", ctl.CALL_TIMEOUT + LIMIT * PER_LETTER, {"limit": LIMIT})
+    for command in (["dlq", "bob", "--limit", "2"], ["dlq", "list", "bob", "--limit", "2"],
+                    ["dlq", "--limit", "2", "bob"]):
+        result = run(tmp_path, *command)
+        assert result.exit_code == 0, command
+        assert node.calls[-1][1:] == ("dlq", ctl.CALL_TIMEOUT + 2 * PER_LETTER, {"seat": "bob", "limit": 2})
+        assert "the first 2: --limit shows more" in result.stdout
+    out = json.loads(run(tmp_path, "dlq", "--json").stdout)
+    assert [d["seq"] for d in out["dead_letters"]] == [4, 9]
+    assert all(set(d) == set(render.DEAD_LETTER_KEYS) for d in out["dead_letters"])
+    node.replies["dlq"] = {"dead_letters": []}
+    assert run(tmp_path, "dlq", "bob").stdout.strip() == "no dead letters for bob"
+
+
+def test_dlq_requeue(node, tmp_path):
+    node.replies["dlq"] = {"requeued": 4, "seq": 107}
+    result = run(tmp_path, "dlq", "requeue", "4")
+    assert result.exit_code == 0 and result.stdout == "requeued dead letter 4 (mailbox seq 107)\n"
+    assert node.calls[-1][1:] == ("dlq", ctl.CALL_TIMEOUT, {"requeue": 4})
+    node.replies["dlq"] = "no dead letter 5"
+    result = run(tmp_path, "dlq", "requeue", "5")
+    assert result.exit_code == 1 and "crewletctl: no dead letter 5" in result.stderr
+
+
+def test_status_with_turns(node, tmp_path, monkeypatch):
+    stats = engine_stats(alice=seat_stats(running=True), bob=seat_stats(last=last_of("done", 3)))
+    node.replies["status"] = with_stats(stats)
+    result = run(tmp_path, "status")
+    assert result.exit_code == 0 and "2/32" not in result.stdout
+    assert "1/32 running (peak 5) · 1204 finished · running alice" in result.stdout
+    assert "recent turns" not in result.stdout
+    out = json.loads(run(tmp_path, "status", "--json").stdout)
+    assert out["children"][1]["stats"] == stats and out["children"][0]["stats"] is None
+
+    def sleep(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("crewlet.ctl.status.time.sleep", sleep)
+    result = run(tmp_path, "status", "--watch")
+    assert result.exit_code == 0 and "recent turns" in result.stdout and "running alice" in result.stdout

@@ -1,0 +1,319 @@
+"""What every provider is, and the one retry loop of the HTTP providers.
+
+A :class:`Provider` answers a conversation with a :class:`~crewlet.agent.types.Reply`
+by a caller's deadline (``time.monotonic()``), or raises :class:`ProviderError`
+saying whether trying again later could help. One instance serves every seat
+of a process that names it.
+
+:class:`HttpProvider` is the retry loop the openai and anthropic providers
+share, and the only one in crewlet (the turn loop never retries a call itself):
+
+* before each attempt the key's cooldown is read — from the fleet's
+  ``cooldowns`` bucket when there is one, and from what this instance saw
+  itself. A key cooling until before the deadline is waited for; one cooling
+  past it raises :class:`CoolingDown` without calling the endpoint;
+* a 429 cools the key until now + ``Retry-After`` (seconds or an HTTP date,
+  at least the current backoff; :data:`DEFAULT_COOLDOWN` when absent), written
+  to ``cooldowns`` so every node holds back, then the loop above waits or
+  gives up;
+* 5xx, 408, 409 and connection errors back off exponentially (honouring
+  ``Retry-After`` when given) and retry within the deadline;
+* any other 4xx fails at once, with what the endpoint said.
+
+A key is known to the fleet only by its *key id*, the first 12 hex characters
+of its sha256 (``default`` for a provider without a key): the key itself is
+never written or logged.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import email.utils
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx2
+
+from crewlet import log
+from crewlet.agent.types import Message, Reply, ToolSpec
+from crewlet.company.model import Provider as ProviderSpec
+
+if TYPE_CHECKING:
+    from crewlet.coord.counters import Cooldowns
+
+# A 429 without Retry-After cools the key this long (seconds): long enough that
+# a fleet of nodes does not hammer a limit it knows nothing more about.
+DEFAULT_COOLDOWN = 30.0
+# Backoff after a 5xx or a connection error: the first wait, doubling up to the cap.
+BACKOFF_FIRST = 0.5
+BACKOFF_CAP = 8.0
+# One HTTP attempt never waits longer than this, whatever the deadline: a hung
+# connection is then retried instead of holding the turn to its end.
+REQUEST_TIMEOUT_CAP = 120.0
+# Statuses worth trying again besides 5xx: request timeout, conflict.
+_RETRY_4XX = (408, 409)
+# Characters of an endpoint's error body quoted in a ProviderError.
+_ERROR_QUOTE = 500
+_KEY_ID_HEX = 12
+NO_KEY_ID = "default"
+
+
+class ProviderError(Exception):
+    """A provider call failed. ``retryable``: might the same call succeed later?"""
+
+    def __init__(self, message: str, *, retryable: bool):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class CoolingDown(ProviderError):
+    """The provider's key cools until ``until`` (wall clock), past the caller's deadline."""
+
+    def __init__(self, message: str, *, until: float, key: str, provider: str):
+        super().__init__(message, retryable=True)
+        self.until, self.key, self.provider = until, key, provider
+
+
+class Provider(abc.ABC):
+    """A model behind a name of ``providers`` in the company."""
+
+    kind: str
+    name: str
+    # Subprocesses at once on this node (cli only); None: no bound of its own.
+    max_concurrent: int | None = None
+
+    def __init__(self, name: str, spec: ProviderSpec):
+        self.name = name
+        self.spec = spec
+
+    @abc.abstractmethod
+    async def complete(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
+                       deadline: float) -> Reply:
+        """The model's answer to *messages*, or ProviderError by *deadline* (monotonic)."""
+
+    async def cooling(self) -> float | None:
+        """The wall-clock time this provider's key cools until, if it cools now."""
+        return None
+
+    async def close(self) -> None:
+        """Release connections; the instance is not used again."""
+
+
+def key_id(key: str | None) -> str:
+    """How the fleet names a key without knowing it."""
+    if not key:
+        return NO_KEY_ID
+    return hashlib.sha256(key.encode()).hexdigest()[:_KEY_ID_HEX]
+
+
+def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds the endpoint asks us to wait, from ``Retry-After`` (seconds or an
+    HTTP date) or OpenAI's ``retry-after-ms``; None when it does not say."""
+    now = time.time() if now is None else now
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = (headers.get("retry-after") or "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def endpoint_says(response: httpx2.Response) -> str:
+    """The endpoint's own words about a failed request."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            kind = err.get("type") or err.get("code")
+            return f"{kind}: {err['message']}" if kind else str(err["message"])
+        if isinstance(err, str):
+            return err
+        if body.get("message"):
+            return str(body["message"])
+    text = response.text.strip()
+    return text[:_ERROR_QUOTE] or response.reason_phrase or "no body"
+
+
+class HttpProvider(Provider):
+    """A provider behind an HTTP JSON endpoint: subclasses say what to send and how
+    to read the answer; the retry loop, cooldowns and the client live here."""
+
+    def __init__(self, name: str, spec: ProviderSpec, *, cooldowns: Cooldowns | None = None,
+                 env: Mapping[str, str] = os.environ):
+        super().__init__(name, spec)
+        self._cooldowns = cooldowns
+        self._env = env
+        # What this instance itself learnt from a 429, for when the fleet's bucket cannot answer.
+        self._local_until = 0.0
+        self._client: httpx2.AsyncClient | None = None
+
+    # ------------------------------------------------------------ subclass surface
+
+    @abc.abstractmethod
+    def _url(self) -> str:
+        """Where requests are posted."""
+
+    @abc.abstractmethod
+    def _headers(self, key: str | None) -> dict[str, str]:
+        """Headers carrying *key* and the API version, if any."""
+
+    @abc.abstractmethod
+    def _body(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
+              ) -> dict[str, Any]:
+        """The request body for one call."""
+
+    @abc.abstractmethod
+    def _reply(self, body: Any) -> Reply:
+        """A successful response body as a Reply; ValueError/KeyError/TypeError if malformed."""
+
+    # ------------------------------------------------------------ the key
+
+    def _key(self) -> str | None:
+        """The API key, read from the environment now; None for a provider without one."""
+        var = self.spec.api_key_env
+        if var is None:
+            return None
+        key = self._env.get(var)
+        if not key:
+            raise ProviderError(f"provider {self.name}: environment variable {var} (its API key) "
+                                f"is not set", retryable=False)
+        return key
+
+    def _key_id(self) -> str:
+        try:
+            return key_id(self._key())
+        except ProviderError:
+            return NO_KEY_ID
+
+    async def cooling(self) -> float | None:
+        return await self._cooling_until(self._key_id())
+
+    async def _cooling_until(self, kid: str) -> float | None:
+        until = self._local_until
+        if self._cooldowns is not None:
+            try:
+                shared = await self._cooldowns.until(self.name, kid)
+            except Exception as exc:  # the fleet's state is unreachable: go on with what we know
+                log.event("cooldown_read_failed", "warning", provider=self.name, key_id=kid,
+                          error=f"{type(exc).__name__}: {exc}")
+                shared = None
+            until = max(until, shared or 0.0)
+        return until if until > time.time() else None
+
+    async def _cool(self, kid: str, until: float, reason: str) -> None:
+        self._local_until = max(self._local_until, until)
+        log.event("provider_cooling", "warning", provider=self.name, key_id=kid,
+                  until=round(until, 3), reason=reason)
+        if self._cooldowns is not None:
+            try:
+                await self._cooldowns.cool(self.name, kid, until, reason)
+            except Exception as exc:  # this node still holds back; the others learn by their own 429
+                log.event("cooldown_write_failed", "warning", provider=self.name, key_id=kid,
+                          error=f"{type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------ the retry loop
+
+    async def complete(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
+                       deadline: float) -> Reply:
+        key = self._key()
+        kid = key_id(key)
+        headers = {"content-type": "application/json", **self._headers(key)}
+        body = self._body(system, messages, tools)
+        backoff = BACKOFF_FIRST
+        last = "no attempt made"
+        while True:
+            await self._wait_cooldown(kid, deadline)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ProviderError(f"provider {self.name}: deadline passed ({last})", retryable=True)
+            try:
+                response = await self._post(headers, body, min(remaining, REQUEST_TIMEOUT_CAP))
+            except (httpx2.TransportError, TimeoutError) as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                wait = backoff
+            else:
+                status = response.status_code
+                if 200 <= status < 300:
+                    return self._parse(response)
+                last = f"HTTP {status}: {endpoint_says(response)}"
+                asked = retry_after(response.headers)
+                if status == 429:
+                    # At least the backoff: a "Retry-After: 0" repeated must not become a busy loop.
+                    cool = DEFAULT_COOLDOWN if asked is None else max(asked, backoff)
+                    backoff = min(backoff * 2, BACKOFF_CAP)
+                    await self._cool(kid, time.time() + cool, last)
+                    continue  # the cooldown check at the top waits or gives up
+                if status < 500 and status not in _RETRY_4XX:
+                    raise ProviderError(f"provider {self.name}: {last}", retryable=False)
+                wait = backoff if asked is None else asked
+            if time.monotonic() + wait >= deadline:
+                raise ProviderError(f"provider {self.name}: {last}; no time left to retry",
+                                    retryable=True)
+            log.event("provider_retry", "warning", provider=self.name, error=last, wait=round(wait, 3))
+            await asyncio.sleep(wait)
+            backoff = min(backoff * 2, BACKOFF_CAP)
+
+    async def _wait_cooldown(self, kid: str, deadline: float) -> None:
+        """Return once the key is not cooling; CoolingDown if it cools past *deadline*."""
+        while (until := await self._cooling_until(kid)) is not None:
+            wait = until - time.time()
+            if time.monotonic() + wait >= deadline:
+                raise CoolingDown(f"provider {self.name}: key {kid} cools for {wait:.1f}s more, "
+                                  f"past the deadline", until=until, key=kid, provider=self.name)
+            await asyncio.sleep(wait)
+
+    async def _post(self, headers: dict[str, str], body: dict[str, Any], timeout: float
+                    ) -> httpx2.Response:
+        if self._client is None:
+            self._client = httpx2.AsyncClient()
+        # httpx2's timeout bounds each phase; the outer one bounds the whole attempt.
+        return await asyncio.wait_for(
+            self._client.post(self._url(), headers=headers, json=body, timeout=timeout), timeout)
+
+    def _parse(self, response: httpx2.Response) -> Reply:
+        try:
+            return self._reply(response.json())
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ProviderError(f"provider {self.name}: unexpected response ({type(exc).__name__}: "
+                                f"{exc}): {response.text[:_ERROR_QUOTE]}", retryable=False) from exc
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def tool_args(raw: Any) -> dict[str, Any]:
+    """A call's arguments as a dict: JSON text is decoded; anything that is not an
+    object comes as ``{"_raw": text}``, so the tool reports it to the model."""
+    if isinstance(raw, dict):
+        return raw
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {"_raw": raw}
+        return value if isinstance(value, dict) else {"_raw": raw}
+    return {"_raw": json.dumps(raw)}

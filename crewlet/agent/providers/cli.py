@@ -1,0 +1,146 @@
+"""A CLI agent (``claude -p``, say) run once per call, the prompt on its stdin.
+
+The agent is a process group of its own (``start_new_session``): whatever it
+starts goes with it. When the deadline passes — or the turn is cancelled —
+the *whole group* is SIGKILLed and reaped, so no grandchild outlives the turn;
+when the agent exits by itself, what it left running in its group is killed
+too. At most ``max_concurrent`` agents of one provider run at once on a node
+(the instance is shared by every seat of the process).
+
+The prompt is the system prompt, then the conversation as plain text
+(``user: …``, ``assistant: …``, ``tool <name>: …``). The reply is the agent's
+stdout, stripped; it makes no tool calls through us — a CLI agent uses its
+own tools. A non-zero exit fails with the tail of its stderr. Usage is
+counted in words, as for the scripted provider.
+
+``CREWLET_SPAWNED_BY`` in the agent's environment carries this process's
+``CREWLET_SPAWN_MARK``, so a restarted role can find what its predecessor
+spawned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from crewlet.agent.providers.base import Provider, ProviderError
+from crewlet.agent.providers.scripted import conversation_words, words
+from crewlet.agent.types import Message, Reply, ToolSpec, Usage
+from crewlet.company.model import Provider as ProviderSpec
+
+SPAWN_MARK_ENV = "CREWLET_SPAWN_MARK"
+SPAWNED_BY_ENV = "CREWLET_SPAWNED_BY"
+# Characters of stderr quoted when the agent fails: its last words, not its whole log.
+STDERR_TAIL = 2000
+# After the agent exits, how long its pipes may take to close once its group is killed.
+_DRAIN = 5.0
+
+
+class CliProvider(Provider):
+    kind = "cli"
+
+    def __init__(self, name: str, spec: ProviderSpec, *, cooldowns: Any = None,
+                 env: Mapping[str, str] = os.environ):
+        super().__init__(name, spec)
+        assert spec.command, "a cli provider has a command (the company model requires it)"
+        self.command = list(spec.command)
+        self.max_concurrent = spec.max_concurrent
+        self._env = env
+        self._slots = asyncio.Semaphore(spec.max_concurrent) if spec.max_concurrent else None
+
+    async def complete(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
+                       deadline: float) -> Reply:
+        prompt = render(system, messages)
+        if self._slots is None:
+            out = await self._run(prompt, deadline)
+        else:
+            try:
+                await asyncio.wait_for(self._slots.acquire(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise ProviderError(f"provider {self.name}: deadline passed waiting for one of "
+                                    f"{self.max_concurrent} agent slots", retryable=True) from None
+            try:
+                out = await self._run(prompt, deadline)
+            finally:
+                self._slots.release()
+        return Reply(text=out, usage=Usage(conversation_words(system, messages), words(out)))
+
+    async def _run(self, prompt: str, deadline: float) -> str:
+        env = {**self._env, SPAWNED_BY_ENV: self._env.get(SPAWN_MARK_ENV, "")}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+        except OSError as exc:
+            raise ProviderError(f"provider {self.name}: cannot run {self.command[0]}: {exc}",
+                                retryable=False) from exc
+        io = asyncio.ensure_future(_talk(proc, prompt.encode()))
+        try:
+            await asyncio.wait_for(proc.wait(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise ProviderError(f"provider {self.name}: timed out: {self.command[0]} ran past the "
+                                f"deadline and was killed with its process group",
+                                retryable=False) from None
+        finally:
+            # Its own group (pgid = its pid): the agent on timeout or cancellation, what it
+            # left behind otherwise. Then reap it, so nothing of the run is left.
+            _kill_group(proc.pid)
+            try:
+                await asyncio.shield(proc.wait())
+            finally:
+                if not io.done():
+                    io.cancel()
+        try:
+            out, err = await asyncio.wait_for(io, _DRAIN)
+        except TimeoutError:
+            raise ProviderError(f"provider {self.name}: {self.command[0]} exited but its output "
+                                f"stayed open (a process outside its group holds it)",
+                                retryable=False) from None
+        if proc.returncode != 0:
+            how = (f"exit {proc.returncode}" if proc.returncode > 0
+                   else f"signal {-proc.returncode} ({signal.Signals(-proc.returncode).name})")
+            tail = err.decode(errors="replace").strip()[-STDERR_TAIL:]
+            raise ProviderError(f"provider {self.name}: {self.command[0]} failed, {how}: {tail}",
+                                retryable=False)
+        return out.decode(errors="replace").strip()
+
+
+async def _talk(proc: asyncio.subprocess.Process, prompt: bytes) -> tuple[bytes, bytes]:
+    """Write the prompt, read stdout and stderr to their ends."""
+    async def write() -> None:
+        try:
+            proc.stdin.write(prompt)
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):  # the agent did not read it all
+            pass
+        finally:
+            proc.stdin.close()
+
+    _, out, err = await asyncio.gather(write(), proc.stdout.read(), proc.stderr.read())
+    return out, err
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def render(system: str, messages: Sequence[Message]) -> str:
+    """The conversation as the plain text a CLI agent reads."""
+    lines = [system, ""] if system else []
+    for m in messages:
+        if m.role == "tool":
+            lines.append(f"tool {m.name}{' (failed)' if m.error else ''}: {m.text}")
+            continue
+        if m.text or m.role == "user":
+            lines.append(f"{m.role}: {m.text}")
+        for c in m.calls:
+            lines.append(f"assistant calls {c.name}: {json.dumps(c.args)}")
+    return "\n".join(lines) + "\n"

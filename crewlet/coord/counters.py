@@ -1,0 +1,219 @@
+"""Fleet-shared answers a turn needs: the ledger, provider cooldowns, budgets.
+
+These were per-process state in a single engine and must be true for the
+company instead (the reference's coupling class 4): an org cap of 500 k
+tokens must not become N × 500 k, and a cooldown written on one node must
+hold on every other. Each is a key in its own coordination bucket.
+
+==========  =========================  ==========================================
+bucket      key                        value
+==========  =========================  ==========================================
+ledger      ``<trigger>``              the turn that worked a trigger: read before
+                                       a turn, written after it; kept with a TTL
+                                       longer than the mail it answers for
+cooldowns   ``<provider>.<key id>``    ``{"until": wall clock, "reason"}``
+budgets     ``org``, ``seat.<id>``     tokens spent so far (an integer)
+==========  =========================  ==========================================
+
+Writes are plain publishes on :func:`crewlet.bus.kv_subject`, so they are
+answered from a leaf too. Budgets are counted locally and flushed with a
+compare-and-set about once a second: a turn's spend reaches the fleet within
+a flush, and the hot path of a turn never waits on a counter. Caps stay in
+the company config (in memory); only usage is shared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import defaultdict
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, NotFoundError
+
+from crewlet import log
+from crewlet.bus import kv_subject
+from crewlet.coord.buckets import BUDGETS, COOLDOWNS, LEDGER
+
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+_WRONG_LAST_SEQUENCE = (10071, 10164)
+# Compare-and-set attempts of one budget flush per key before it waits for the next flush.
+_CAS_ATTEMPTS = 8
+
+
+class CounterError(Exception):
+    """A shared counter could not be read or written."""
+
+
+async def _read(js: JetStreamContext, bucket: str, key: str, *, leader: bool = False
+                ) -> tuple[int, bytes | None]:
+    """The key's last sequence (0: never written) and its value (None: deleted or expired).
+
+    *leader*: read from the stream leader rather than any replica; a follower
+    may lag a write by a moment, which the ledger cannot afford.
+    """
+    try:
+        msg = await js.get_msg(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}", direct=not leader)
+    except NotFoundError:
+        return 0, None
+    except Exception as exc:
+        raise CounterError(f"reading {bucket}/{key}: {type(exc).__name__}: {exc}") from exc
+    headers = msg.headers or {}
+    if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
+        return msg.seq, None
+    return msg.seq, msg.data
+
+
+class Ledger:
+    """Has this trigger been worked? Checked before a turn, written after one."""
+
+    def __init__(self, js: JetStreamContext, *, ttl: float):
+        self.js = js
+        self._put = kv_subject(js, LEDGER.name)
+        # Longer than the mail the entry answers for can be redelivered.
+        self.ttl = ttl
+
+    async def done(self, trigger: str) -> dict[str, Any] | None:
+        """The record of the turn that worked *trigger*, or None."""
+        _, data = await _read(self.js, LEDGER.name, trigger, leader=True)
+        if not data:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return {"raw": data.decode(errors="replace")}
+
+    async def record(self, trigger: str, entry: dict[str, Any]) -> int:
+        """Write that *trigger* was worked; the write's sequence."""
+        try:
+            ack = await self.js.publish(self._put + trigger, json.dumps(entry).encode(),
+                                        msg_ttl=self.ttl)
+        except Exception as exc:
+            raise CounterError(f"writing ledger/{trigger}: {type(exc).__name__}: {exc}") from exc
+        return ack.seq
+
+
+class Cooldowns:
+    """Provider keys cooling after a 429, until a wall-clock time every node respects.
+
+    Wall clock, not monotonic: a monotonic value means nothing on another
+    machine. The skew between two nodes' clocks is the error of the answer.
+    """
+
+    def __init__(self, js: JetStreamContext):
+        self.js = js
+        self._put = kv_subject(js, COOLDOWNS.name)
+
+    @staticmethod
+    def key(provider: str, key_id: str) -> str:
+        return f"{provider}.{key_id}"
+
+    async def until(self, provider: str, key_id: str) -> float | None:
+        """When the key stops cooling (``time.time()``); None if it is not cooling."""
+        _, data = await _read(self.js, COOLDOWNS.name, self.key(provider, key_id))
+        if not data:
+            return None
+        try:
+            until = float(json.loads(data)["until"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        return until if until > time.time() else None
+
+    async def cool(self, provider: str, key_id: str, until: float, reason: str = "") -> None:
+        """The key cools until *until*; a later cooldown already written stays."""
+        key = self.key(provider, key_id)
+        value = json.dumps({"until": until, "reason": reason, "at": time.time()}).encode()
+        # Kept a little past its end, then gone by itself.
+        ttl = max(1, int(until - time.time()) + 60)
+        for _ in range(_CAS_ATTEMPTS):
+            seq, data = await _read(self.js, COOLDOWNS.name, key, leader=True)
+            if data:
+                try:
+                    if float(json.loads(data)["until"]) >= until:
+                        return
+                except (ValueError, KeyError, TypeError):
+                    pass
+            if await _cas(self.js, self._put + key, value, seq, ttl=ttl):
+                return
+        raise CounterError(f"writing cooldowns/{key}: the compare-and-set kept failing")
+
+
+class Budgets:
+    """Token spend, org-wide and per seat, shared by the fleet.
+
+    Invariant: ``_known[key]`` is the fleet's total as last read or written
+    by this process; ``_pending[key]`` is what this process spent since and
+    has not flushed. :meth:`spent` is their sum — what this node knows.
+    """
+
+    def __init__(self, js: JetStreamContext, *, flush_every: float = 1.0):
+        self.js = js
+        self._put = kv_subject(js, BUDGETS.name)
+        self.flush_every = flush_every
+        self._known: dict[str, int] = defaultdict(int)
+        self._pending: dict[str, int] = defaultdict(int)
+        self._watched: set[str] = {"org"}
+        self._lock = asyncio.Lock()
+
+    def add(self, seat: str, tokens: int) -> None:
+        """Count *tokens* spent by *seat* (flushed within ``flush_every``)."""
+        if tokens <= 0:
+            return
+        self._pending["org"] += tokens
+        self._pending[f"seat.{seat}"] += tokens
+        self._watched.add(f"seat.{seat}")
+
+    def watch(self, seat: str) -> None:
+        """Keep *seat*'s total fresh (a seat this node runs)."""
+        self._watched.add(f"seat.{seat}")
+
+    def spent(self, seat: str) -> tuple[int, int]:
+        """(org, seat) tokens spent, as this node knows them now."""
+        s = f"seat.{seat}"
+        return (self._known["org"] + self._pending["org"], self._known[s] + self._pending[s])
+
+    async def flush(self) -> None:
+        """Add what this node spent to the shared totals; re-read the others."""
+        async with self._lock:
+            for key in sorted(self._watched):
+                delta = self._pending.get(key, 0)
+                for attempt in range(_CAS_ATTEMPTS):
+                    seq, data = await _read(self.js, BUDGETS.name, key, leader=True)
+                    total = int(data or 0)
+                    if not delta:
+                        self._known[key] = total
+                        break
+                    if await _cas(self.js, self._put + key, str(total + delta).encode(), seq):
+                        self._known[key] = total + delta
+                        self._pending[key] -= delta
+                        break
+                    await asyncio.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Flush every ``flush_every`` seconds until *stopping*, and once more then."""
+        while not stopping.is_set():
+            try:
+                await asyncio.wait_for(stopping.wait(), self.flush_every)
+            except asyncio.TimeoutError:
+                pass
+            try:
+                await self.flush()
+            except CounterError as exc:
+                log.event("budget_flush_failed", "warning", error=str(exc))
+
+
+async def _cas(js: JetStreamContext, subject: str, value: bytes, expected: int,
+               ttl: float | None = None) -> bool:
+    """Publish *value* only if the key's last sequence is *expected*."""
+    try:
+        await js.publish(subject, value, headers={_EXPECTED_LAST: str(expected)}, msg_ttl=ttl)
+        return True
+    except APIError as exc:
+        if exc.err_code in _WRONG_LAST_SEQUENCE:
+            return False
+        raise CounterError(f"writing {subject}: {exc}") from exc
+    except Exception as exc:
+        raise CounterError(f"writing {subject}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,63 @@
+"""``crewletctl send SEAT TEXT``: put mail in a seat's mailbox, and maybe watch its turn.
+
+crewletd publishes the mail (from ``crewletctl@<node>``) under a trigger id,
+ours with ``--trigger`` (sending again with the same id is worked once:
+the seat's ledger skips a trigger already worked), else a fresh one. With
+``--wait`` it also listens for the turn record of that trigger and answers
+with the first one, so the request waits up to ``--wait`` seconds plus the
+usual call timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from crewlet.ctl import CALL_TIMEOUT, Ctl
+from crewlet.ctl.render import no_turn_text, sent_text, turn_text
+
+STDIN = "-"  # TEXT that means: read the text from stdin
+
+
+@click.command()
+@click.argument("seat")
+@click.argument("text")
+@click.option("--wait", type=click.FloatRange(min=0.0, min_open=True), metavar="SECONDS",
+              help="Wait up to SECONDS for the turn that works the mail and print it.")
+@click.option("--trigger", metavar="ID", help="The mail's trigger id (default: a fresh one); "
+                                              "mail sent again under a worked trigger is skipped.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print crewletd's answer as JSON: seat, seq, trigger, turn (null without a turn).")
+@click.pass_obj
+def send(ctl: Ctl, seat: str, text: str, wait: float | None, trigger: str | None, as_json: bool) -> None:
+    """Put TEXT in SEAT's mailbox (TEXT "-": read it from stdin).
+
+    Prints "sent to SEAT (trigger ID, seq N)". With --wait, also the turn
+    that worked it: outcome, rounds, tool calls, tokens, how long it took,
+    and the reply; or "no turn finished within Ns" when none did in time
+    (the mail stays in the mailbox and is worked later).
+
+    Exits 0 once the mail is in the mailbox, whatever the turn's outcome
+    and whether one finished within --wait (see the output, or `turn` in
+    --json); 1 if crewletd refuses (no such seat, no company applied), 69
+    when no node answers.
+    """
+    if text == STDIN:
+        text = sys.stdin.read()
+    if not text.strip():
+        raise click.BadParameter("the text is empty", param_hint="TEXT")
+    args = {"seat": seat, "text": text}
+    if trigger:
+        args["trigger"] = trigger
+    if wait:
+        args["wait"] = wait
+    result = ctl.ask("send", CALL_TIMEOUT + (wait or 0.0), **args)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(sent_text(result))
+    if wait:
+        turn = result.get("turn")
+        click.echo(turn_text(turn) if isinstance(turn, dict) else no_turn_text(wait))

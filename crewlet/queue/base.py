@@ -1,0 +1,151 @@
+"""The mailbox backend interface: what a seat's mailbox promises, whoever implements it.
+
+A backend is one :class:`Mailboxes` per process (it holds the connection) and
+any number of cheap :class:`Mailbox` handles, one per attached seat. The
+behaviour every backend owes is held by :mod:`crewlet.queue.conformance`;
+timings are the business of ``bench/``.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterable
+
+# Deliveries a message may take before it is a dead letter (DESIGN §4, "The
+# numbers"). A hand-over NAK spends one, so this is generous on purpose.
+DELIVERY_BUDGET = 25
+
+# The header a message's trigger id travels in; the ledger is keyed by it.
+TRIGGER_HEADER = "Crewlet-Trigger"
+
+# Seat names are NATS subject tokens and consumer names: no dots, no wildcards.
+SEAT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+class MailboxError(Exception):
+    """A mailbox could not be reached or used (no such mailbox, broker unavailable)."""
+
+
+def check_seat(seat: str) -> str:
+    """*seat*, if it is a valid seat name; ``ValueError`` otherwise."""
+    if not isinstance(seat, str) or not SEAT_NAME.match(seat):
+        raise ValueError(f"bad seat name {seat!r}: must match {SEAT_NAME.pattern}")
+    return seat
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message handed to the holder of a seat, not yet acked."""
+
+    seat: str
+    seq: int                # stream sequence in the mailbox stream
+    data: bytes
+    headers: dict[str, str]
+    deliveries: int         # 1 on first delivery
+    trigger: str            # headers["Crewlet-Trigger"] if present, else f"{seat}.{seq}"
+    ack_token: str          # opaque; whoever holds it may ack/nak it
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message that spent its delivery budget, as kept in the dead-letter stream."""
+
+    seq: int                # its sequence in the dead-letter stream (what requeue takes)
+    seat: str
+    data: bytes
+    headers: dict[str, str]  # the original message's own headers (the trigger among them)
+    reason: str
+    deliveries: int
+    original_seq: int       # its sequence in the mailbox stream
+    at: float               # when it became a dead letter (time.time())
+
+
+class Mailbox(ABC):
+    """One seat's mailbox, attached by the node holding the seat's lease.
+
+    The cursor belongs to the mailbox, not to this handle: detaching loses
+    nothing, and whoever attaches next is handed what was never acked.
+    """
+
+    seat: str
+
+    @abstractmethod
+    async def next(self, wait: float = 0.0) -> Delivery | None:
+        """Fetch ONE message (no prefetch); wait up to *wait* s for one (0: do not wait).
+
+        A delivery past the budget is never returned: it goes to the dead
+        letters and the next message is fetched instead."""
+
+    @abstractmethod
+    async def ack(self, d: Delivery) -> None:
+        """The turn is done: the message is not delivered again."""
+
+    @abstractmethod
+    async def nak(self, d: Delivery, delay: float | None = None) -> None:
+        """Give it back, to be delivered again now (or after *delay* s)."""
+
+    @abstractmethod
+    async def in_progress(self, d: Delivery) -> None:
+        """Still working on it: start its ack wait again (long turns)."""
+
+    @abstractmethod
+    async def detach(self) -> None:
+        """Flush what this handle sent; nothing else (the cursor is the mailbox's)."""
+
+
+class Mailboxes(ABC):
+    """Every seat's mailbox, through one process's connection."""
+
+    @abstractmethod
+    async def ensure_streams(self, *, replicas: int, max_consumers: int, mail_days: int) -> None:
+        """Create (or bring up to date) the streams mailboxes live in; never deletes data."""
+
+    @abstractmethod
+    async def ensure(self, seats: Iterable[str]) -> int:
+        """Create the missing mailboxes of *seats*, leaving existing ones alone; how many created."""
+
+    @abstractmethod
+    async def existing(self) -> set[str]:
+        """The seats that have a mailbox."""
+
+    @abstractmethod
+    async def send(self, seat: str, text_or_bytes: str | bytes, *, trigger: str | None = None,
+                   headers: dict[str, str] | None = None) -> int:
+        """Put a message in *seat*'s mailbox; its stream sequence.
+
+        *trigger* (made up if None) travels as ``Crewlet-Trigger``; sending the
+        same trigger to the same seat again stores it once."""
+
+    @abstractmethod
+    def attach(self, seat: str) -> Mailbox:
+        """A handle on *seat*'s mailbox; cheap, no broker state per attach."""
+
+    @abstractmethod
+    async def ack(self, ack_token: str) -> None:
+        """Ack a delivery by its token (a restarted process holds only the token)."""
+
+    @abstractmethod
+    async def nak(self, ack_token: str, delay: float | None = None) -> None:
+        """NAK a delivery by its token."""
+
+    @abstractmethod
+    async def info(self, seat: str) -> dict:
+        """``{"pending", "in_flight", "redelivered", "ack_floor"}`` of *seat*'s mailbox."""
+
+    @abstractmethod
+    async def remove(self, seat: str) -> None:
+        """Delete *seat*'s mailbox and its mail (idempotent)."""
+
+    @abstractmethod
+    async def trim(self, seat: str) -> int:
+        """Drop *seat*'s worked mail (acked, below the ack floor); how many messages went."""
+
+    @abstractmethod
+    async def dead_letters(self, seat: str | None = None, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters, oldest first, of one seat or of all."""
+
+    @abstractmethod
+    async def requeue(self, dlq_seq: int) -> int:
+        """Send a dead letter back to its seat with a fresh budget; its new sequence."""

@@ -1,0 +1,469 @@
+"""The turn loop of a node's seats (DESIGN §5): mail in, turns run, acks out.
+
+For every seat this node holds there is one :class:`SeatWork`: it starts the
+seat's MCP servers, then works its mailbox one turn at a time. Every turn on
+the node passes one gate, ``node.max_concurrent`` turn slots; a seat fetches
+**one** message only once it holds a slot, so nothing waits in this node's
+hands that it is not running (no prefetch).
+
+A turn, in order:
+
+1. **admission** — this node's last successful renew is under one heartbeat
+   old (:meth:`SeatSweeper.admitted`); otherwise the seat stops fetching
+   until it is, and a message already fetched is NAKed straight back;
+2. **budget** — the org and seat caps of the company; a seat over one fetches
+   nothing (its mail waits in the mailbox) and says so once (``turn_deferred``);
+   a provider key cooling after a 429 is waited out the same way;
+3. **the ledger** — a trigger already worked is acked and skipped;
+4. **the rounds** (:func:`crewlet.agent.turn.run_rounds`), the fence checked
+   before each round's side effects;
+5. **the ledger** written, then the **ack**, then the turn record on
+   ``EVENTS`` (``events.turn.<seat>``).
+
+A message counts as in this node's hands from its fetch to its ack. Its ack
+token is written to ``<run>/inflight/<seat>`` first, so when the seats role
+is killed mid-turn its next incarnation (or crewletd's, within the lease's
+TTL) NAKs it on claiming the seat again, and the turn is redone at once
+rather than after the 30-minute ack wait. A node that dies whole has no next
+incarnation to do this; its mail comes back after the ack wait, as DESIGN
+says.
+
+Mail wakes a seat: the node subscribes to ``agents.inbox.*`` (plain NATS, no
+JetStream state) and wakes the seat a message was published for. A seat also
+looks every :data:`POLL` seconds, for what a wake cannot announce: a delivery
+whose ack wait ran out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from crewlet import log
+from crewlet.agent.mcp import SeatServers
+from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
+from crewlet.agent.tools import Notes, Registry, builtin_tools
+from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
+from crewlet.company import Company
+from crewlet.coord.counters import Budgets, CounterError, Cooldowns, Ledger
+from crewlet.queue.base import Delivery, Mailbox, Mailboxes
+from roles.seats.sweeper import SeatSweeper
+
+# Seconds between a seat's own looks at its mailbox when no mail wakes it:
+# only a delivery whose ack wait (30 min) ran out arrives unannounced, so a
+# minute's delay on that is nothing, and 10,000 idle seats cost ~170 cheap
+# requests a second rather than a busy broker.
+POLL = 60.0
+# Seconds one turn may take, all rounds included (well under the ack wait).
+TURN_TIMEOUT = 300.0
+# Delay of a NAK after a failure that may pass (a provider down, a cooldown):
+# the first, doubled per delivery, up to the cap.
+RETRY_DELAY = 5.0
+RETRY_DELAY_MAX = 300.0
+# Seconds between looks while a seat waits on admission, a budget or a cooldown.
+RECHECK = 0.5
+# Seconds between the stats reports to crewletd (crewletctl status --watch).
+STATS_EVERY = 1.0
+# How many finished turns of a seat the stats remember.
+LAST_TURNS = 1
+
+
+@dataclass
+class Services:
+    """What the built-in tools reach (see :class:`crewlet.agent.tools.ToolContext`)."""
+
+    mailboxes: Mailboxes
+    notes: Notes
+    seats: frozenset[str]
+
+
+class TurnEngine:
+    """Every held seat's work on this node, and the node's turn slots.
+
+    Invariants: ``work`` has an entry exactly for the seats the sweeper holds
+    (added by :meth:`on_claim`, removed by :meth:`on_release`); ``running`` is
+    the number of turns between fetch and ack, never above ``max_concurrent``.
+    """
+
+    def __init__(self, *, node: str, run_dir: str, mark: str, mailboxes: Mailboxes, ledger: Ledger,
+                 budgets: Budgets, cooldowns: Cooldowns, notes: Notes, sweeper: SeatSweeper,
+                 max_concurrent: int, events_js):
+        self.node = node
+        self.mark = mark
+        self.inflight_dir = os.path.join(run_dir, "inflight")
+        os.makedirs(self.inflight_dir, mode=0o700, exist_ok=True)
+        self.mailboxes = mailboxes
+        self.ledger = ledger
+        self.budgets = budgets
+        self.cooldowns = cooldowns
+        self.notes = notes
+        self.sweeper = sweeper
+        self.js = events_js
+        self.max_concurrent = max_concurrent
+        self.slots = asyncio.Semaphore(max_concurrent)
+        self.running = 0
+        self.peak = 0
+        self.turns = 0
+        self.company: Company | None = None
+        self.services: Services | None = None
+        self.providers: dict[str, Provider] = {}
+        self._provider_specs: dict[str, Any] = {}
+        self.work: dict[str, SeatWork] = {}
+        self._stopping_work: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------ company
+
+    def set_company(self, company: Company) -> None:
+        self.company = company
+        self.services = Services(self.mailboxes, self.notes, frozenset(s.name for s in company.seats))
+        specs = {name: p.model_dump() for name, p in company.providers.items()}
+        for name in list(self.providers):
+            if specs.get(name) != self._provider_specs.get(name):
+                self._close_later(self.providers.pop(name))
+        for name, spec in company.providers.items():
+            if name not in self.providers:
+                self.providers[name] = make_provider(name, spec, cooldowns=self.cooldowns)
+        self._provider_specs = specs
+        for work in self.work.values():
+            work.wake()  # budgets or providers may have changed
+
+    def _close_later(self, provider: Provider) -> None:
+        task = asyncio.create_task(provider.close())
+        self._stopping_work.add(task)
+        task.add_done_callback(self._stopping_work.discard)
+
+    # ------------------------------------------------------------ the hooks
+
+    async def on_claim(self, seat: str, held) -> None:
+        """The sweeper holds *seat* now: start its work (never blocks the sweep)."""
+        log.event("seat_claimed", seat=seat, token=held.token if held else None)
+        old = self.work.pop(seat, None)
+        if old is not None:
+            await old.stop(nak=True)
+        work = SeatWork(self, seat, held.token)
+        self.work[seat] = work
+        self.budgets.watch(seat)
+        work.start()
+
+    async def on_release(self, seat: str, held) -> None:
+        """*seat* is given up or lost: hand back what was fetched, stop its work.
+
+        The NAK happens before this returns (and so before the lease is
+        deleted), so the successor's first fetch finds the mail.
+        """
+        log.event("seat_released", seat=seat)
+        work = self.work.pop(seat, None)
+        if work is None:
+            return
+        await work.stop(nak=True, servers_later=True)
+
+    def wake(self, seat: str) -> None:
+        work = self.work.get(seat)
+        if work is not None:
+            work.wake()
+
+    async def close(self) -> None:
+        for seat in list(self.work):
+            await self.work.pop(seat).stop(nak=True)
+        if self._stopping_work:
+            await asyncio.gather(*self._stopping_work, return_exceptions=True)
+        for provider in self.providers.values():
+            await provider.close()
+
+    # ------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": self.running, "max_concurrent": self.max_concurrent, "peak": self.peak,
+                "turns": self.turns, "org_spent": self.budgets.spent("")[0],
+                "seats": {seat: w.stats() for seat, w in sorted(self.work.items())}}
+
+    # ------------------------------------------------------------ helpers
+
+    def fence(self, seat: str, token: int) -> bool:
+        """Does this node still hold *seat* under *token*, by its own clock?
+
+        A lease renewed at *t* lives on the server until at least *t* + TTL,
+        and nobody can claim a live key, so a fresh lease needs no round trip.
+        """
+        held = self.sweeper.held.get(seat)
+        return held is not None and held.token == token and held.fresh()
+
+    def over_budget(self, seat: str) -> str | None:
+        """Why *seat* may not start a turn now for its spend, or None."""
+        company = self.company
+        if company is None:
+            return None
+        org_spent, seat_spent = self.budgets.spent(seat)
+        cap = company.budgets.org
+        if cap is not None and org_spent >= cap:
+            return f"org budget of {cap} tokens spent ({org_spent})"
+        cap = company.budgets.seats.get(seat)
+        if cap is not None and seat_spent >= cap:
+            return f"seat budget of {cap} tokens spent ({seat_spent})"
+        return None
+
+    def inflight_path(self, seat: str) -> str:
+        return os.path.join(self.inflight_dir, seat)
+
+    async def publish_record(self, record: TurnRecord) -> None:
+        try:
+            await self.js.publish(f"events.turn.{record.seat}", json.dumps(record.as_dict()).encode())
+        except Exception as exc:  # the turn is done and acked; the record is best effort here
+            log.event("turn_record_failed", "warning", seat=record.seat, trigger=record.trigger,
+                      error=f"{type(exc).__name__}: {exc}")
+
+
+class SeatWork:
+    """One held seat: its MCP servers, its tools and its mailbox loop.
+
+    Invariant: ``fetched`` is the delivery in this node's hands whose turn has
+    not started (NAKed on stop); ``turn`` the one being worked, if any.
+    """
+
+    def __init__(self, engine: TurnEngine, seat: str, token: int):
+        self.engine = engine
+        self.seat = seat
+        self.token = token
+        self.registry = Registry()
+        for tool in builtin_tools():
+            self.registry.add(tool)
+        self.servers: SeatServers | None = None
+        self.mailbox: Mailbox = engine.mailboxes.attach(seat)
+        self.fetched: Delivery | None = None
+        self.turn: Delivery | None = None
+        self.deferred: str | None = None
+        self.last: dict[str, Any] | None = None
+        self.turns = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"seat {self.seat}")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": self.turn is not None, "turns": self.turns, "deferred": self.deferred,
+                "last": self.last, "mcp": self.servers.status() if self.servers else {}}
+
+    async def stop(self, *, nak: bool, servers_later: bool = False) -> None:
+        """Stop fetching; NAK what was fetched (and a turn cut short); stop the servers."""
+        # Read before cancelling: the loop forgets them as it unwinds. A turn
+        # that acked just before the cancel lands is NAKed too, which is ignored.
+        in_hand = [d for d in (self.fetched, self.turn) if d is not None]
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:
+                log.event("seat_work_failed", "error", seat=self.seat, error=f"{type(exc).__name__}: {exc}")
+        for delivery in in_hand:
+            if nak:
+                try:
+                    await self.mailbox.nak(delivery)
+                except Exception as exc:
+                    log.event("seat_nak_failed", "warning", seat=self.seat, error=str(exc))
+        self.fetched = self.turn = None
+        self._forget_inflight()
+        await self.mailbox.detach()
+        if self.servers is not None:
+            if servers_later:
+                task = asyncio.create_task(self.servers.stop())
+                self.engine._stopping_work.add(task)
+                task.add_done_callback(self.engine._stopping_work.discard)
+            else:
+                await self.servers.stop()
+
+    # ------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        engine = self.engine
+        await self._recover_inflight()
+        seat_cfg = self._seat_cfg()
+        if seat_cfg is not None and seat_cfg.mcp:
+            self.servers = SeatServers(self.seat, seat_cfg.mcp, self.registry, mark=engine.mark)
+            await self.servers.start()
+        self._wake.set()
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), POLL * random.uniform(0.8, 1.2))
+            except asyncio.TimeoutError:
+                pass
+            # Work until the mailbox is empty; mail arriving meanwhile sets the
+            # event again, so clearing it first loses no wake.
+            self._wake.clear()
+            while await self._one():
+                pass
+
+    async def _one(self) -> bool:
+        """Fetch and work one message; False when the mailbox had none."""
+        engine = self.engine
+        await self._wait_until_startable()
+        async with engine.slots:
+            delivery = await self.mailbox.next()
+            if delivery is None:
+                return False
+            self.fetched = delivery
+            if not engine.sweeper.admitted() or not engine.fence(self.seat, self.token):
+                # Our renewals are late (or the seat is going): hand it back at once.
+                self.fetched = None
+                await self.mailbox.nak(delivery)
+                return True
+            engine.running += 1
+            engine.peak = max(engine.peak, engine.running)
+            self.turn, self.fetched = delivery, None
+            try:
+                await self._turn(delivery)
+            finally:
+                self.turn = None
+                engine.running -= 1
+        return True
+
+    async def _wait_until_startable(self) -> None:
+        """Admission, budget and cooldown, waited out here so no mail is fetched meanwhile."""
+        engine = self.engine
+        while True:
+            why = None
+            if not engine.sweeper.admitted():
+                why = "admission: this node's lease renewals are late"
+            elif (budget := engine.over_budget(self.seat)) is not None:
+                why = budget
+            else:
+                provider = self._provider()
+                until = await provider.cooling() if provider is not None else None
+                if until is not None:
+                    why = f"provider {provider.name} cooling until {until:.0f}"
+            if why is None:
+                if self.deferred is not None:
+                    log.event("turn_resumed", seat=self.seat)
+                self.deferred = None
+                return
+            if why != self.deferred and not why.startswith("admission"):
+                log.event("turn_deferred", "warning", seat=self.seat, reason=why)
+                await engine.publish_record(TurnRecord(self.seat, "", engine.node, self.token, 0,
+                                                       outcome="deferred", error=why))
+            self.deferred = why
+            await asyncio.sleep(RECHECK)
+
+    async def _turn(self, delivery: Delivery) -> None:
+        engine = self.engine
+        record = TurnRecord(self.seat, delivery.trigger, engine.node, self.token, delivery.deliveries,
+                            sender=delivery.headers.get("Crewlet-From"))
+        started = time.monotonic()
+        self._remember_inflight(delivery)
+        try:
+            if await engine.ledger.done(delivery.trigger) is not None:
+                record.outcome = "skipped"
+                await self.mailbox.ack(delivery)
+                return
+            seat_cfg, provider = self._seat_cfg(), self._provider()
+            if seat_cfg is None or provider is None:
+                record.outcome, record.error = "failed", "seat or provider not in the company"
+                await self.mailbox.nak(delivery, RETRY_DELAY)
+                return
+            try:
+                usage = await run_rounds(
+                    record, text=delivery.data.decode(errors="replace"), persona=seat_cfg.persona,
+                    provider=provider, registry=self.registry, services=engine.services,
+                    fence=lambda: engine.fence(self.seat, self.token),
+                    deadline=time.monotonic() + TURN_TIMEOUT)
+            except Fenced as exc:
+                record.outcome, record.error = "fenced", str(exc)
+                log.event("turn_fenced", "warning", seat=self.seat, trigger=delivery.trigger)
+                # Hand it to the successor now rather than after the ack wait;
+                # it checks the ledger like anybody.
+                await self.mailbox.nak(delivery)
+                return
+            except ProviderError as exc:
+                engine.budgets.add(self.seat, sum(record.tokens.values()))
+                record.outcome, record.error = "failed", str(exc)
+                if isinstance(exc, CoolingDown) or exc.retryable:
+                    await self.mailbox.nak(delivery, self._retry_delay(delivery, exc))
+                else:
+                    await self._give_up(delivery, record)
+                return
+            engine.budgets.add(self.seat, usage.total)
+            await engine.ledger.record(delivery.trigger, {
+                "seat": self.seat, "node": engine.node, "token": self.token,
+                "outcome": record.outcome, "at": time.time(), "rounds": record.rounds})
+            await self.mailbox.ack(delivery)
+        except asyncio.CancelledError:
+            record.outcome, record.error = "interrupted", "the seat was released mid-turn"
+            raise
+        except CounterError as exc:
+            record.outcome, record.error = "failed", str(exc)
+            await self.mailbox.nak(delivery, RETRY_DELAY)
+        finally:
+            if record.outcome != "interrupted":
+                self._forget_inflight()
+            record.took_ms = round((time.monotonic() - started) * 1000, 3)
+            self.turns += 1
+            engine.turns += 1
+            self.last = {"trigger": record.trigger, "outcome": record.outcome, "at": record.started_at,
+                         "took_ms": record.took_ms, "error": record.error}
+            log.event("turn", seat=self.seat, trigger=record.trigger, outcome=record.outcome,
+                      rounds=record.rounds, tools=len(record.tool_calls), took_ms=record.took_ms,
+                      error=record.error)
+            await engine.publish_record(record)
+
+    async def _give_up(self, delivery: Delivery, record: TurnRecord) -> None:
+        """A failure that will not pass (a bad request, a missing key): dead-letter it now."""
+        await self.mailbox.dead_letter(delivery, f"turn failed: {record.error}")
+
+    def _retry_delay(self, delivery: Delivery, exc: ProviderError) -> float:
+        if isinstance(exc, CoolingDown):
+            return max(RETRY_DELAY, exc.until - time.time())
+        return min(RETRY_DELAY_MAX, RETRY_DELAY * 2 ** (delivery.deliveries - 1))
+
+    # ------------------------------------------------------------ lookups
+
+    def _seat_cfg(self):
+        company = self.engine.company
+        try:
+            return company.seat(self.seat) if company is not None else None
+        except KeyError:
+            return None
+
+    def _provider(self) -> Provider | None:
+        seat_cfg = self._seat_cfg()
+        return self.engine.providers.get(seat_cfg.provider) if seat_cfg is not None else None
+
+    # ------------------------------------------------------------ in flight
+
+    def _remember_inflight(self, delivery: Delivery) -> None:
+        # Not fsynced: it must survive this process being killed, not the machine.
+        path = self.engine.inflight_path(self.seat)
+        with open(path + ".tmp", "w") as f:
+            f.write(delivery.ack_token)
+        os.replace(path + ".tmp", path)
+
+    def _forget_inflight(self) -> None:
+        try:
+            os.unlink(self.engine.inflight_path(self.seat))
+        except FileNotFoundError:
+            pass
+
+    async def _recover_inflight(self) -> None:
+        """NAK the delivery an earlier process of this node left mid-turn.
+
+        Safe because we hold the seat's lease now: nobody else is working its
+        mailbox, and a NAK of a delivery that was acked after all is ignored.
+        """
+        path = self.engine.inflight_path(self.seat)
+        try:
+            with open(path) as f:
+                token = f.read().strip()
+        except FileNotFoundError:
+            return
+        if token:
+            await self.engine.mailboxes.nak(token)
+            log.event("turn_recovered", "warning", seat=self.seat)
+        self._forget_inflight()

@@ -1,0 +1,172 @@
+"""Turns across nodes: hand-over of mail in hand, and counters the fleet shares.
+
+Nodes share one real broker (``stream.type: nats``), as in test_fleet; the
+fleet's timings are shortened by config. Seats are pinned to nodes with
+placement labels so each test knows which node works which seat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import nats
+import pytest
+
+from tests.conftest import CREWLETCTL, wait_for
+from tests.fleet.test_fleet import FAST, fleet_node
+from tests.integration.wire import WireServer
+
+pytestmark = pytest.mark.fleet
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MCP_SERVER = os.path.join(HERE, "..", "integration", "mcp_server.py")
+
+
+def ctl_json(node, *args: str, timeout: float = 60) -> dict:
+    out = subprocess.run([*CREWLETCTL, "-c", node.config_path, *args, "--json"],
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def apply(node, path: str) -> None:
+    out = subprocess.run([*CREWLETCTL, "-c", node.config_path, "apply", path],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def held(node) -> dict[str, str]:
+    st = node.status() or {}
+    return {s["name"]: s["node"] for s in ((st.get("fleet") or {}).get("seats") or [])}
+
+
+def records(natsd) -> list[dict]:
+    async def go():
+        nc = await nats.connect(natsd.url, connect_timeout=2, allow_reconnect=False)
+        out = []
+        try:
+            sub = await nc.jetstream(timeout=5).subscribe("events.turn.>", ordered_consumer=True)
+            while True:
+                try:
+                    out.append(json.loads((await sub.next_msg(timeout=0.5)).data))
+                except Exception:
+                    return out
+        finally:
+            await nc.close()
+    return asyncio.run(go())
+
+
+def write(dir: str, name: str, text: str) -> str:
+    path = os.path.join(dir, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+HANDOVER = """
+company: {{name: t}}
+providers:
+  p:
+    kind: scripted
+    rules:
+      - match: 'long job'
+        reply: done
+        tools: [{{name: slow__nap, args: {{seconds: 20}}}}]
+seats:
+  - name: w
+    persona: a worker
+    provider: p
+    mcp: [{{name: slow, command: {python}, args: [{server}]}}]
+"""
+
+
+def test_a_graceful_stop_hands_a_turn_in_progress_to_the_successor(natsd, make_node):
+    """The stopping node NAKs the turn it cuts short; the successor redoes it at
+    once — not after the 30-minute ack wait."""
+    a = fleet_node(make_node, natsd, "a").start()
+    apply(a, write(a.dir, "company.yaml", HANDOVER.format(python=sys.executable, server=MCP_SERVER)))
+    wait_for(lambda: held(a).get("w") == "a", 20, what="a holds w")
+    b = fleet_node(make_node, natsd, "b").start()
+    ctl_json(a, "send", "w", "long job", "--trigger", "job-1")
+    wait_for(lambda: any(c["name"] == "seats" and (c.get("stats") or {}).get("running")
+                         for c in a.status()["children"]), 20, what="the turn running on a")
+    a.proc.send_signal(signal.SIGTERM)
+    assert a.wait_exit(30) == 0
+    wait_for(lambda: held(b).get("w") == "b", 20, what="b took w over")
+    # b redoes the turn: its nap starts well before any ack wait could pass.
+    wait_for(lambda: any(r["trigger"] == "job-1" and r["node"] == "a" and r["outcome"] == "interrupted"
+                         for r in records(natsd)), 10, what="a's record of the interrupted turn")
+    rows = wait_for(lambda: [r for r in ctl_json(b, "seats")["seats"] if r["in_flight"] == 1], 20,
+                    what="the message in b's hands")
+    assert rows[0]["seat"] == "w" and rows[0]["redelivered"] >= 1
+
+
+BUDGET = """
+company: {name: t}
+providers:
+  p:
+    kind: scripted
+    rules: [{match: '.*', reply: 'a reply of five words'}]
+seats:
+  - {name: sa, persona: seat a, provider: p, placement: {labels: {zone: a}}}
+  - {name: sb, persona: seat b, provider: p, placement: {labels: {zone: b}}}
+budgets:
+  org: 20
+"""
+
+
+def test_the_org_budget_holds_across_nodes(natsd, make_node):
+    a = fleet_node(make_node, natsd, "a", node={"labels": {"zone": "a"}}).start()
+    b = fleet_node(make_node, natsd, "b", node={"labels": {"zone": "b"}}).start()
+    apply(a, write(a.dir, "company.yaml", BUDGET))
+    wait_for(lambda: held(a) == {"sa": "a", "sb": "b"}, 20, what="each node holds its seat")
+    # One turn on a spends past the org cap (system + message + reply words).
+    out = ctl_json(a, "send", "sa", " ".join(["word"] * 20), "--wait", "20")
+    assert out["turn"]["outcome"] == "done"
+    assert sum(out["turn"]["tokens"].values()) > 20
+    # Both nodes learn of the spend, and neither starts another turn.
+    for node in (a, b):
+        wait_for(lambda: any(c["name"] == "seats" and (c.get("stats") or {}).get("org_spent", 0) > 20
+                             for c in node.status()["children"]), 10, what="the spend known")
+    ctl_json(a, "send", "sa", "again")
+    ctl_json(b, "send", "sb", "and here")
+    wait_for(lambda: {r["node"] for r in records(natsd) if r["outcome"] == "deferred"} == {"a", "b"}, 20,
+             what="a turn deferred on each node")
+    deferred = [r for r in records(natsd) if r["outcome"] == "deferred"]
+    assert all("org budget of 20 tokens spent" in r["error"] for r in deferred)
+    rows = {r["seat"]: r for r in ctl_json(a, "seats")["seats"]}
+    assert rows["sa"]["pending"] == 1 and rows["sb"]["pending"] == 1
+    assert [r["outcome"] for r in records(natsd) if r["outcome"] not in ("deferred",)] == ["done"]
+
+
+COOLING = """
+company: {{name: t}}
+providers:
+  gpt: {{kind: openai, model: m, base_url: '{url}/v1', api_key_env: CREWLET_TEST_KEY}}
+seats:
+  - {{name: sa, persona: seat a, provider: gpt, placement: {{labels: {{zone: a}}}}}}
+  - {{name: sb, persona: seat b, provider: gpt, placement: {{labels: {{zone: b}}}}}}
+"""
+
+
+def test_a_429_on_one_node_cools_the_key_on_every_node(natsd, make_node, monkeypatch):
+    monkeypatch.setenv("CREWLET_TEST_KEY", "sk-test")  # inherited by the nodes
+    with WireServer() as endpoint:
+        endpoint.queue({"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "120"})
+        a = fleet_node(make_node, natsd, "a", node={"labels": {"zone": "a"}}).start()
+        b = fleet_node(make_node, natsd, "b", node={"labels": {"zone": "b"}}).start()
+        apply(a, write(a.dir, "company.yaml", COOLING.format(url=endpoint.url)))
+        wait_for(lambda: held(a) == {"sa": "a", "sb": "b"}, 20, what="each node holds its seat")
+        ctl_json(a, "send", "sa", "hi")
+        wait_for(lambda: len(endpoint.received()) == 1, 20, what="the 429")
+        ctl_json(b, "send", "sb", "hi")
+        found = wait_for(lambda: [r for r in records(natsd)
+                                  if r["outcome"] == "deferred" and r["node"] == "b"], 20,
+                         what="b's seat deferred for the cooling key")
+        assert "cooling until" in found[0]["error"]
+        assert len(endpoint.received()) == 1, "b called an endpoint whose key is cooling"

@@ -1,0 +1,72 @@
+"""A stdio MCP server for tests, built with the mcp SDK's server API.
+
+Tools: ``echo(text)``, ``add(a, b)``, ``fail()`` (an error result),
+``crash()`` (the process exits 3 at once, mid-call) and ``nap(seconds)`` (a
+slow tool, so a test can act while a turn is in it).
+
+``--grandchild PIDFILE`` forks, before serving, a grandchild that ignores
+SIGTERM and keeps the server's stdio (the worst case: it holds the client's
+pipes open after the server is gone) and writes its pid to PIDFILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+
+import anyio
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("crewlet-test")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Say *text* back."""
+    return text
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """The sum of a and b."""
+    return a + b
+
+
+@server.tool()
+def fail() -> str:
+    """Always fails."""
+    raise ToolError("this tool always fails")
+
+
+@server.tool()
+async def nap(seconds: float) -> str:
+    """Answers after *seconds*."""
+    await anyio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@server.tool()
+def crash() -> str:
+    """Ends the server at once."""
+    os._exit(3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--grandchild", metavar="PIDFILE")
+    args = parser.parse_args()
+    if args.grandchild:
+        # exec: the pid written is the process that ignores SIGTERM.
+        child = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 300"])
+        tmp = f"{args.grandchild}.tmp"
+        with open(tmp, "w") as f:
+            f.write(str(child.pid))
+        os.replace(tmp, args.grandchild)  # a reader never sees half a pid
+    server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Seats at work on one real node: mail in, turns run, tools called, acks out.
+
+Every test starts a real crewletd (embedded nats-server, real roles) and talks
+to it through crewletctl and a plain NATS connection for reading what landed
+(the ledger, the mailboxes, the turn records). Fleet timings are shortened
+by config so seats are claimed within a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import nats
+import pytest
+
+from crewlet import ipc
+from tests.conftest import CREWLETCTL, wait_for
+
+FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAMPLE = os.path.join(HERE, "..", "..", "etc", "company.yaml")
+MCP_SERVER = os.path.join(HERE, "mcp_server.py")
+
+
+def ctl(node, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*CREWLETCTL, "-c", node.config_path, *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ctl_json(node, *args: str, timeout: float = 60) -> dict:
+    out = ctl(node, *args, "--json", timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def write_company(dir: str, text: str) -> str:
+    path = os.path.join(dir, "company.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def held(node) -> dict[str, str]:
+    st = node.status() or {}
+    return {s["name"]: s["node"] for s in ((st.get("fleet") or {}).get("seats") or [])}
+
+
+def seats_stats(node) -> dict:
+    for child in (node.status() or {}).get("children", []):
+        if child["name"] == "seats":
+            return child.get("stats") or {}
+    return {}
+
+
+def url(node) -> str:
+    return f"nats://{node.config['stream']['listen']}"
+
+
+def read_nats(node, fn):
+    """Run ``await fn(nc, js)`` on a connection of our own to the node's broker."""
+    async def go():
+        nc = await nats.connect(url(node), connect_timeout=2, allow_reconnect=False)
+        try:
+            return await fn(nc, nc.jetstream(timeout=5))
+        finally:
+            await nc.close()
+    return asyncio.run(go())
+
+
+async def ledger_keys(nc, js) -> set[str]:
+    kv = await js.key_value("ledger")
+    try:
+        return set(await kv.keys())
+    except Exception:  # nats-py raises when the bucket has no keys
+        return set()
+
+
+async def turn_records(nc, js) -> list[dict]:
+    """Every turn record on EVENTS, oldest first."""
+    out: list[dict] = []
+    sub = await js.subscribe("events.turn.>", ordered_consumer=True)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except Exception:
+                return out
+            out.append(json.loads(msg.data))
+    finally:
+        await sub.unsubscribe()
+
+
+async def mail_of(seat: str, nc, js) -> list[str]:
+    """The texts in *seat*'s mailbox subject, worked or not, in order."""
+    out: list[str] = []
+    sub = await js.subscribe(f"agents.inbox.{seat}", ordered_consumer=True)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except Exception:
+                return out
+            out.append(msg.data.decode())
+    finally:
+        await sub.unsubscribe()
+
+
+# --------------------------------------------------------------------------
+
+
+def test_sample_company_does_a_turn_with_each_kind_of_tool(make_node):
+    """The README's demo: hello, an MCP tool of the seat's own, mail to another
+    seat, private notes — and crewletctl seats and status show it."""
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    wait_for(lambda: held(node).get("ceo") == "t1" and held(node).get("cto") == "t1", 30,
+             what="ceo and cto held")
+
+    out = ctl_json(node, "send", "ceo", "hello there", "--wait", "30")
+    assert out["turn"]["outcome"] == "done", out
+    assert out["turn"]["reply"].startswith("Hello!")
+
+    # The ceo's own MCP server (crewlet-demo-mcp) answers through the registry.
+    out = ctl_json(node, "send", "ceo", "calculate (2 + 3) * 7", "--wait", "30")
+    turn = out["turn"]
+    assert turn["outcome"] == "done", turn
+    assert turn["tool_calls"] == [{"name": "desk__calc", "error": False, "round": 1}]
+    assert turn["reply"] == "(2 + 3) * 7 = 35"
+
+    # Mail to another seat: the cto works it, and says who it came from.
+    out = ctl_json(node, "send", "ceo", "ask cto to review the plan", "--wait", "30")
+    assert out["turn"]["tool_calls"] == [{"name": "send", "error": False, "round": 1}]
+
+    def cto_turn():
+        rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
+        last = rows["cto"]["last_turn"]
+        return last if last and last["outcome"] == "done" else None
+    last = wait_for(cto_turn, 30, what="the cto's turn")
+    assert last["sender"] == "ceo"
+
+    # Notes are the seat's own and survive between turns.
+    ctl_json(node, "send", "ceo", "remember the launch is on friday", "--wait", "30")
+    out = ctl_json(node, "send", "ceo", "remember coffee", "--wait", "30")
+    assert "the launch is on friday" in out["turn"]["reply"] and "coffee" in out["turn"]["reply"]
+
+    rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
+    assert len(rows) == 30 and rows["ceo"]["owner"] == "t1"
+    assert rows["ceo"]["pending"] == 0 and rows["ceo"]["in_flight"] == 0
+    wait_for(lambda: seats_stats(node).get("turns", 0) >= 6, 5, what="the turns counted in status")
+
+
+def test_unknown_seat_and_empty_text_are_refused(make_node):
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    wait_for(lambda: node.status()["fleet"]["company"], 20, what="the company applied")
+    out = ctl(node, "send", "nobody", "hi")
+    assert out.returncode == 1 and "no seat named 'nobody'" in out.stderr
+    out = ctl(node, "send", "ceo", "   ")
+    assert out.returncode == 2 and "the text is empty" in out.stderr
+    # crewletd refuses it too, for callers other than crewletctl.
+    reply = ipc.call(node.run_dir, "send", 3.0, seat="ceo", text=" ")
+    assert not reply["ok"] and "non-empty" in reply["error"]
+
+
+WORKER_COMPANY = """
+company: {{name: t}}
+providers:
+  p:
+    kind: scripted
+    rules:
+      - match: 'job (\\d+)'
+        reply: 'finished \\1'
+        tools:
+          - {{name: slow__nap, args: {{seconds: {nap}}}}}
+          - {{name: send, args: {{seat: sink, text: 'job \\1 done'}}}}
+seats:
+  - name: w
+    persona: a worker
+    provider: p
+    mcp: [{{name: slow, command: {python}, args: [{server}]}}]
+  # Nobody may hold the sink: its mail stays where the workers' sends put it.
+  - {{name: sink, persona: a sink, provider: p, placement: {{labels: {{zone: nowhere}}}}}}
+"""
+
+
+def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(make_node):
+    """Exactly one completed turn per message, over many SIGKILLs mid-turn:
+    one ledger entry per trigger, one message in the sink per job."""
+    jobs = 12
+    node = make_node(fleet=FAST)
+    company = write_company(node.dir, WORKER_COMPANY.format(
+        nap=0.3, python=sys.executable, server=MCP_SERVER))
+    node.start(args=("--company", company))
+    wait_for(lambda: held(node).get("w") == "t1", 30, what="seat w held")
+    for i in range(jobs):
+        ctl_json(node, "send", "w", f"job {i}", "--trigger", f"job-{i}")
+
+    rng = random.Random(7)
+    kills = 0
+    while kills < 5:
+        done = read_nats(node, ledger_keys)
+        if len(done) == jobs:
+            break
+        # Wait for a turn to be running, then kill the seats child somewhere in it.
+        wait_for(lambda: seats_stats(node).get("running"), 30, what="a turn running")
+        pid = node.process_pids()["seats"]
+        asyncio.run(asyncio.sleep(rng.uniform(0.0, 0.4)))  # a random point in the turn
+        os.kill(pid, signal.SIGKILL)
+        kills += 1
+        node.wait_running(exclude={"seats": pid})
+    assert kills >= 3, "the jobs finished before the seats child could be killed a few times"
+
+    wait_for(lambda: len(read_nats(node, ledger_keys)) == jobs, 60, what="every job in the ledger")
+    assert read_nats(node, ledger_keys) == {f"job-{i}" for i in range(jobs)}
+    sink = read_nats(node, lambda nc, js: mail_of("sink", nc, js))
+    assert sorted(sink) == sorted(f"job {i} done" for i in range(jobs)), sink
+    rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
+    assert rows["w"]["pending"] == 0 and rows["w"]["in_flight"] == 0
+    assert any(e.get("event") == "turn_recovered" for e in node.events())
+
+
+CLI_COMPANY = """
+company: {{name: t}}
+providers:
+  slow:
+    kind: cli
+    command: [sh, -c, 'cat >/dev/null; sleep {nap}; echo ok']
+    max_concurrent: 8
+seats:
+{seats}
+"""
+
+
+def test_max_concurrent_is_never_exceeded(make_node):
+    seats = [f"c{i}" for i in range(5)]
+    node = make_node(fleet=FAST, node={"id": "t1", "max_concurrent": 2})
+    company = write_company(node.dir, CLI_COMPANY.format(
+        nap=0.5, seats="\n".join(f"  - {{name: {s}, persona: p, provider: slow}}" for s in seats)))
+    node.start(args=("--company", company))
+    wait_for(lambda: set(held(node)) == set(seats), 30, what="every seat held")
+    for seat in seats:
+        for n in range(2):
+            ctl_json(node, "send", seat, f"work {n}")
+
+    def finished():
+        records = [r for r in read_nats(node, turn_records) if r["outcome"] == "done"]
+        return records if len(records) == 2 * len(seats) else None
+    records = wait_for(finished, 60, what="every turn done")
+    # The most turns running at any instant, from the records' own timings.
+    edges = sorted([(r["started_at"], 1) for r in records]
+                   + [(r["started_at"] + r["took_ms"] / 1000, -1) for r in records])
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    assert peak == 2, f"at most 2 turns at once, and the gate was used: peak {peak}"
+    stats = seats_stats(node)
+    assert stats["max_concurrent"] == 2 and stats["peak"] <= 2
+
+
+FAILING_COMPANY = """
+company: {name: t}
+providers:
+  gone:
+    kind: openai
+    base_url: http://127.0.0.1:9/v1
+    api_key_env: CREWLET_TEST_NO_SUCH_KEY
+seats:
+  - {name: f, persona: p, provider: gone}
+"""
+
+
+def test_a_turn_that_cannot_succeed_lands_in_the_dead_letters_and_can_be_requeued(make_node):
+    node = make_node(fleet=FAST)
+    node.start(args=("--company", write_company(node.dir, FAILING_COMPANY)))
+    wait_for(lambda: held(node).get("f") == "t1", 30, what="seat f held")
+    out = ctl_json(node, "send", "f", "please work", "--wait", "30")
+    assert out["turn"]["outcome"] == "failed" and "CREWLET_TEST_NO_SUCH_KEY" in out["turn"]["error"]
+
+    letters = wait_for(lambda: ctl_json(node, "dlq")["dead_letters"], 10, what="a dead letter")
+    (letter,) = letters
+    assert letter["seat"] == "f" and letter["text"] == "please work"
+    assert "CREWLET_TEST_NO_SUCH_KEY" in letter["reason"]
+    rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
+    assert rows["f"]["dead_letters"] == 1 and rows["f"]["pending"] == 0
+
+    out = ctl(node, "dlq", "requeue", str(letter["seq"]))
+    assert out.returncode == 0, out.stderr
+    # Back in the mailbox, worked again (and dead-lettered again: still no key).
+    wait_for(lambda: len(ctl_json(node, "dlq")["dead_letters"]) == 1
+             and ctl_json(node, "dlq")["dead_letters"][0]["seq"] != letter["seq"], 30,
+             what="the requeued letter worked and dead-lettered again")
+
+
+@pytest.mark.parametrize("company_text", [FAILING_COMPANY])
+def test_removed_seats_mailboxes_are_retired(make_node, company_text):
+    node = make_node(fleet=FAST)
+    node.start(args=("--company", write_company(node.dir, company_text)))
+    wait_for(lambda: held(node).get("f") == "t1", 30, what="seat f held")
+
+    async def mailboxes(nc, js):
+        return {c.name for c in await js.consumers_info("AGENTS")}
+    assert read_nats(node, mailboxes) == {"inbox-f"}
+    smaller = company_text.replace("  - {name: f, persona: p, provider: gone}",
+                                   "  - {name: g, persona: p, provider: gone}")
+    out = ctl(node, "apply", write_company(node.dir, smaller))
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: read_nats(node, mailboxes) == {"inbox-g"}, 30,
+             what="f's mailbox retired, g's created")
+    node.wait_event("mailbox_retired", 5, seat="f")
