@@ -145,7 +145,7 @@ class Fleet:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
         self._js = js
-        self.mailboxes = JetStreamMailboxes(js, self.nc)
+        self.mailboxes = JetStreamMailboxes(js, self.nc, ack_wait=cfg.fleet.ack_wait)
         self.leases = Leases(js, cfg.node.id, self.boot, cfg.fleet.lease_ttl)
         self.presence = Presence(self.leases, cfg.node.id, cfg.data_dir, self.describe)
         try:

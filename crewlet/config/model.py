@@ -276,6 +276,9 @@ class FleetSection(_Section):
     sweep: float = Field(5.0, gt=0)  # the seat sweep's interval
     claims_per_sweep: int = Field(4, ge=1)  # a claim spawns a seat's MCP children
     releases_per_sweep: int = Field(2, ge=1)  # a release interrupts a live agent
+    # A mailbox's ack wait: mail in the hands of a node that died comes back after it.
+    # Set when a mailbox is created (the first node to create it decides).
+    ack_wait: float = Field(1800.0, ge=1)
 
     @field_validator("lease_ttl")
     @classmethod

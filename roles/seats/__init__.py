@@ -7,13 +7,14 @@ the turn loop (:mod:`roles.seats.turns`), whose hooks start and stop a seat's
 work as its lease is claimed and released.
 
 Every process a seat spawns (MCP servers, CLI agents) carries the mark
-``CREWLET_SPAWNED_BY=<node>/seats``; a new seats process first kills what an
+``CREWLET_SPAWNED_BY=<node>/seats/<data dir hash>``; a new seats process first kills what an
 earlier one left behind (:func:`crewlet.agent.janitor.kill_marked`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sys
 
@@ -79,7 +80,9 @@ async def _report(ctx: RoleContext, engine: TurnEngine) -> None:
 
 async def main(ctx: RoleContext) -> None:
     fleet = ctx.config.fleet
-    mark = f"{ctx.node_id}/seats"
+    # The data dir makes the mark this node's alone, even beside another node
+    # that (wrongly) shares its id on the same machine.
+    mark = f"{ctx.node_id}/seats/{hashlib.sha1(ctx.run_dir.encode()).hexdigest()[:8]}"
     os.environ["CREWLET_SPAWN_MARK"] = mark  # the cli provider marks its agents with it
     # Commands installed beside crewlet (crewlet-demo-mcp in a venv) resolve
     # even when that venv's bin dir is not on the PATH crewletd was started with.

@@ -41,6 +41,7 @@ import json
 import os
 import random
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,11 +240,30 @@ class SeatWork:
         self.deferred: str | None = None
         self.last: dict[str, Any] | None = None
         self.turns = 0
+        self.restarts = 0  # times the loop failed and was started again
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"seat {self.seat}")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """The loop only ends by stop(); anything else is a failure: say so, start again."""
+        if task.cancelled() or self.engine.work.get(self.seat) is not self:
+            return
+        exc = task.exception()
+        log.event("seat_work_failed", "error", seat=self.seat,
+                  error=f"{type(exc).__name__}: {exc}" if exc else "ended",
+                  traceback="".join(traceback.format_exception(exc)) if exc else None)
+        self.restarts += 1
+        pause = min(RETRY_DELAY_MAX, RECHECK * 2 ** min(self.restarts, 10))
+        self._task = asyncio.create_task(self._again(pause), name=f"seat {self.seat}")
+        self._task.add_done_callback(self._ended)
+
+    async def _again(self, pause: float) -> None:
+        await asyncio.sleep(pause)
+        await self._run()
 
     def wake(self) -> None:
         self._wake.set()
@@ -288,7 +308,7 @@ class SeatWork:
         engine = self.engine
         await self._recover_inflight()
         seat_cfg = self._seat_cfg()
-        if seat_cfg is not None and seat_cfg.mcp:
+        if seat_cfg is not None and seat_cfg.mcp and self.servers is None:
             self.servers = SeatServers(self.seat, seat_cfg.mcp, self.registry, mark=engine.mark)
             await self.servers.start()
         self._wake.set()

@@ -18,7 +18,7 @@ import nats
 import pytest
 
 from tests.conftest import CREWLETCTL, wait_for
-from tests.fleet.test_fleet import FAST, fleet_node
+from tests.fleet.test_fleet import fleet_node
 from tests.integration.wire import WireServer
 
 pytestmark = pytest.mark.fleet
@@ -170,3 +170,61 @@ def test_a_429_on_one_node_cools_the_key_on_every_node(natsd, make_node, monkeyp
                          what="b's seat deferred for the cooling key")
         assert "cooling until" in found[0]["error"]
         assert len(endpoint.received()) == 1, "b called an endpoint whose key is cooling"
+
+
+KILLED = """
+company: {{name: t}}
+providers:
+  p:
+    kind: scripted
+    rules:
+      - match: 'job (\\d+)'
+        reply: 'finished \\1'
+        tools:
+          - {{name: slow__nap, args: {{seconds: 3}}}}
+          - {{name: send, args: {{seat: sink, text: 'job \\1 done'}}}}
+seats:
+  - name: w
+    persona: a worker
+    provider: p
+    mcp: [{{name: slow, command: {python}, args: [{server}]}}]
+  - {{name: sink, persona: a sink, provider: p, placement: {{labels: {{zone: nowhere}}}}}}
+"""
+
+
+def test_killing_the_node_mid_turn_loses_no_message(natsd, make_node):
+    """kill -9 of the whole node that runs a seat mid-turn: the successor gets
+    the mail after the ack wait (3 s here, 30 min by default), redoes the turn
+    once, and its side effect lands once."""
+    nodes = [fleet_node(make_node, natsd, f"n{i}", fleet={"ack_wait": 3}).start() for i in range(3)]
+    apply(nodes[0], write(nodes[0].dir, "company.yaml",
+                          KILLED.format(python=sys.executable, server=MCP_SERVER)))
+    owner_id = wait_for(lambda: held(nodes[0]).get("w"), 20, what="w held")
+    owner = next(n for n in nodes if n.config["node"]["id"] == owner_id)
+    ctl_json(nodes[0], "send", "w", "job 7", "--trigger", "job-7")
+    wait_for(lambda: any(c["name"] == "seats" and (c.get("stats") or {}).get("running")
+                         for c in owner.status()["children"]), 20, what="the turn running")
+    owner.kill_tree()
+    survivor = next(n for n in nodes if n is not owner)
+
+    async def landed(nc, js):
+        kv = await js.key_value("ledger")
+        try:
+            entry = await kv.get("job-7")
+        except Exception:
+            return None
+        sink = await js.stream_info("AGENTS", subjects_filter="agents.inbox.sink")
+        return json.loads(entry.value), (sink.state.subjects or {}).get("agents.inbox.sink", 0)
+
+    def read():
+        async def go():
+            nc = await nats.connect(natsd.url, connect_timeout=2, allow_reconnect=False)
+            try:
+                return await landed(nc, nc.jetstream(timeout=5))
+            finally:
+                await nc.close()
+        return asyncio.run(go())
+    entry, sunk = wait_for(read, 45, what="the turn redone by a successor")
+    assert entry["node"] != owner_id and entry["node"] in {n.config["node"]["id"] for n in nodes}
+    assert sunk == 1
+    assert held(survivor)["w"] != owner_id

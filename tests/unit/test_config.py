@@ -125,7 +125,7 @@ supervisor:
   heartbeat_interval: 0.25
   heartbeat_grace: 0
 log: {level: error, format: json}
-fleet: {heartbeat: 1, lease_ttl: 3, sweep: 0.5, claims_per_sweep: 8, releases_per_sweep: 3}
+fleet: {heartbeat: 1, lease_ttl: 3, sweep: 0.5, claims_per_sweep: 8, releases_per_sweep: 3, ack_wait: 60}
 debug:
   faults:
     - {role: seats, kind: crash, code: 9}
