@@ -11,9 +11,10 @@ under /tmp), stops them by pid, and measures in one run:
     then ``--msgs`` messages over ``--seats`` random seats, ``--concurrency``
     at once, each one publish -> fetch(1) -> confirmed ack, by bare nats-py
     (``js.publish``, a bound pull subscription's ``fetch(1)``, ``ack_sync``)
-    and by crewlet (``send`` -> ``Mailbox.next`` -> ``ack``) -- the side that
-    goes first alternates -- and then the broker's CPU over ``--idle`` s with
-    nothing to do (psutil on the nats-server pid; 100 % = one core).
+    and by crewlet (``send`` -> ``Mailbox.next`` -> ``ack``), in ``--rounds``
+    rounds whose first side alternates; the broker's CPU while they ran, and
+    over ``--idle`` s with nothing to do after (psutil on the nats-server pid;
+    100 % = one core).
 (b) **creating mailboxes.** ``ensure(--create seats)`` on a fresh single
     server beside bare ``add_consumer`` of as many (same config, 64 at once,
     on a twin stream); then a three-member cluster (routes on loopback, R3
@@ -210,19 +211,25 @@ async def cliff_case(url: str, pid: int, n: int, retention: str, args: argparse.
             raise BenchError(f"ensure made {made} of {n} mailboxes")
         rng = random.Random(SEED + n)
         sample = rng.sample(seats, min(args.seats, n))
-        plan = partition(sample, args.msgs, args.concurrency)
+        per_round = [args.msgs // args.rounds + (1 if i < args.msgs % args.rounds else 0)
+                     for i in range(args.rounds)]
+        plans = [partition(sample, m, args.concurrency) for m in per_round if m]
         subs = {seat: await js.pull_subscribe_bind(durable=f"inbox-{seat}", stream=jsq.STREAM)
                 for seat in sample}
         # Warm both paths on a few seats first (connections, server caches).
         warm = partition(sample[:args.concurrency], args.concurrency, args.concurrency)
         await bare_round(js, warm, subs)
         await crewlet_round(mb, warm)
-        out: dict[str, float] = {}
+        secs = {"bare": 0.0, "crewlet": 0.0}
         cpu0, wall0 = cpu_seconds(pid), time.perf_counter()
-        for side in (("crewlet", "bare") if crewlet_first else ("bare", "crewlet")):
-            secs = await (crewlet_round(mb, plan) if side == "crewlet" else bare_round(js, plan, subs))
-            out[side] = args.msgs / secs
+        # Rounds, the side that goes first alternating: the machine's noise falls on both.
+        for rnd, plan in enumerate(plans):
+            first = crewlet_first == (rnd % 2 == 0)
+            for side in (("crewlet", "bare") if first else ("bare", "crewlet")):
+                secs[side] += await (crewlet_round(mb, plan) if side == "crewlet"
+                                     else bare_round(js, plan, subs))
         busy = 100.0 * (cpu_seconds(pid) - cpu0) / (time.perf_counter() - wall0)
+        out = {side: args.msgs / s for side, s in secs.items()}
         for sub in subs.values():
             await sub.unsubscribe()
         await mb.close()
@@ -349,8 +356,9 @@ def print_text(rep: dict[str, Any]) -> None:
           f"nats-server {cfg['nats_server']}, nats-py {cfg['nats_py']}, file storage)")
     print()
     print(f"(a) retention cliff, one server: {cfg['msgs']} x (publish -> fetch(1) -> confirmed ack) over "
-          f"{cfg['seats']} random seats, {cfg['concurrency']} at once (msgs/s);")
-    print(f"    broker CPU (100 % = one core) while both sides ran, and idle over {cfg['idle']:g} s after")
+          f"{cfg['seats']} random seats,")
+    print(f"    {cfg['concurrency']} at once, {cfg['rounds']} interleaved rounds (msgs/s); broker CPU "
+          f"(100 % = one core) while both sides ran, and idle over {cfg['idle']:g} s after")
     print(f"    {'consumers':>9} {'retention':9} {'create s':>8} {'bare':>8} {'crewlet':>8} "
           f"{'crewlet/bare':>12} {'busy CPU':>9} {'idle CPU':>9} {'stop s':>7}")
     for r in rep["cliff"]:
@@ -386,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--msgs", type=int, default=2000, help="messages per side and case (default 2000)")
     ap.add_argument("--seats", type=int, default=200, help="random seats they go to (default 200)")
     ap.add_argument("--concurrency", type=int, default=32, help="at once (default 32)")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="interleave crewlet and the baseline in this many rounds (default 4)")
     ap.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measured (default 5)")
     ap.add_argument("--create", type=int, default=1000, help="mailboxes created in (b) (default 1000)")
     ap.add_argument("--r3-sample", type=int, default=300,
@@ -398,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     except ValueError:
         ap.error("--sizes takes numbers separated by commas")
-    if not args.sizes or min(args.sizes) < 1 or args.msgs < 1 or args.concurrency < 1 or args.seats < 1:
-        ap.error("sizes, --msgs, --seats and --concurrency must be >= 1")
+    if not args.sizes or min(args.sizes) < 1 or args.msgs < 1 or args.concurrency < 1 or args.seats < 1 \
+            or args.rounds < 1:
+        ap.error("sizes, --msgs, --seats, --concurrency and --rounds must be >= 1")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # crewlet's own events (mailboxes created, ...) would mix with the table.
     log.configure(node=None, role="bench", level="warning", fmt="json", stream=sys.stderr)
@@ -409,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"store {base}; cliff sizes {args.sizes}")
         rep = {"cliff": run_cliff(binary, base, args), "create": run_create(binary, base, args),
                "config": {"msgs": args.msgs, "seats": args.seats, "concurrency": args.concurrency,
-                          "idle": args.idle, "python": sys.version.split()[0], "cpus": os.cpu_count(),
+                          "rounds": args.rounds, "idle": args.idle, "python": sys.version.split()[0],
+                          "cpus": os.cpu_count(),
                           "nats_server": server_version(binary), "nats_py": NATS_PY_VERSION}}
     except BenchError as exc:
         print(f"bench/mailboxes.py: {exc}", file=sys.stderr)

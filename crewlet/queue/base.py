@@ -91,6 +91,10 @@ class Mailbox(ABC):
         """Still working on it: start its ack wait again (long turns)."""
 
     @abstractmethod
+    async def dead_letter(self, d: Delivery, reason: str) -> None:
+        """Move it to the dead letters now, with *reason*: a failure that will not pass."""
+
+    @abstractmethod
     async def detach(self) -> None:
         """Flush what this handle sent; nothing else (the cursor is the mailbox's)."""
 

@@ -70,24 +70,30 @@ DLQ_SUBJECT = "dlq."                 # + seat
 EVENTS_STREAM = "EVENTS"
 EVENTS_MAX_AGE_DAYS = 7              # turn records; the estate keeps them durably elsewhere
 
-# Limits, not interest, measured with bench/mailboxes.py (nats-server 2.15.1, nats-py 2.16,
-# 2 cores, one server; publish + fetch(1) + confirmed ack, 2,000 msgs over 200 seats, 32 at
-# once). Interest retention collapses as consumers multiply -- 1,000: ~1,150 msgs/s,
-# 5,000: ~390, 10,000: ~215, and the idle broker then burns ~100 % of a core -- while limits
-# keeps ~1,200 msgs/s at 10,000 consumers with an idle broker near 0 % (DESIGN §4 saw the
-# same cliff). Limits keeps worked mail, so the stream has a max_age (mail_days) and a
-# workers duty calls trim() per seat.
+# Limits, not interest: measured with bench/mailboxes.py (nats-server 2.15.1, nats-py 2.16, 2 cores,
+# one server, file storage; 2,000 x publish + fetch(1) + confirmed ack over 200 random seats,
+# 32 at once; bare nats-py msgs/s, lowest-highest of four runs on a machine shared with other work):
+#     consumers    interest       limits
+#     1,000        610-2,240      1,660-3,390
+#     5,000        140-650        910-5,290
+#     10,000       70-330         710-6,630      (limits 10-47x interest within every run)
+# Interest retention falls about tenfold from 1,000 to 10,000 mailboxes (DESIGN §4 saw the same
+# cliff); limits does not fall with their number. (The idle CPU burn DESIGN reports after
+# interest runs did not show here: 0-5 % of a core idle in every case.) Limits keeps worked
+# mail, so the stream's max_age is mail_days and trim() -- a workers duty -- drops what lies
+# below a mailbox's ack floor sooner.
 RETENTION = "limits"
 
 DEFAULT_ACK_WAIT = 1800.0            # s: what a node that died mid-turn holds comes back after this
 # Server-side backstop only: the client dead-letters the delivery past the budget itself.
 MAX_DELIVER = DELIVERY_BUDGET + 1
 DLQ_REASON = f"delivery budget of {DELIVERY_BUDGET} spent"
+REASON_KEPT = 1000                   # characters of a dead letter's reason kept in its header
 
-# Creating consumers: concurrency enough to keep a server busy (one server makes 1,000
-# in ~0.5 s this way) without queuing past the per-request wait on an R3 cluster, where
-# each takes ~80 ms of meta-group work; a create that timed out is tried again (with
-# action "create" that is harmless).
+# Creating consumers: concurrency enough to keep a server busy without queuing past the
+# per-request wait on an R3 cluster (measured, 1,000 mailboxes: 0.4-1.0 s on one server,
+# 7-12 s on R3; when they all exist already, ensure() lists them in 2-5 ms). A create that
+# timed out is sent again: with action "create" that is harmless.
 CREATE_CONCURRENCY = 64
 CREATE_TIMEOUT = 10.0
 CREATE_ATTEMPTS = 3
@@ -216,6 +222,9 @@ class JetStreamMailbox(Mailbox):
     async def in_progress(self, d: Delivery) -> None:
         await self._owner._nc.publish(d.ack_token, b"+WPI")
 
+    async def dead_letter(self, d: Delivery, reason: str) -> None:
+        await self._owner._dead_letter(d, reason)
+
     async def detach(self) -> None:
         await self._owner._nc.flush(timeout=self._owner._timeout)
 
@@ -319,6 +328,7 @@ class JetStreamMailboxes(Mailboxes):
             "ack_wait": int(self.ack_wait * _NS), "max_deliver": MAX_DELIVER,
             "filter_subject": SUBJECT + seat,
             # num_replicas 0 inherits the stream's: a mailbox survives a member's loss.
+            # File storage: on R3, mem_storage created consumers only 25-35 % faster (bench).
             # No inactive_threshold (a durable waits for its seat forever); the default
             # max_ack_pending, since a hand-over must never block on it.
             "num_replicas": 0,
@@ -534,21 +544,23 @@ class JetStreamMailboxes(Mailboxes):
 
     # ------------------------------------------------------------ dead letters
 
-    async def _dead_letter(self, d: Delivery) -> None:
+    async def _dead_letter(self, d: Delivery, reason: str = DLQ_REASON) -> None:
         """Copy *d* to the dead letters, then TERM it and delete it from the mailbox stream.
 
         In that order: a crash in between leaves a copy in both, never in neither
         (and the DLQ publish is deduplicated by the stream sequence)."""
         headers = {k: v for k, v in d.headers.items() if not _is_control(k)}
+        # A header value is one line; an error message may not be.
+        reason = " ".join(reason.split())[:REASON_KEPT]
         headers.update({
-            "Crewlet-Dlq-Reason": DLQ_REASON, "Crewlet-Dlq-Stream-Seq": str(d.seq),
+            "Crewlet-Dlq-Reason": reason, "Crewlet-Dlq-Stream-Seq": str(d.seq),
             "Crewlet-Dlq-Deliveries": str(d.deliveries), "Crewlet-Dlq-Seat": d.seat,
             "Nats-Msg-Id": f"dlq-{d.seq}"})
         await self._publish(DLQ_SUBJECT + d.seat, d.data, headers)
         await self._confirmed(d.ack_token, b"+TERM")
         await self._delete(STREAM, d.seq)
         log.event("mailbox_dead_letter", "warning", seat=d.seat, seq=d.seq, deliveries=d.deliveries,
-                  trigger=d.trigger)
+                  trigger=d.trigger, reason=reason)
 
     async def _delete(self, stream: str, seq: int) -> None:
         try:

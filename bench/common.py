@@ -1,0 +1,220 @@
+"""What the bench scripts share: messages, free ports, statistics, a bare nats-server, CPU meters.
+
+A benchmark prints crewlet's figure beside a baseline measured in the same
+run (DESIGN §8); most baselines are bare nats-py on a bare ``nats-server
+-js`` that the script starts itself. This module is that part, written once:
+
+* :func:`say` — progress on stderr, so stdout stays the report (``--json``);
+* :func:`free_ports`, :func:`summary`, :func:`ratio`, :func:`split`;
+* :func:`find_nats_server` — the binary crewlet's embedded broker would use
+  (``--nats-server``, ``$CREWLET_NATS_SERVER``, beside this python, the PATH);
+* :class:`NatsServer` — one ``nats-server -js`` on 127.0.0.1 with its store in
+  a directory of the caller's, stopped by its pid (SIGTERM, then SIGKILL);
+* :func:`wait_jetstream` — until its JetStream answers;
+* :class:`CpuMeter` — CPU % of some processes over a window (100 % = one core),
+  from their CPU times, so a window may span awaits.
+
+``bench/leases.py`` and ``bench/restart.py`` predate it and keep private copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psutil
+
+# Seconds a SIGTERM'd nats-server gets before SIGKILL: a server holding
+# thousands of consumers takes ~10 s to stop (DESIGN §4).
+SERVER_STOP_GRACE = 30.0
+
+
+class BenchError(Exception):
+    """The benchmark could not measure what it set out to."""
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def free_ports(n: int) -> list[int]:
+    """*n* distinct free loopback ports (all sockets open at once, so no repeats)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    """n, median, p95 (nearest rank), min and max of *values*, in the values' unit."""
+    s = sorted(values)
+    if not s:
+        return {"n": 0, "median": None, "p95": None, "min": None, "max": None}
+    return {"n": len(s), "median": statistics.median(s),
+            "p95": s[max(0, math.ceil(0.95 * len(s)) - 1)], "min": s[0], "max": s[-1]}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing or b is zero."""
+    return None if a is None or not b else a / b
+
+
+def split(total: int, parts: int) -> list[int]:
+    """*total* in *parts* near-equal whole shares, the larger first."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def find_nats_server(explicit: str | None = None) -> str:
+    candidates = [explicit] if explicit else [
+        os.environ.get("CREWLET_NATS_SERVER"),
+        os.path.join(os.path.dirname(sys.executable), "nats-server"),
+        shutil.which("nats-server")]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise BenchError("nats-server not found (give --nats-server)")
+
+
+def server_version(binary: str) -> str:
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+        return out.strip().split()[-1].lstrip("v")
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "?"
+
+
+class NatsServer:
+    """One bare ``nats-server -js`` we started on 127.0.0.1, stopped by its pid."""
+
+    def __init__(self, binary: str, dir: str, port: int | None = None, name: str = "bare"):
+        self.binary, self.dir, self.name = binary, dir, name
+        self.port = port if port is not None else free_ports(1)[0]
+        self.log_path = os.path.join(dir, "nats.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, timeout: float = 15.0) -> "NatsServer":
+        """Start it and wait until it accepts connections."""
+        os.makedirs(self.dir, exist_ok=True)
+        argv = [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-n", self.name,
+                "-js", "-sd", os.path.join(self.dir, "js")]
+        with open(self.log_path, "ab") as log:
+            # A session of its own: a Ctrl-C reaches us, and we stop it in order.
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise BenchError(f"nats-server {self.name} exited with {self.proc.returncode}:\n"
+                                 + self.log_tail())
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            if time.monotonic() > deadline:
+                raise BenchError(f"nats-server {self.name} not listening within {timeout:g}s:\n"
+                                 + self.log_tail())
+            time.sleep(0.05)
+
+    def log_tail(self, n: int = 15) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = SERVER_STOP_GRACE) -> float | None:
+        """SIGTERM, wait up to *grace*, then SIGKILL; the seconds it took (None: not running)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        t0 = time.monotonic()
+        try:
+            self.proc.terminate()
+            self.proc.wait(grace)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            say(f"nats-server {self.name} (pid {self.proc.pid}) did not stop in {grace:g}s: SIGKILL")
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
+        return time.monotonic() - t0
+
+
+async def wait_jetstream(url: str, timeout: float = 15.0) -> None:
+    """Until JetStream answers on *url*."""
+    import nats
+
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while True:
+        try:
+            nc = await nats.connect(url, connect_timeout=1, allow_reconnect=False, max_reconnect_attempts=0)
+            try:
+                await nc.jetstream(timeout=1).account_info()
+                return
+            finally:
+                await nc.close()
+        except Exception as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise BenchError(f"JetStream not answering on {url} within {timeout:g}s: "
+                             f"{type(last).__name__}: {last}")
+        await asyncio.sleep(0.2)
+
+
+class CpuMeter:
+    """CPU % of named processes between :meth:`start` and :meth:`read` (100 % = one core).
+
+    From CPU times (user + system) over wall time, so the window may span
+    awaits and other work of the caller. A process gone meanwhile reads None.
+    """
+
+    def __init__(self, procs: dict[str, psutil.Process | None]):
+        self.procs = {name: p for name, p in procs.items() if p is not None}
+        self._t0 = 0.0
+        self._cpu0: dict[str, float] = {}
+
+    @staticmethod
+    def _cpu(proc: psutil.Process) -> float | None:
+        try:
+            t = proc.cpu_times()
+            return t.user + t.system
+        except psutil.Error:
+            return None
+
+    def start(self) -> "CpuMeter":
+        self._cpu0 = {name: self._cpu(p) for name, p in self.procs.items()}
+        self._t0 = time.monotonic()
+        return self
+
+    def read(self) -> dict[str, float | None]:
+        wall = time.monotonic() - self._t0
+        out: dict[str, float | None] = {}
+        for name, proc in self.procs.items():
+            before, now = self._cpu0.get(name), self._cpu(proc)
+            out[name] = None if before is None or now is None or wall <= 0 \
+                else max(0.0, (now - before) / wall * 100.0)
+        return out
