@@ -106,9 +106,9 @@ def test_tools_join_the_registry_and_stop_leaves_no_process_not_even_a_grandchil
         assert st["state"] == "up" and st["restarts"] == 0 and st["last_error"] is None
         pid = st["pid"]
         assert st["pgid"] == pid == os.getpgid(pid) and pid != os.getpgid(0)  # a group of its own
-        assert sorted(st["tools"]) == ["t__add", "t__crash", "t__echo", "t__fail"]
+        assert sorted(st["tools"]) == ["t__add", "t__crash", "t__echo", "t__fail", "t__nap"]
         assert registry.names() == ["note_write", "notes_read", "send",
-                                    "t__add", "t__crash", "t__echo", "t__fail"]
+                                    "t__add", "t__crash", "t__echo", "t__fail", "t__nap"]
         add = {s.name: s for s in registry.specs()}["t__add"]
         assert add.description == "The sum of a and b."
         assert add.parameters["type"] == "object" and sorted(add.parameters["required"]) == ["a", "b"]
@@ -176,7 +176,7 @@ def test_a_crash_is_reported_its_grandchild_killed_and_the_server_restarted_afte
         await until(lambda: servers.status()["t"]["state"] == "up", 15, "the restart")
         st = servers.status()["t"]
         assert st["restarts"] == 1 and st["pid"] != first and st["last_error"] == "exited with code 3"
-        assert sorted(st["tools"]) == ["t__add", "t__crash", "t__echo", "t__fail"]
+        assert sorted(st["tools"]) == ["t__add", "t__crash", "t__echo", "t__fail", "t__nap"]
         started = events.named("mcp_server_started", server="t")
         assert [e["restarts"] for e in started] == [0, 1]
         assert started[1]["ts"] - exited[0]["ts"] >= 0.3 - 0.01  # the backoff was waited out
