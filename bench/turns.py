@@ -103,6 +103,7 @@ NOTE_EVERY = 10.0                  # s between progress notes while the seats ar
 # at ~110 bytes a seat (a 29-character persona) 10,000 seats did not fit (MaxPayloadError).
 PERSONA = "bench"
 MAX_PAYLOAD = 1024 * 1024          # nats-server's default max_payload
+REASON_KEPT = 60                   # characters of a log record's reason that tell its kind apart
 
 
 # --------------------------------------------------------------------------
@@ -269,6 +270,10 @@ class Turns:
 # The node
 # --------------------------------------------------------------------------
 
+def claims_per_sweep(seats: int, args: argparse.Namespace) -> int:
+    return min(seats, args.claims) if args.claims else seats
+
+
 def revision_bytes(company: dict[str, Any]) -> int:
     """About the size of the company revision crewlet stores (one KV value; the model's
     dump with its defaults, as ``ControlPlane.append`` writes it)."""
@@ -309,7 +314,7 @@ class CrewletNode:
             "stream": {"type": "embedded", "listen": f"127.0.0.1:{self.stream_port}", "binary": binary},
             "ingress": {"listen": f"127.0.0.1:{self.ingress_port}"},
             "supervisor": {"shutdown_timeout": ROLE_SHUTDOWN, "broker_shutdown_timeout": ROLE_SHUTDOWN},
-            "fleet": {"claims_per_sweep": len(self.seats), "sweep": args.sweep,
+            "fleet": {"claims_per_sweep": claims_per_sweep(len(self.seats), args), "sweep": args.sweep,
                       "heartbeat": args.heartbeat, "lease_ttl": args.lease_ttl},
             "log": {"level": "info", "format": "json"},
         }
@@ -331,6 +336,9 @@ class CrewletNode:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env=child_env(), cwd=self.dir, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -430,6 +438,8 @@ class CrewletNode:
             if not isinstance(rec, dict) or rec.get("level") not in ("warning", "error"):
                 continue
             key = f"{rec['level']} {rec.get('role', '?')}/{rec.get('event', '?')}"
+            if isinstance(rec.get("reason"), str):
+                key += f" ({rec['reason'][:REASON_KEPT]})"
             counts[key] += 1
             first.setdefault(key, _clip({k: v for k, v in rec.items() if k not in ("node", "level")}))
         return {"counts": dict(counts.most_common()), "first": first}
@@ -485,10 +495,17 @@ async def measure(server: NatsServer, node: CrewletNode, seats: list[str], args:
     node.start()
     await wait_jetstream(server.url)
     out["stage"] = "waiting for the seats to be held"
-    out["held_seconds"], out["working_seconds"] = await asyncio.to_thread(
-        node.wait_seats, args.hold_timeout, out["progress"])
-    procs = await asyncio.to_thread(node.processes)
-    if "broker" not in procs:
+    node_ok = True
+    try:
+        out["held_seconds"], out["working_seconds"] = await asyncio.to_thread(
+            node.wait_seats, args.hold_timeout, out["progress"])
+    except BenchError as exc:
+        # The node could not hold its seats: say what it did, and still measure the bare side.
+        failed(out, exc)
+        await asyncio.to_thread(diagnose, node, out, min(args.idle, 5.0))
+        node_ok = False
+    procs = await asyncio.to_thread(node.processes) if node.alive() else {}
+    if node_ok and "broker" not in procs:
         raise BenchError("no nats-server among crewletd's descendants")
     out["pids"] = {k: p.pid for k, p in procs.items()}
     me, bare_broker = psutil.Process(), psutil.Process(server.pid)
@@ -496,13 +513,17 @@ async def measure(server: NatsServer, node: CrewletNode, seats: list[str], args:
     try:
         out["stage"] = f"creating {len(seats)} bare consumers"
         out["bare_consumers_seconds"] = await bare.open()
-        await turns.open()
+        if node_ok:
+            await turns.open()
         if args.warmup:
             out["stage"] = "warm-up"
             await bare.round(plan(seats, args.warmup, "warm"), args.window)
-            await turns.round(plan(seats, args.warmup, "warm"), args.window, args.stall)
+            if node_ok:
+                await turns.round(plan(seats, args.warmup, "warm"), args.window, args.stall)
         for i in range(args.rounds):
             for side in ("bare", "crewlet") if i % 2 == 0 else ("crewlet", "bare"):
+                if side == "crewlet" and not node_ok:
+                    continue
                 out["stage"] = f"round {i + 1}, {side}"
                 mail = plan(seats, args.messages, f"r{i}")
                 if side == "bare":
@@ -513,10 +534,12 @@ async def measure(server: NatsServer, node: CrewletNode, seats: list[str], args:
                     r = await turns.round(mail, args.window, args.stall)
                 r["cpu"] = meter.read()
                 out[side]["rounds"].append(r)
-            say(f"  round {i + 1}: crewlet {out['crewlet']['rounds'][-1]['per_s']:.0f} turns/s, "
-                f"bare {out['bare']['rounds'][-1]['per_s']:.0f} msgs/s")
-        out["seats_stats"] = {k: v for k, v in node.seats_stats(await asyncio.to_thread(node.status)).items()
-                              if k != "seats"}
+            say(f"  round {i + 1}: "
+                + (f"crewlet {out['crewlet']['rounds'][-1]['per_s']:.0f} turns/s, " if node_ok else "")
+                + f"bare {out['bare']['rounds'][-1]['per_s']:.0f} msgs/s")
+        if node_ok:
+            st = await asyncio.to_thread(node.status)
+            out["seats_stats"] = {k: v for k, v in node.seats_stats(st).items() if k != "seats"}
     finally:
         await bare.close()
         await turns.close()
@@ -525,13 +548,20 @@ async def measure(server: NatsServer, node: CrewletNode, seats: list[str], args:
     meter = CpuMeter({**procs, "bare broker": bare_broker}).start()
     await asyncio.sleep(args.idle)
     out["idle_cpu"] = meter.read()
-    node.check_alive()
+    if node_ok:
+        node.check_alive()
+        out["stage"] = "done"
+
+
+def failed(out: dict[str, Any], exc: Exception) -> None:
+    out["error"] = f"while {out['stage']}: {exc}"
+    say(f"  FAILED {out['error']}")
 
 
 def diagnose(node: CrewletNode, out: dict[str, Any], seconds: float) -> None:
     """What the node was doing when the size failed: CPU over *seconds*, its seats' stats."""
     try:
-        if node.proc is None or node.proc.poll() is not None:
+        if not node.alive() or "cpu_at_failure" in out:
             return
         meter = CpuMeter(node.processes()).start()
         time.sleep(seconds)
@@ -559,10 +589,8 @@ def run_size(binary: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
             "expect the node to fail applying it (shorten --persona)")
     try:
         asyncio.run(measure(server, node, seats, args, out))
-        out["stage"] = "done"
     except BenchError as exc:
-        out["error"] = str(exc)
-        say(f"  FAILED while {out['stage']}: {exc}")
+        failed(out, exc)
         diagnose(node, out, min(args.idle, 5.0))
     finally:
         stop_at = node.log_size()
@@ -612,7 +640,7 @@ def build_report(results: list[dict[str, Any]], args: argparse.Namespace, binary
             "idle_seats_cpu": idle.get("seats"),
             "held_seconds": r.get("held_seconds"), "working_seconds": r.get("working_seconds"),
             "busy_cpu": {"crewlet": mean_cpu(c["rounds"]), "bare": mean_cpu(b["rounds"])},
-            "error": r.get("error") and f"while {r['stage']}: {r['error']}",
+            "error": r.get("error"),
         })
     return {"rows": rows, "ref_seats": ref["seats"] if ref else None, "results": results,
             "targets": {"ratio_at_100": TARGET_RAW_RATIO, "within_of_100": TARGET_SCALE},
@@ -620,7 +648,8 @@ def build_report(results: list[dict[str, Any]], args: argparse.Namespace, binary
                        "warmup": args.warmup, "window": args.window, "workers": MAX_CONCURRENT,
                        "idle_s": args.idle,
                        "fleet": {"sweep": args.sweep, "heartbeat": args.heartbeat,
-                                 "lease_ttl": args.lease_ttl, "claims_per_sweep": "seats"},
+                                 "lease_ttl": args.lease_ttl,
+                                 "claims_per_sweep": args.claims or "seats"},
                        "nats_server": server_version(binary), "nats_py": NATS_PY_VERSION,
                        "python": sys.version.split()[0], "cpus": os.cpu_count()}}
 
@@ -640,7 +669,8 @@ def print_text(rep: dict[str, Any]) -> None:
     print(f"crewlet turns benchmark  (python {cfg['python']}, {cfg['cpus']} cpus, nats-server "
           f"{cfg['nats_server']}, nats-py {cfg['nats_py']}; per size {cfg['rounds']} interleaved rounds "
           f"of {cfg['messages']} messages, medians; {cfg['workers']} turns at once; fleet sweep "
-          f"{fleet['sweep']:g} s, heartbeat {fleet['heartbeat']:g} s, lease ttl {fleet['lease_ttl']:g} s)")
+          f"{fleet['sweep']:g} s, claims per sweep {fleet['claims_per_sweep']}, heartbeat "
+          f"{fleet['heartbeat']:g} s, lease ttl {fleet['lease_ttl']:g} s)")
     print()
     ref = f"vs {rep['ref_seats']}"
     print(f"{'seats':>6} {'crewlet':>9} {'bare':>9} {'ratio':>6} {ref:>7}  {'idle broker CPU %':>17}  "
@@ -682,6 +712,8 @@ def print_text(rep: dict[str, Any]) -> None:
             last = r["progress"][-1]
             print(f"   claiming: {len(r['progress'])} notes, the last at {last['t']} s: {last['held']} held, "
                   f"{last['working']} working, CPU % {_pcts(last['cpu'])}")
+        print(f"   company revision {r['company_revision_bytes'] / 1024:.0f} KiB "
+              f"(one KV value: the broker's max payload is {MAX_PAYLOAD // 1024} KiB)")
         if r.get("bare_consumers_seconds") is not None:
             print(f"   bare consumers created in {r['bare_consumers_seconds']:.1f} s; stopped in: node "
                   f"{_f(r.get('node_stop_seconds'), '.1f')} s, "
@@ -713,6 +745,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", type=float, default=1.0, help="the node's fleet.sweep (default 1)")
     ap.add_argument("--heartbeat", type=float, default=5.0, help="the node's fleet.heartbeat (default 5)")
     ap.add_argument("--lease-ttl", type=float, default=15.0, help="the node's fleet.lease_ttl (default 15)")
+    ap.add_argument("--claims", type=int, default=0,
+                    help="cap on fleet.claims_per_sweep (default: none, all seats in one sweep)")
     ap.add_argument("--hold-timeout", type=float, default=300.0,
                     help="seconds the node may take to hold and work every seat (default 300)")
     ap.add_argument("--stall", type=float, default=60.0,

@@ -60,6 +60,8 @@ from roles.seats.sweeper import SeatSweeper
 # minute's delay on that is nothing, and 10,000 idle seats cost ~170 cheap
 # requests a second rather than a busy broker.
 POLL = 60.0
+# Pauses before looking again when a wake found the mailbox empty.
+WAKE_SETTLE = (0.02, 0.1, 0.5)
 # Seconds one turn may take, all rounds included (well under the ack wait).
 TURN_TIMEOUT = 300.0
 # Delay of a NAK after a failure that may pass (a provider down, a cooldown):
@@ -315,13 +317,27 @@ class SeatWork:
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), POLL * random.uniform(0.8, 1.2))
+                woken = True
             except asyncio.TimeoutError:
-                pass
+                woken = False
             # Work until the mailbox is empty; mail arriving meanwhile sets the
             # event again, so clearing it first loses no wake.
             self._wake.clear()
-            while await self._one():
-                pass
+            worked = await self._drain()
+            # A wake can outrun the stream's store of the message it announces
+            # (measured: a fetch right after it found nothing, and the mail
+            # waited for the next poll): look again shortly, holding no slot.
+            for pause in WAKE_SETTLE if woken and not worked else ():
+                await asyncio.sleep(pause)
+                if await self._drain():
+                    break
+
+    async def _drain(self) -> int:
+        """Work messages until the mailbox has none; how many there were."""
+        worked = 0
+        while await self._one():
+            worked += 1
+        return worked
 
     async def _one(self) -> bool:
         """Fetch and work one message; False when the mailbox had none."""

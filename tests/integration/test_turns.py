@@ -21,6 +21,7 @@ import nats
 import pytest
 
 from crewlet import ipc
+from crewlet.queue.jetstream import JetStreamMailboxes
 from tests.conftest import CREWLETCTL, wait_for
 
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
@@ -153,6 +154,27 @@ def test_sample_company_does_a_turn_with_each_kind_of_tool(make_node):
     assert len(rows) == 30 and rows["ceo"]["owner"] == "t1"
     assert rows["ceo"]["pending"] == 0 and rows["ceo"]["in_flight"] == 0
     wait_for(lambda: seats_stats(node).get("turns", 0) >= 6, 5, what="the turns counted in status")
+
+
+def test_mail_to_an_idle_seat_is_worked_at_once(make_node):
+    """Each message wakes its seat: none waits for the seat's next poll (a minute)."""
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    wait_for(lambda: held(node).get("cto") == "t1", 30, what="cto held")
+
+    async def one_at_a_time(nc, js):
+        # The wake reaches the seat before the stream has stored the message in
+        # a few percent of sends (measured): a hundred sends meet that case.
+        mailboxes = JetStreamMailboxes(js, nc)
+        done: asyncio.Queue = asyncio.Queue()
+
+        async def seen(msg):
+            done.put_nowait(json.loads(msg.data))
+        await nc.subscribe("events.turn.cto", cb=seen)
+        for n in range(100):
+            await mailboxes.send("cto", f"note {n}", trigger=f"idle-{n}")
+            record = await asyncio.wait_for(done.get(), 5)
+            assert (record["trigger"], record["outcome"]) == (f"idle-{n}", "done")
+    read_nats(node, one_at_a_time)
 
 
 def test_unknown_seat_and_empty_text_are_refused(make_node):
