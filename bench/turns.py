@@ -5,10 +5,13 @@ For each size N (``--sizes``, default 100,1000,10000 seats), in one run:
 
 * **crewlet** — a real node, ``crewletd start -c <temp config> --company
   <temp company>`` (embedded broker, everything on 127.0.0.1, a short temp
-  data dir): N seats with the ``scripted`` provider (one rule, ``.*`` -> ok),
-  ``fleet: {claims_per_sweep: N, sweep: 1, heartbeat: 5, lease_ttl: 15}`` so
-  all N are claimed in one sweep (the design's 4 per 5 s would take hours at
-  10,000), ``node.max_concurrent: 32``. Timed: crewletd's start -> all N
+  data dir): N seats with the ``scripted`` provider (one rule, ``.*`` -> ok;
+  a short persona, as a company revision is one KV value that must fit the
+  broker's 1 MiB max payload), ``fleet: {claims_per_sweep: min(N, 1000),
+  sweep: 1, heartbeat: 5, lease_ttl: 15}`` so the seats are claimed in seconds
+  (the design's 4 per 5 s would take hours at 10,000; all 10,000 in one sweep
+  outlasts the TTL, see :data:`CLAIMS_CAP`), ``node.max_concurrent: 32``.
+  Timed: crewletd's start -> all N
   seats held (the node's fleet view) -> all N working (the seats process
   reports them). A round publishes ``--messages`` messages to
   ``agents.inbox.<seat>`` (headers ``Crewlet-Trigger`` and ``Nats-Msg-Id``, as
@@ -103,6 +106,12 @@ NOTE_EVERY = 10.0                  # s between progress notes while the seats ar
 # at ~110 bytes a seat (a 29-character persona) 10,000 seats did not fit (MaxPayloadError).
 PERSONA = "bench"
 MAX_PAYLOAD = 1024 * 1024          # nats-server's default max_payload
+# Claims per sweep at most (the node's fleet.claims_per_sweep is min(seats, this)): one sweep's
+# claims must end well within the lease TTL, since the sweep renews nothing meanwhile. Measured
+# (2 cores): ~150 claims/s at 10,000 seats, so all 10,000 in one sweep took ~60 s > the 15 s TTL
+# and the node churned -- seats lapsed ("seat_lost: lease stale on waking") as fast as it claimed
+# them, never holding more than ~4,000. 1,000 takes ~7 s. --claims 0: no cap.
+CLAIMS_CAP = 1000
 REASON_KEPT = 60                   # characters of a log record's reason that tell its kind apart
 
 
@@ -364,7 +373,10 @@ class CrewletNode:
         return sum(1 for s in seats if s.get("node") == NODE_ID)
 
     def working(self, st: dict[str, Any] | None) -> int:
-        return len(self.seats_stats(st).get("seats") or {})
+        """Seats the seats process works (its stats' ``held``; older ones listed every seat)."""
+        stats = self.seats_stats(st)
+        held = stats.get("held")
+        return held if isinstance(held, int) else len(stats.get("seats") or {})
 
     def processes(self) -> dict[str, psutil.Process]:
         """crewletd, its broker (the descendant named nats-server), the zygote, the role children."""
@@ -745,8 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", type=float, default=1.0, help="the node's fleet.sweep (default 1)")
     ap.add_argument("--heartbeat", type=float, default=5.0, help="the node's fleet.heartbeat (default 5)")
     ap.add_argument("--lease-ttl", type=float, default=15.0, help="the node's fleet.lease_ttl (default 15)")
-    ap.add_argument("--claims", type=int, default=0,
-                    help="cap on fleet.claims_per_sweep (default: none, all seats in one sweep)")
+    ap.add_argument("--claims", type=int, default=CLAIMS_CAP,
+                    help=f"cap on fleet.claims_per_sweep (default {CLAIMS_CAP}; 0: all seats in one sweep)")
     ap.add_argument("--hold-timeout", type=float, default=300.0,
                     help="seconds the node may take to hold and work every seat (default 300)")
     ap.add_argument("--stall", type=float, default=60.0,

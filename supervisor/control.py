@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 
 from crewlet import ipc, log
 from crewlet.company.model import Company
-from crewlet.queue.base import MailboxError
+from crewlet.queue.base import MailboxError, check_trigger
 
 if TYPE_CHECKING:
     from supervisor.node import Node
@@ -88,6 +88,10 @@ async def send(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(text, str) or not text.strip():
         raise CommandError("text must be a non-empty string")
     trigger = args.get("trigger") or uuid.uuid4().hex
+    try:
+        check_trigger(trigger)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     wait = args.get("wait")
     headers = {"Crewlet-From": f"crewletctl@{node.cfg.node.id}"}
     if not wait:
@@ -131,11 +135,14 @@ async def seats(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
                 row.update(await mailboxes.info(seat))
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {exc}"
+            row["last_turn"] = None
             try:
                 msg = await js.get_last_msg("EVENTS", f"events.turn.{seat}")
                 row["last_turn"] = json.loads(msg.data)
             except NotFoundError:
-                row["last_turn"] = None
+                pass
+            except Exception as exc:  # one seat's trouble (a leader election) is that row's
+                row["error"] = f"{type(exc).__name__}: {exc}"
             return row
 
     rows = await asyncio.gather(*(one(s.name) for s in company.seats))

@@ -159,9 +159,9 @@ class Fleet:
             company, source = self.seed
             rev, epoch = await self.control.apply(company, source)
             self.publish("company_seeded", rev=rev, epoch=epoch, source=source)
-            active = await self.control.active()
-        if active is not None:
-            await self._apply(active)
+        # The revision in force is applied by _follow_control_plane, beside the
+        # heartbeat: creating a big company's mailboxes on a cluster can take
+        # longer than our presence's TTL.
 
     async def teardown(self) -> None:
         if self.presence is not None and self.nc is not None and self.nc.is_connected:

@@ -224,8 +224,10 @@ class _Server:
         process = None
         try:
             async with client as (read, write):
-                self.pid = await _spawned(nonce)
                 process = _sdk_process(client)
+                # The SDK's own process when it can be seen (no scan of our
+                # children, which blocks the loop at thousands of seats).
+                self.pid = getattr(process, "pid", None) or await _spawned(nonce)
                 if self.pid is None:
                     raise RuntimeError("the server process exited at once")
                 async with ClientSession(read, write, client_info=_CLIENT_INFO) as session:

@@ -42,6 +42,8 @@ _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 # Compare-and-set attempts of one budget flush per key before it waits for the next flush.
 _CAS_ATTEMPTS = 8
+# Keys one budget flush writes at once.
+_FLUSH_PARALLEL = 16
 
 
 class CounterError(Exception):
@@ -170,27 +172,43 @@ class Budgets:
         """Keep *seat*'s total fresh (a seat this node runs)."""
         self._watched.add(f"seat.{seat}")
 
+    def unwatch(self, seat: str) -> None:
+        """Stop reading *seat*'s total back (its spend is still flushed)."""
+        self._watched.discard(f"seat.{seat}")
+
     def spent(self, seat: str) -> tuple[int, int]:
         """(org, seat) tokens spent, as this node knows them now."""
         s = f"seat.{seat}"
         return (self._known["org"] + self._pending["org"], self._known[s] + self._pending[s])
 
     async def flush(self) -> None:
-        """Add what this node spent to the shared totals; re-read the others."""
+        """Add what this node spent to the shared totals; re-read the watched ones."""
         async with self._lock:
-            for key in sorted(self._watched):
-                delta = self._pending.get(key, 0)
-                for attempt in range(_CAS_ATTEMPTS):
-                    seq, data = await _read(self.js, BUDGETS.name, key, leader=True)
-                    total = int(data or 0)
-                    if not delta:
-                        self._known[key] = total
-                        break
-                    if await _cas(self.js, self._put + key, str(total + delta).encode(), seq):
-                        self._known[key] = total + delta
-                        self._pending[key] -= delta
-                        break
-                    await asyncio.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+            keys = sorted(self._watched | {k for k, v in self._pending.items() if v})
+            limit = asyncio.Semaphore(_FLUSH_PARALLEL)
+
+            async def one(key: str) -> None:
+                async with limit:
+                    await self._flush_key(key)
+            await asyncio.gather(*(one(k) for k in keys))
+            # A seat nobody watches needs no total here once its spend is out.
+            for key in [k for k, v in self._pending.items() if not v and k not in self._watched]:
+                del self._pending[key]
+                self._known.pop(key, None)
+
+    async def _flush_key(self, key: str) -> None:
+        delta = self._pending.get(key, 0)
+        for attempt in range(_CAS_ATTEMPTS):
+            seq, data = await _read(self.js, BUDGETS.name, key, leader=True)
+            total = int(data or 0)
+            if not delta:
+                self._known[key] = total
+                return
+            if await _cas(self.js, self._put + key, str(total + delta).encode(), seq):
+                self._known[key] = total + delta
+                self._pending[key] -= delta
+                return
+            await asyncio.sleep(random.uniform(0, 0.01 * (attempt + 1)))
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Flush every ``flush_every`` seconds until *stopping*, and once more then."""

@@ -24,6 +24,19 @@ TRIGGER_HEADER = "Crewlet-Trigger"
 SEAT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
+# A trigger id keys the ledger (a KV key) and names the redo of a tool call
+# (<trigger>.<round>.<call>), so it is a run of KV key characters with room to grow.
+TRIGGER = re.compile(r"^[A-Za-z0-9_=-][A-Za-z0-9_=.-]{0,199}$")
+
+
+def check_trigger(trigger: str) -> str:
+    """*trigger*, if it is a valid trigger id; ``ValueError`` otherwise."""
+    if not isinstance(trigger, str) or not TRIGGER.match(trigger) or ".." in trigger:
+        raise ValueError(f"bad trigger id {trigger!r}: 1-200 of letters, digits, '_', '=', '-' "
+                         f"and single '.' between them")
+    return trigger
+
+
 class MailboxError(Exception):
     """A mailbox could not be reached or used (no such mailbox, broker unavailable)."""
 

@@ -58,7 +58,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from crewlet import log
 from crewlet.bus import JETSTREAM_TIMEOUT
 from crewlet.queue.base import (DELIVERY_BUDGET, TRIGGER_HEADER, DeadLetter, Delivery, Mailbox,
-                                MailboxError, Mailboxes, check_seat)
+                                MailboxError, Mailboxes, check_seat, check_trigger)
 
 # ---------------------------------------------------------------- fleet-wide constants
 
@@ -85,8 +85,10 @@ EVENTS_MAX_AGE_DAYS = 7              # turn records; the estate keeps them durab
 RETENTION = "limits"
 
 DEFAULT_ACK_WAIT = 1800.0            # s: what a node that died mid-turn holds comes back after this
-# Server-side backstop only: the client dead-letters the delivery past the budget itself.
-MAX_DELIVER = DELIVERY_BUDGET + 1
+# Server-side backstop only: the client dead-letters the delivery past the budget itself,
+# and the headroom lets a dead-lettering that failed (the DLQ unanswered, the process
+# killed) be tried again on a later delivery instead of the message being stranded.
+MAX_DELIVER = DELIVERY_BUDGET + 5
 DLQ_REASON = f"delivery budget of {DELIVERY_BUDGET} spent"
 REASON_KEPT = 1000                   # characters of a dead letter's reason kept in its header
 
@@ -211,7 +213,12 @@ class JetStreamMailbox(Mailbox):
             d = await self._owner._fetch(self.seat, left)
             if d is None or d.deliveries <= DELIVERY_BUDGET:
                 return d
-            await self._owner._dead_letter(d)
+            try:
+                await self._owner._dead_letter(d)
+            except BaseException:
+                # Not dead-lettered: give it back, the next delivery tries again.
+                await asyncio.shield(self._owner._nak_quietly(d.ack_token))
+                raise
 
     async def ack(self, d: Delivery) -> None:
         await self._owner.ack(d.ack_token)
@@ -438,7 +445,7 @@ class JetStreamMailboxes(Mailboxes):
                    headers: dict[str, str] | None = None) -> int:
         check_seat(seat)
         data = text_or_bytes.encode() if isinstance(text_or_bytes, str) else bytes(text_or_bytes)
-        trigger = trigger or uuid.uuid4().hex
+        trigger = check_trigger(trigger) if trigger is not None else uuid.uuid4().hex
         hdrs = {k: v for k, v in (headers or {}).items() if not _is_control(k)}
         hdrs[TRIGGER_HEADER] = trigger
         # Deduplicated per seat: one trigger may rightly be sent to several seats.
@@ -460,6 +467,12 @@ class JetStreamMailboxes(Mailboxes):
 
     async def ack(self, ack_token: str) -> None:
         await self._confirmed(ack_token, b"+ACK")
+
+    async def _nak_quietly(self, ack_token: str) -> None:
+        try:
+            await self._nc.publish(ack_token, b"-NAK")
+        except Exception as exc:  # the connection's trouble; the ack wait brings it back
+            log.event("mailbox_nak_failed", "warning", error=f"{type(exc).__name__}: {exc}")
 
     async def nak(self, ack_token: str, delay: float | None = None) -> None:
         body = b"-NAK" if not delay else b"-NAK " + json.dumps({"delay": int(delay * _NS)}).encode()
@@ -493,10 +506,7 @@ class JetStreamMailboxes(Mailboxes):
             waiting[1].set_result(msg)
             return
         # Its fetch gave up (timed out, cancelled): give it straight back.
-        try:
-            await self._nc.publish(msg.reply, b"-NAK")
-        except Exception as exc:  # the connection's trouble; the ack wait brings it back
-            log.event("mailbox_orphan_nak_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+        await self._nak_quietly(msg.reply)
 
     async def _fetch(self, seat: str, wait: float) -> Delivery | None:
         inbox = await self._listen()

@@ -103,6 +103,7 @@ async def main(ctx: RoleContext) -> None:
                         cooldowns=Cooldowns(js), notes=Notes(js), sweeper=sweeper,
                         max_concurrent=ctx.config.node.max_concurrent, events_js=js)
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
+    sweeper.on_stop = engine.quiesce
     ctx.sweeper = sweeper  # the turn loop reads admission from here
     # Mail wakes its seat: a plain subscription, no JetStream state per seat.
     async def wake(msg) -> None:

@@ -36,6 +36,8 @@ from crewlet.coord.lease import Held, LeaseError, Leases
 from crewlet.coord.sweep import NodeView, SeatView, plan
 
 Hook = Callable[[str, Held | None], Awaitable[None]]
+# Leases released at once when the node stops.
+RELEASE_PARALLEL = 32
 
 
 async def _log_claim(seat: str, held: Held | None) -> None:
@@ -62,6 +64,8 @@ class SeatSweeper:
         self.releases = releases
         self.on_claim = on_claim
         self.on_release = on_release
+        # Called once before every seat is released on stop.
+        self.on_stop: Callable[[], Awaitable[None]] | None = None
         # None until the first company revision arrives: before that the sweep
         # only renews (everything would look "not in the company" otherwise).
         self.seats: list[SeatView] | None = None
@@ -200,15 +204,26 @@ class SeatSweeper:
         await self.on_release(seat, held)
 
     async def release_all(self) -> None:
-        """Give every seat up. When the fleet's state cannot be written, stop
-        trying: the leases lapse by themselves within a TTL."""
-        for seat in list(self.held):
-            try:
-                await self._release(seat)
-            except LeaseError as exc:
-                log.event("seat_release_failed", "warning", seat=seat, error=str(exc),
-                          left_to_lapse=len(self.held))
-                return
+        """Give every seat up: first ``on_stop`` (the turns hand back what they
+        hold, all at once), then the leases, several at a time. When the
+        fleet's state cannot be written, stop trying: the leases lapse by
+        themselves within a TTL."""
+        if self.on_stop is not None:
+            await self.on_stop()
+        limit = asyncio.Semaphore(RELEASE_PARALLEL)
+        failed: list[str] = []
+
+        async def one(seat: str) -> None:
+            async with limit:
+                if failed:
+                    return
+                try:
+                    await self._release(seat)
+                except LeaseError as exc:
+                    failed.append(seat)
+                    log.event("seat_release_failed", "warning", seat=seat, error=str(exc),
+                              left_to_lapse=len(self.held))
+        await asyncio.gather(*(one(seat) for seat in list(self.held)))
 
     def _budget(self, times: deque[float], limit: int) -> int:
         """What is left of *limit* in the current sweep window."""

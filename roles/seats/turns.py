@@ -51,8 +51,8 @@ from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_p
 from crewlet.agent.tools import Notes, Registry, builtin_tools
 from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
 from crewlet.company import Company
-from crewlet.coord.counters import Budgets, CounterError, Cooldowns, Ledger
-from crewlet.queue.base import Delivery, Mailbox, Mailboxes
+from crewlet.coord.counters import Budgets, Cooldowns, Ledger
+from crewlet.queue.base import Delivery, Mailbox, MailboxError, Mailboxes
 from roles.seats.sweeper import SeatSweeper
 
 # Seconds between a seat's own looks at its mailbox when no mail wakes it:
@@ -60,20 +60,28 @@ from roles.seats.sweeper import SeatSweeper
 # minute's delay on that is nothing, and 10,000 idle seats cost ~170 cheap
 # requests a second rather than a busy broker.
 POLL = 60.0
-# Pauses before looking again when a wake found the mailbox empty.
+# Pauses before looking again when a wake found the mailbox empty (see _run).
 WAKE_SETTLE = (0.02, 0.1, 0.5)
-# Seconds one turn may take, all rounds included (well under the ack wait).
+# Seconds one turn may take, all rounds and tool calls included (well under the ack wait).
 TURN_TIMEOUT = 300.0
 # Delay of a NAK after a failure that may pass (a provider down, a cooldown):
 # the first, doubled per delivery, up to the cap.
 RETRY_DELAY = 5.0
 RETRY_DELAY_MAX = 300.0
-# Seconds between looks while a seat waits on admission, a budget or a cooldown.
+# Seconds between looks while a seat waits on admission, its fence or a budget;
+# a cooling provider key is waited out until it cools, at most this long at a time.
 RECHECK = 0.5
-# Seconds between the stats reports to crewletd (crewletctl status --watch).
+COOLING_RECHECK_MAX = 5.0
+# Seconds a seat's loop pauses after a mailbox error (a leader election, a broker away).
+MAILBOX_TROUBLE_PAUSE = 1.0
+# Seconds between the stats reports to crewletd (crewletctl status --watch), and
+# how many seats that only finished turns they carry (the most recent ones).
 STATS_EVERY = 1.0
-# How many finished turns of a seat the stats remember.
-LAST_TURNS = 1
+STATS_RECENT = 10
+# Seconds an old provider (the company changed it) is kept for the turns still using it.
+PROVIDER_RETIRE_AFTER = TURN_TIMEOUT + 10
+# Concurrent seat stops when the node stops or releases everything.
+STOP_PARALLEL = 64
 
 
 @dataclass
@@ -117,7 +125,8 @@ class TurnEngine:
         self.providers: dict[str, Provider] = {}
         self._provider_specs: dict[str, Any] = {}
         self.work: dict[str, SeatWork] = {}
-        self._stopping_work: set[asyncio.Task] = set()
+        # Background work that must finish before the role ends (servers stopping).
+        self._pending: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------ company
 
@@ -127,18 +136,34 @@ class TurnEngine:
         specs = {name: p.model_dump() for name, p in company.providers.items()}
         for name in list(self.providers):
             if specs.get(name) != self._provider_specs.get(name):
-                self._close_later(self.providers.pop(name))
+                self._retire(self.providers.pop(name))
         for name, spec in company.providers.items():
             if name not in self.providers:
                 self.providers[name] = make_provider(name, spec, cooldowns=self.cooldowns)
         self._provider_specs = specs
-        for work in self.work.values():
+        for seat, work in self.work.items():
+            self._watch_budget(seat)
             work.wake()  # budgets or providers may have changed
 
-    def _close_later(self, provider: Provider) -> None:
-        task = asyncio.create_task(provider.close())
-        self._stopping_work.add(task)
-        task.add_done_callback(self._stopping_work.discard)
+    def _retire(self, provider: Provider) -> None:
+        """Close a provider the company replaced once the turns using it are over."""
+        async def later() -> None:
+            await asyncio.sleep(PROVIDER_RETIRE_AFTER)
+            await provider.close()
+        self._background(later())
+
+    def _background(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _watch_budget(self, seat: str) -> None:
+        # Only a capped seat's total is read back each flush: at 10,000 seats,
+        # reading every seat's would keep the broker busy for nothing.
+        if self.company is not None and seat in self.company.budgets.seats:
+            self.budgets.watch(seat)
+        else:
+            self.budgets.unwatch(seat)
 
     # ------------------------------------------------------------ the hooks
 
@@ -147,43 +172,62 @@ class TurnEngine:
         log.event("seat_claimed", seat=seat, token=held.token if held else None)
         old = self.work.pop(seat, None)
         if old is not None:
-            await old.stop(nak=True)
+            await old.stop()
         work = SeatWork(self, seat, held.token)
         self.work[seat] = work
-        self.budgets.watch(seat)
+        self._watch_budget(seat)
         work.start()
 
     async def on_release(self, seat: str, held) -> None:
         """*seat* is given up or lost: hand back what was fetched, stop its work.
 
         The NAK happens before this returns (and so before the lease is
-        deleted), so the successor's first fetch finds the mail.
+        deleted), so the successor's first fetch finds the mail. The seat's
+        MCP servers are stopped after, without holding up the sweep.
         """
         log.event("seat_released", seat=seat)
         work = self.work.pop(seat, None)
-        if work is None:
-            return
-        await work.stop(nak=True, servers_later=True)
+        self.budgets.unwatch(seat)
+        if work is not None:
+            await work.stop(servers_later=True)
 
     def wake(self, seat: str) -> None:
         work = self.work.get(seat)
         if work is not None:
             work.wake()
 
+    async def quiesce(self) -> None:
+        """Stop every seat's work at once, handing back what is in hand (the
+        node is stopping: the leases are released after, all NAKs done)."""
+        works = list(self.work.values())
+        self.work.clear()
+        limit = asyncio.Semaphore(STOP_PARALLEL)
+
+        async def one(work: SeatWork) -> None:
+            async with limit:
+                await work.stop()
+        await asyncio.gather(*(one(w) for w in works))
+
     async def close(self) -> None:
-        for seat in list(self.work):
-            await self.work.pop(seat).stop(nak=True)
-        if self._stopping_work:
-            await asyncio.gather(*self._stopping_work, return_exceptions=True)
+        await self.quiesce()
+        for task in list(self._pending):
+            task.cancel()  # providers waiting to retire: close them now, below
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
         for provider in self.providers.values():
             await provider.close()
 
     # ------------------------------------------------------------ stats
 
     def stats(self) -> dict[str, Any]:
+        """The node's turns for crewletctl status: seats busy now, and the most recent."""
+        recent = sorted((w for w in self.work.values() if w.last is not None),
+                        key=lambda w: w.last["at"], reverse=True)[:STATS_RECENT]
+        shown = {w.seat for w in recent} | {seat for seat, w in self.work.items()
+                                            if w.turn is not None or w.deferred or w.servers}
         return {"running": self.running, "max_concurrent": self.max_concurrent, "peak": self.peak,
-                "turns": self.turns, "org_spent": self.budgets.spent("")[0],
-                "seats": {seat: w.stats() for seat, w in sorted(self.work.items())}}
+                "turns": self.turns, "held": len(self.work), "org_spent": self.budgets.spent("")[0],
+                "seats": {seat: self.work[seat].stats() for seat in sorted(shown)}}
 
     # ------------------------------------------------------------ helpers
 
@@ -203,11 +247,12 @@ class TurnEngine:
             return None
         org_spent, seat_spent = self.budgets.spent(seat)
         cap = company.budgets.org
+        # The reason names the cap, not the spend: it is said once per change.
         if cap is not None and org_spent >= cap:
-            return f"org budget of {cap} tokens spent ({org_spent})"
+            return f"org budget of {cap} tokens spent"
         cap = company.budgets.seats.get(seat)
         if cap is not None and seat_spent >= cap:
-            return f"seat budget of {cap} tokens spent ({seat_spent})"
+            return f"seat budget of {cap} tokens spent"
         return None
 
     def inflight_path(self, seat: str) -> str:
@@ -224,8 +269,10 @@ class TurnEngine:
 class SeatWork:
     """One held seat: its MCP servers, its tools and its mailbox loop.
 
-    Invariant: ``fetched`` is the delivery in this node's hands whose turn has
-    not started (NAKed on stop); ``turn`` the one being worked, if any.
+    Invariants: ``fetched`` is the delivery in this node's hands whose turn
+    has not started, ``turn`` the one being worked (both NAKed on stop);
+    once ``stopped`` is set the loop fetches nothing more, even if the
+    cancel that follows is lost (Python 3.11's ``wait_for`` can swallow one).
     """
 
     def __init__(self, engine: TurnEngine, seat: str, token: int):
@@ -242,7 +289,9 @@ class SeatWork:
         self.deferred: str | None = None
         self.last: dict[str, Any] | None = None
         self.turns = 0
-        self.restarts = 0  # times the loop failed and was started again
+        self.restarts = 0  # failures of the loop in a row (reset by a turn)
+        self.stopped = False
+        self._trouble: str | None = None  # the mailbox error last logged
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -252,7 +301,7 @@ class SeatWork:
 
     def _ended(self, task: asyncio.Task) -> None:
         """The loop only ends by stop(); anything else is a failure: say so, start again."""
-        if task.cancelled() or self.engine.work.get(self.seat) is not self:
+        if task.cancelled() or self.stopped:
             return
         exc = task.exception()
         log.event("seat_work_failed", "error", seat=self.seat,
@@ -274,8 +323,9 @@ class SeatWork:
         return {"running": self.turn is not None, "turns": self.turns, "deferred": self.deferred,
                 "last": self.last, "mcp": self.servers.status() if self.servers else {}}
 
-    async def stop(self, *, nak: bool, servers_later: bool = False) -> None:
-        """Stop fetching; NAK what was fetched (and a turn cut short); stop the servers."""
+    async def stop(self, *, servers_later: bool = False) -> None:
+        """Stop fetching; NAK what is in hand (a turn cut short too); stop the servers."""
+        self.stopped = True
         # Read before cancelling: the loop forgets them as it unwinds. A turn
         # that acked just before the cancel lands is NAKed too, which is ignored.
         in_hand = [d for d in (self.fetched, self.turn) if d is not None]
@@ -287,20 +337,25 @@ class SeatWork:
                 pass
             except Exception as exc:
                 log.event("seat_work_failed", "error", seat=self.seat, error=f"{type(exc).__name__}: {exc}")
+        handed_back = True
         for delivery in in_hand:
-            if nak:
-                try:
-                    await self.mailbox.nak(delivery)
-                except Exception as exc:
-                    log.event("seat_nak_failed", "warning", seat=self.seat, error=str(exc))
+            try:
+                await self.mailbox.nak(delivery)
+            except Exception as exc:
+                # Keep the in-flight record: whoever holds the seat next on this
+                # node NAKs it; elsewhere the ack wait brings it back.
+                handed_back = False
+                log.event("seat_nak_failed", "warning", seat=self.seat, error=f"{type(exc).__name__}: {exc}")
         self.fetched = self.turn = None
-        self._forget_inflight()
-        await self.mailbox.detach()
+        if handed_back:
+            self._forget_inflight()
+        try:
+            await self.mailbox.detach()
+        except Exception as exc:
+            log.event("seat_detach_failed", "warning", seat=self.seat, error=f"{type(exc).__name__}: {exc}")
         if self.servers is not None:
             if servers_later:
-                task = asyncio.create_task(self.servers.stop())
-                self.engine._stopping_work.add(task)
-                task.add_done_callback(self.engine._stopping_work.discard)
+                self.engine._background(self.servers.stop())
             else:
                 await self.servers.stop()
 
@@ -314,7 +369,7 @@ class SeatWork:
             self.servers = SeatServers(self.seat, seat_cfg.mcp, self.registry, mark=engine.mark)
             await self.servers.start()
         self._wake.set()
-        while True:
+        while not self.stopped:
             try:
                 await asyncio.wait_for(self._wake.wait(), POLL * random.uniform(0.8, 1.2))
                 woken = True
@@ -325,8 +380,8 @@ class SeatWork:
             self._wake.clear()
             worked = await self._drain()
             # A wake can outrun the stream's store of the message it announces
-            # (measured: a fetch right after it found nothing, and the mail
-            # waited for the next poll): look again shortly, holding no slot.
+            # (measured: ~3 % of sends on one server, more on a cluster, a fetch
+            # right after the wake finds nothing): look again shortly, holding no slot.
             for pause in WAKE_SETTLE if woken and not worked else ():
                 await asyncio.sleep(pause)
                 if await self._drain():
@@ -340,19 +395,26 @@ class SeatWork:
         return worked
 
     async def _one(self) -> bool:
-        """Fetch and work one message; False when the mailbox had none."""
+        """Fetch and work one message; False when there was none to work."""
         engine = self.engine
         await self._wait_until_startable()
         async with engine.slots:
-            delivery = await self.mailbox.next()
+            if self.stopped:
+                return False
+            try:
+                delivery = await self.mailbox.next()
+            except MailboxError as exc:
+                await self._mailbox_trouble(exc)
+                return False
             if delivery is None:
                 return False
             self.fetched = delivery
-            if not engine.sweeper.admitted() or not engine.fence(self.seat, self.token):
-                # Our renewals are late (or the seat is going): hand it back at once.
+            if self.stopped or not engine.sweeper.admitted() or not engine.fence(self.seat, self.token):
+                # Our renewals are late, or the seat is going: hand it back at
+                # once and fetch nothing more until that changes.
                 self.fetched = None
                 await self.mailbox.nak(delivery)
-                return True
+                return False
             engine.running += 1
             engine.peak = max(engine.peak, engine.running)
             self.turn, self.fetched = delivery, None
@@ -363,20 +425,34 @@ class SeatWork:
                 engine.running -= 1
         return True
 
+    async def _mailbox_trouble(self, exc: Exception) -> None:
+        """A fetch failed (a leader election, the broker away): say so once, pause."""
+        why = f"{type(exc).__name__}: {exc}"
+        if why != self._trouble:
+            log.event("seat_mailbox_trouble", "warning", seat=self.seat, error=why)
+            self._trouble = why
+        await asyncio.sleep(MAILBOX_TROUBLE_PAUSE)
+
     async def _wait_until_startable(self) -> None:
-        """Admission, budget and cooldown, waited out here so no mail is fetched meanwhile."""
+        """Admission, the fence, the budget and cooldowns, waited out here so no mail
+        is fetched meanwhile."""
         engine = self.engine
-        while True:
+        while not self.stopped:
+            pause = RECHECK
             why = None
             if not engine.sweeper.admitted():
                 why = "admission: this node's lease renewals are late"
+            elif not engine.fence(self.seat, self.token):
+                why = "admission: the seat's lease is not fresh"
             elif (budget := engine.over_budget(self.seat)) is not None:
                 why = budget
             else:
                 provider = self._provider()
                 until = await provider.cooling() if provider is not None else None
                 if until is not None:
-                    why = f"provider {provider.name} cooling until {until:.0f}"
+                    why = f"provider {provider.name} is cooling after a 429"
+                    pause = min(COOLING_RECHECK_MAX, max(RECHECK, until - time.time()))
+                    pause *= random.uniform(1.0, 1.2)  # seats sharing a key do not wake together
             if why is None:
                 if self.deferred is not None:
                     log.event("turn_resumed", seat=self.seat)
@@ -387,7 +463,7 @@ class SeatWork:
                 await engine.publish_record(TurnRecord(self.seat, "", engine.node, self.token, 0,
                                                        outcome="deferred", error=why))
             self.deferred = why
-            await asyncio.sleep(RECHECK)
+            await asyncio.sleep(pause)
 
     async def _turn(self, delivery: Delivery) -> None:
         engine = self.engine
@@ -395,28 +471,33 @@ class SeatWork:
                             sender=delivery.headers.get("Crewlet-From"))
         started = time.monotonic()
         self._remember_inflight(delivery)
+        settled = False  # acked, NAKed or dead-lettered: no longer in our hands
         try:
             if await engine.ledger.done(delivery.trigger) is not None:
                 record.outcome = "skipped"
                 await self.mailbox.ack(delivery)
+                settled = True
                 return
             seat_cfg, provider = self._seat_cfg(), self._provider()
             if seat_cfg is None or provider is None:
                 record.outcome, record.error = "failed", "seat or provider not in the company"
                 await self.mailbox.nak(delivery, RETRY_DELAY)
+                settled = True
                 return
             try:
-                usage = await run_rounds(
-                    record, text=delivery.data.decode(errors="replace"), persona=seat_cfg.persona,
-                    provider=provider, registry=self.registry, services=engine.services,
-                    fence=lambda: engine.fence(self.seat, self.token),
-                    deadline=time.monotonic() + TURN_TIMEOUT)
+                async with asyncio.timeout(TURN_TIMEOUT):
+                    usage = await run_rounds(
+                        record, text=delivery.data.decode(errors="replace"), persona=seat_cfg.persona,
+                        provider=provider, registry=self.registry, services=engine.services,
+                        fence=lambda: engine.fence(self.seat, self.token) and not self.stopped,
+                        deadline=time.monotonic() + TURN_TIMEOUT)
             except Fenced as exc:
                 record.outcome, record.error = "fenced", str(exc)
                 log.event("turn_fenced", "warning", seat=self.seat, trigger=delivery.trigger)
                 # Hand it to the successor now rather than after the ack wait;
                 # it checks the ledger like anybody.
                 await self.mailbox.nak(delivery)
+                settled = True
                 return
             except ProviderError as exc:
                 engine.budgets.add(self.seat, sum(record.tokens.values()))
@@ -424,21 +505,41 @@ class SeatWork:
                 if isinstance(exc, CoolingDown) or exc.retryable:
                     await self.mailbox.nak(delivery, self._retry_delay(delivery, exc))
                 else:
-                    await self._give_up(delivery, record)
+                    # A failure that will not pass (a bad request, a missing key).
+                    await self.mailbox.dead_letter(delivery, f"turn failed: {record.error}")
+                settled = True
+                return
+            except TimeoutError:
+                engine.budgets.add(self.seat, sum(record.tokens.values()))
+                record.outcome = "failed"
+                record.error = f"the turn took longer than {TURN_TIMEOUT:g}s"
+                await self.mailbox.nak(delivery, self._retry_delay(delivery, None))
+                settled = True
                 return
             engine.budgets.add(self.seat, usage.total)
             await engine.ledger.record(delivery.trigger, {
                 "seat": self.seat, "node": engine.node, "token": self.token,
                 "outcome": record.outcome, "at": time.time(), "rounds": record.rounds})
             await self.mailbox.ack(delivery)
+            settled = True
+            self.restarts = 0
         except asyncio.CancelledError:
             record.outcome, record.error = "interrupted", "the seat was released mid-turn"
-            raise
-        except CounterError as exc:
-            record.outcome, record.error = "failed", str(exc)
-            await self.mailbox.nak(delivery, RETRY_DELAY)
+            raise  # stop() NAKs it
+        except Exception as exc:
+            # The ledger or the mailbox did not answer, or a bug: nothing is
+            # lost if the message goes back (a redo checks the ledger first).
+            record.outcome, record.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.event("turn_failed", "error", seat=self.seat, trigger=delivery.trigger,
+                      error=record.error, traceback=traceback.format_exc())
+            try:
+                await self.mailbox.nak(delivery, self._retry_delay(delivery, None))
+                settled = True
+            except Exception as nak_exc:
+                log.event("seat_nak_failed", "warning", seat=self.seat,
+                          error=f"{type(nak_exc).__name__}: {nak_exc}")
         finally:
-            if record.outcome != "interrupted":
+            if settled:
                 self._forget_inflight()
             record.took_ms = round((time.monotonic() - started) * 1000, 3)
             self.turns += 1
@@ -450,11 +551,7 @@ class SeatWork:
                       error=record.error)
             await engine.publish_record(record)
 
-    async def _give_up(self, delivery: Delivery, record: TurnRecord) -> None:
-        """A failure that will not pass (a bad request, a missing key): dead-letter it now."""
-        await self.mailbox.dead_letter(delivery, f"turn failed: {record.error}")
-
-    def _retry_delay(self, delivery: Delivery, exc: ProviderError) -> float:
+    def _retry_delay(self, delivery: Delivery, exc: ProviderError | None) -> float:
         if isinstance(exc, CoolingDown):
             return max(RETRY_DELAY, exc.until - time.time())
         return min(RETRY_DELAY_MAX, RETRY_DELAY * 2 ** (delivery.deliveries - 1))
@@ -500,6 +597,9 @@ class SeatWork:
         except FileNotFoundError:
             return
         if token:
-            await self.engine.mailboxes.nak(token)
-            log.event("turn_recovered", "warning", seat=self.seat)
+            try:
+                await self.engine.mailboxes.nak(token)
+                log.event("turn_recovered", "warning", seat=self.seat)
+            except MailboxError as exc:  # its consumer is gone, or the broker away: the ack wait has it
+                log.event("turn_recover_failed", "warning", seat=self.seat, error=str(exc))
         self._forget_inflight()

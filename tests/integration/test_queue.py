@@ -142,7 +142,7 @@ def _plain(value):
 
 def test_mailbox_consumer_config_and_no_subscription_per_mailbox(natsd):
     """The consumer is what the fleet expects (durable, explicit ack, the ack wait,
-    max_deliver = budget + 1, stream replicas), and fetching from many mailboxes
+    max_deliver = budget + headroom, stream replicas), and fetching from many mailboxes
     adds one subscription to the connection, not one per mailbox."""
     async def main():
         nc = await nats.connect(natsd.url)

@@ -7,7 +7,8 @@ the next node to boot with an older revision. This singleton removes a
 dropped seat's mailbox once it is **drained** (nothing pending, nothing in
 anybody's hands) or once its mail has waited past the company's
 ``retention.mail_days`` — whichever comes first, so mail nobody can work any
-more is not kept forever either.
+more is not kept forever either — and never before the seat has been seen
+dropped for :data:`GRACE_INTERVALS` intervals.
 
 Worked mail (below a mailbox's ack floor) is purged every :data:`TRIM_EVERY`
 seconds; the mailbox stream's ``max_age`` is the backstop behind it.
@@ -27,6 +28,10 @@ from roles.workers.duties import Duty
 TRIM_EVERY = 3600.0
 # Mailboxes trimmed at once.
 TRIM_PARALLEL = 16
+# Intervals a seat must have been seen dropped before its mailbox goes, drained or
+# not: this node may still be on an older revision than a node that just created
+# the mailbox of a seat the newer revision adds.
+GRACE_INTERVALS = 5
 
 
 async def run(ctx) -> None:
@@ -42,6 +47,8 @@ async def run(ctx) -> None:
             now = time.time()
             for seat in sorted(existing - current):
                 since = dropped_since.setdefault(seat, now)
+                if now - since < GRACE_INTERVALS * ctx.interval:
+                    continue
                 info = await mailboxes.info(seat)
                 drained = not info.get("pending") and not info.get("in_flight")
                 if drained or now - since >= retention:
