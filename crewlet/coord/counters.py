@@ -166,7 +166,6 @@ class Budgets:
             return
         self._pending["org"] += tokens
         self._pending[f"seat.{seat}"] += tokens
-        self._watched.add(f"seat.{seat}")
 
     def watch(self, seat: str) -> None:
         """Keep *seat*'s total fresh (a seat this node runs)."""

@@ -1,0 +1,82 @@
+"""The fleet-shared counters on a real nats-server: ledger, cooldowns, budgets.
+
+Two "nodes" are two NATS connections; what one writes, the other must see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats
+
+from crewlet.coord import buckets
+from crewlet.coord.counters import Budgets, Cooldowns, Ledger
+
+
+async def _connections(natsd, n: int = 2):
+    conns = [await nats.connect(natsd.url) for _ in range(n)]
+    js = conns[0].jetstream(timeout=5)
+    for bucket in (buckets.LEDGER, buckets.COOLDOWNS, buckets.BUDGETS):
+        await buckets.ensure(js, bucket, 1)
+    return conns
+
+
+def test_ledger_records_once_per_trigger_and_every_node_reads_it(natsd):
+    async def main():
+        a, b = await _connections(natsd)
+        try:
+            la, lb = Ledger(a.jetstream(), ttl=60), Ledger(b.jetstream(), ttl=60)
+            assert await lb.done("t-1") is None
+            await la.record("t-1", {"seat": "s", "node": "a"})
+            assert (await lb.done("t-1"))["node"] == "a"
+            assert await lb.done("t-2") is None
+        finally:
+            await a.close()
+            await b.close()
+    asyncio.run(main())
+
+
+def test_a_cooldown_is_seen_by_every_node_and_never_shortened(natsd):
+    async def main():
+        a, b = await _connections(natsd)
+        try:
+            ca, cb = Cooldowns(a.jetstream()), Cooldowns(b.jetstream())
+            assert await cb.until("gpt", "k1") is None
+            later = time.time() + 60
+            await ca.cool("gpt", "k1", later, reason="429")
+            assert abs(await cb.until("gpt", "k1") - later) < 0.01
+            await cb.cool("gpt", "k1", time.time() + 5)  # shorter: the longer one stays
+            assert abs(await ca.until("gpt", "k1") - later) < 0.01
+            assert await ca.until("gpt", "k2") is None  # another key is not cooling
+            await ca.cool("gpt", "k3", time.time() - 1)  # already over
+            assert await cb.until("gpt", "k3") is None
+        finally:
+            await a.close()
+            await b.close()
+    asyncio.run(main())
+
+
+def test_budgets_add_up_across_nodes_flushing_at_once(natsd):
+    """Concurrent flushes from three nodes lose no token (compare-and-set)."""
+    async def main():
+        conns = await _connections(natsd, 3)
+        try:
+            nodes = [Budgets(c.jetstream()) for c in conns]
+            nodes[0].watch("s0")
+            for round_ in range(5):
+                for i, budget in enumerate(nodes):
+                    budget.add(f"s{i}", 10 + i)
+                await asyncio.gather(*(b.flush() for b in nodes))
+            await nodes[0].flush()  # re-read the org total after everybody's last flush
+            org, seat0 = nodes[0].spent("s0")
+            assert org == 5 * (10 + 11 + 12) and seat0 == 50
+            # A node reads back only the seats it watches; the org always.
+            nodes[2].watch("s1")
+            await nodes[2].flush()
+            assert nodes[2].spent("s1") == (org, 55)
+            assert nodes[2].spent("s0") == (org, 0)
+        finally:
+            for c in conns:
+                await c.close()
+    asyncio.run(main())
