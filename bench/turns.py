@@ -97,7 +97,7 @@ JS_TIMEOUT = 10.0                  # s: generous, so a slow server shows as slow
 TARGET_RAW_RATIO = 0.5             # crewlet turns/s >= half of bare msgs/s, at 100 seats
 TARGET_SCALE = 0.2                 # at more seats, within 20 % of the 100-seat figure
 SETTLE = 1.0                       # s after the last round before the idle window opens
-NODE_STOP_GRACE = 180.0            # s for crewletd to stop: 10,000 seats are released one by one
+NODE_STOP_GRACE = 180.0            # s for crewletd to stop: 10,000 leases, a broker of 10,000 consumers
 ROLE_SHUTDOWN = 60.0               # s the node's supervisor gives a role (and its broker) to stop
 STATUS_TIMEOUT = 10.0              # s for a status answer: 10,000 seats make it a megabyte
 NOTE_EVERY = 10.0                  # s between progress notes while the seats are being claimed

@@ -71,3 +71,23 @@ async def ensure(js: JetStreamContext, bucket: Bucket, replicas: int) -> KeyValu
 async def ensure_all(js: JetStreamContext, replicas: int) -> dict[str, KeyValue]:
     """Every coordination bucket, by name."""
     return {b.name: await ensure(js, b, replicas) for b in ALL}
+
+
+async def last(js: JetStreamContext, bucket: str, key: str, *, leader: bool = False
+               ) -> tuple[int, bytes | None]:
+    """*key*'s last sequence in *bucket* (0: never written) and its value (None:
+    deleted, purged or expired). Raises what the read raised, NotFoundError aside.
+
+    An expiry leaves a limit marker (``Nats-Marker-Reason``) that nats-py 2.16
+    would read as a live, empty value; here it is a delete, as it is to the
+    server. *leader*: ask the stream's leader rather than any replica, which
+    may lag a write by a moment.
+    """
+    try:
+        msg = await js.get_msg(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}", direct=not leader)
+    except NotFoundError:
+        return 0, None
+    headers = msg.headers or {}
+    if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
+        return msg.seq, None
+    return msg.seq, msg.data

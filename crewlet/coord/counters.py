@@ -32,11 +32,11 @@ from collections import defaultdict
 from typing import Any
 
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError
 
 from crewlet import log
 from crewlet.bus import kv_subject
-from crewlet.coord.buckets import BUDGETS, COOLDOWNS, LEDGER
+from crewlet.coord.buckets import BUDGETS, COOLDOWNS, LEDGER, last
 
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = (10071, 10164)
@@ -52,21 +52,11 @@ class CounterError(Exception):
 
 async def _read(js: JetStreamContext, bucket: str, key: str, *, leader: bool = False
                 ) -> tuple[int, bytes | None]:
-    """The key's last sequence (0: never written) and its value (None: deleted or expired).
-
-    *leader*: read from the stream leader rather than any replica; a follower
-    may lag a write by a moment, which the ledger cannot afford.
-    """
+    """:func:`crewlet.coord.buckets.last`, its failures as :class:`CounterError`."""
     try:
-        msg = await js.get_msg(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}", direct=not leader)
-    except NotFoundError:
-        return 0, None
+        return await last(js, bucket, key, leader=leader)
     except Exception as exc:
         raise CounterError(f"reading {bucket}/{key}: {type(exc).__name__}: {exc}") from exc
-    headers = msg.headers or {}
-    if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
-        return msg.seq, None
-    return msg.seq, msg.data
 
 
 class Ledger:

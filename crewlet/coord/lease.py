@@ -38,13 +38,11 @@ from typing import Any
 
 from nats.js import JetStreamContext
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError
 
 from crewlet.bus import kv_subject
-from crewlet.coord.buckets import LEASES
+from crewlet.coord.buckets import LEASES, last
 
-_STREAM = f"KV_{LEASES.name}"
-_SUBJECT = f"$KV.{LEASES.name}."  # the stream's subjects (reads); writes: self._put
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 _RENEW_ATTEMPTS = 2
@@ -124,22 +122,19 @@ class Leases:
         watcher has already shown (measured: a few in a hundred hand-overs).
         """
         try:
-            msg = await self.js.get_msg(_STREAM, subject=_SUBJECT + key, direct=False)
-        except NotFoundError:
-            return 0, None
+            seq, data = await last(self.js, LEASES.name, key, leader=True)
         except Exception as exc:
             raise LeaseError(f"reading {key}: {type(exc).__name__}: {exc}") from exc
-        headers = msg.headers or {}
-        if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
-            return msg.seq, None
+        if data is None:
+            return seq, None
         try:
-            value = json.loads(msg.data)
+            value = json.loads(data)
             owner = Owner(node=value["node"], boot=value["boot"],
-                          token=value.get("token") or msg.seq, revision=msg.seq,
+                          token=value.get("token") or seq, revision=seq,
                           info={k: v for k, v in value.items() if k not in ("node", "boot", "token")})
         except (ValueError, KeyError, TypeError):
-            raise LeaseError(f"{key} holds something that is not a lease: {msg.data[:80]!r}")
-        return msg.seq, owner
+            raise LeaseError(f"{key} holds something that is not a lease: {data[:80]!r}")
+        return seq, owner
 
     async def owner(self, key: str) -> Owner | None:
         """Who holds *key* now (None: nobody)."""
