@@ -268,11 +268,16 @@ class Turns:
             elif time.perf_counter() - last_change > stall:
                 raise BenchError(f"turns stalled: {len(self._done)} of {len(mail)} done, none for "
                                  f"{stall:g}s; turn records by outcome: {dict(self._outcomes)}")
-        t_end = max(t for t, _ in self._done.values())
+        finished = sorted(t for t, _ in self._done.values())
+        t_end = finished[-1]
         took = summary([ms for _, ms in self._done.values()])
+        # A pause in the flow of finished turns (admission lapsing, a sweep hogging the loop)
+        # shows here when the rate alone would hide it.
+        gaps = [b - a for a, b in zip([t0] + finished, finished)]
         return {"messages": len(mail), "seconds": t_end - t0, "per_s": per_s(len(mail), t_end - t0),
                 "publish_per_s": per_s(len(mail), t_published - t0), "outcomes": dict(self._outcomes),
-                "turn_took_ms": {k: took[k] for k in ("median", "p95", "max")}}
+                "turn_took_ms": {k: took[k] for k in ("median", "p95", "max")},
+                "first_done_s": finished[0] - t0, "longest_gap_s": max(gaps)}
 
 
 # --------------------------------------------------------------------------
@@ -711,8 +716,10 @@ def print_text(rep: dict[str, Any]) -> None:
             took = [x["turn_took_ms"]["median"] for x in c["rounds"] if x["turn_took_ms"]["median"]]
             print("   rounds, crewlet turns/s: " + ", ".join(f"{x['per_s']:.0f}" for x in c["rounds"])
                   + "; bare msgs/s: " + ", ".join(f"{x['per_s']:.0f}" for x in r["bare"]["rounds"]))
+            gaps = ", ".join(f"{x['longest_gap_s']:.2f}" for x in c["rounds"])
             print(f"   a turn inside the seats process (fetched -> acked), median ms per round: "
-                  f"{', '.join(f'{t:.1f}' for t in took)}")
+                  f"{', '.join(f'{t:.1f}' for t in took)}; the longest pause between finished "
+                  f"turns, s: {gaps}")
             print(f"   publishing alone, msgs/s: crewlet "
                   f"{statistics.median(x['publish_per_s'] for x in c['rounds']):.0f}, bare "
                   f"{statistics.median(x['publish_per_s'] for x in r['bare']['rounds']):.0f}")

@@ -7,65 +7,25 @@ placement labels so each test knows which node works which seat.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import signal
-import subprocess
 import sys
 
-import nats
 import pytest
 
-from tests.conftest import CREWLETCTL, wait_for
-from tests.fleet.test_fleet import fleet_node
+from tests.conftest import wait_for
+from tests.fleet.test_fleet import apply, fleet_node
+from tests.seats import MCP_SERVER, ctl_json, held, read_nats, turn_records, write_company
 from tests.integration.wire import WireServer
 
 pytestmark = pytest.mark.fleet
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MCP_SERVER = os.path.join(HERE, "..", "integration", "mcp_server.py")
-
-
-def ctl_json(node, *args: str, timeout: float = 60) -> dict:
-    out = subprocess.run([*CREWLETCTL, "-c", node.config_path, *args, "--json"],
-                         capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def apply(node, path: str) -> None:
-    out = subprocess.run([*CREWLETCTL, "-c", node.config_path, "apply", path],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-
-
-def held(node) -> dict[str, str]:
-    st = node.status() or {}
-    return {s["name"]: s["node"] for s in ((st.get("fleet") or {}).get("seats") or [])}
-
-
 def records(natsd) -> list[dict]:
-    async def go():
-        nc = await nats.connect(natsd.url, connect_timeout=2, allow_reconnect=False)
-        out = []
-        try:
-            sub = await nc.jetstream(timeout=5).subscribe("events.turn.>", ordered_consumer=True)
-            while True:
-                try:
-                    out.append(json.loads((await sub.next_msg(timeout=0.5)).data))
-                except Exception:
-                    return out
-        finally:
-            await nc.close()
-    return asyncio.run(go())
+    return read_nats(natsd.url, turn_records)
 
 
 def write(dir: str, name: str, text: str) -> str:
-    path = os.path.join(dir, name)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    return write_company(dir, text, name)
 
 
 HANDOVER = """
@@ -216,15 +176,7 @@ def test_killing_the_node_mid_turn_loses_no_message(natsd, make_node):
         sink = await js.stream_info("AGENTS", subjects_filter="agents.inbox.sink")
         return json.loads(entry.value), (sink.state.subjects or {}).get("agents.inbox.sink", 0)
 
-    def read():
-        async def go():
-            nc = await nats.connect(natsd.url, connect_timeout=2, allow_reconnect=False)
-            try:
-                return await landed(nc, nc.jetstream(timeout=5))
-            finally:
-                await nc.close()
-        return asyncio.run(go())
-    entry, sunk = wait_for(read, 45, what="the turn redone by a successor")
+    entry, sunk = wait_for(lambda: read_nats(natsd.url, landed), 45, what="the turn redone by a successor")
     assert entry["node"] != owner_id and entry["node"] in {n.config["node"]["id"] for n in nodes}
     assert sunk == 1
     assert held(survivor)["w"] != owner_id

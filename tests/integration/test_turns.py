@@ -13,104 +13,22 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 
-import nats
 import pytest
 
 from crewlet import ipc
 from crewlet.queue.jetstream import JetStreamMailboxes
-from tests.conftest import CREWLETCTL, wait_for
+from tests.conftest import wait_for
+from tests.seats import (MCP_SERVER, SAMPLE, ctl, ctl_json, held, ledger_keys, mail_of, node_url,
+                          read_nats, seats_stats, turn_records, write_company)
 
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
-HERE = os.path.dirname(os.path.abspath(__file__))
-SAMPLE = os.path.join(HERE, "..", "..", "etc", "company.yaml")
-MCP_SERVER = os.path.join(HERE, "mcp_server.py")
 
 
-def ctl(node, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*CREWLETCTL, "-c", node.config_path, *args], capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def ctl_json(node, *args: str, timeout: float = 60) -> dict:
-    out = ctl(node, *args, "--json", timeout=timeout)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def write_company(dir: str, text: str) -> str:
-    path = os.path.join(dir, "company.yaml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
-def held(node) -> dict[str, str]:
-    st = node.status() or {}
-    return {s["name"]: s["node"] for s in ((st.get("fleet") or {}).get("seats") or [])}
-
-
-def seats_stats(node) -> dict:
-    for child in (node.status() or {}).get("children", []):
-        if child["name"] == "seats":
-            return child.get("stats") or {}
-    return {}
-
-
-def url(node) -> str:
-    return f"nats://{node.config['stream']['listen']}"
-
-
-def read_nats(node, fn):
-    """Run ``await fn(nc, js)`` on a connection of our own to the node's broker."""
-    async def go():
-        nc = await nats.connect(url(node), connect_timeout=2, allow_reconnect=False)
-        try:
-            return await fn(nc, nc.jetstream(timeout=5))
-        finally:
-            await nc.close()
-    return asyncio.run(go())
-
-
-async def ledger_keys(nc, js) -> set[str]:
-    kv = await js.key_value("ledger")
-    try:
-        return set(await kv.keys())
-    except Exception:  # nats-py raises when the bucket has no keys
-        return set()
-
-
-async def turn_records(nc, js) -> list[dict]:
-    """Every turn record on EVENTS, oldest first."""
-    out: list[dict] = []
-    sub = await js.subscribe("events.turn.>", ordered_consumer=True)
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=0.5)
-            except Exception:
-                return out
-            out.append(json.loads(msg.data))
-    finally:
-        await sub.unsubscribe()
-
-
-async def mail_of(seat: str, nc, js) -> list[str]:
-    """The texts in *seat*'s mailbox subject, worked or not, in order."""
-    out: list[str] = []
-    sub = await js.subscribe(f"agents.inbox.{seat}", ordered_consumer=True)
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=0.5)
-            except Exception:
-                return out
-            out.append(msg.data.decode())
-    finally:
-        await sub.unsubscribe()
+def read(node, fn):
+    return read_nats(node_url(node), fn)
 
 
 # --------------------------------------------------------------------------
@@ -174,7 +92,7 @@ def test_mail_to_an_idle_seat_is_worked_at_once(make_node):
             await mailboxes.send("cto", f"note {n}", trigger=f"idle-{n}")
             record = await asyncio.wait_for(done.get(), 5)
             assert (record["trigger"], record["outcome"]) == (f"idle-{n}", "done")
-    read_nats(node, one_at_a_time)
+    read(node, one_at_a_time)
 
 
 def test_unknown_seat_and_empty_text_are_refused(make_node):
@@ -228,7 +146,7 @@ def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(m
     def running_or_all_done():
         if seats_stats(node).get("running"):
             return "running"
-        return "done" if len(read_nats(node, ledger_keys)) == jobs else None
+        return "done" if len(read(node, ledger_keys)) == jobs else None
 
     while kills < 5:
         # Wait for a turn to be running, then kill the seats child somewhere in it.
@@ -241,9 +159,9 @@ def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(m
         node.wait_running(exclude={"seats": pid})
     assert kills >= 3, "the jobs finished before the seats child could be killed a few times"
 
-    wait_for(lambda: len(read_nats(node, ledger_keys)) == jobs, 60, what="every job in the ledger")
-    assert read_nats(node, ledger_keys) == {f"job-{i}" for i in range(jobs)}
-    sink = read_nats(node, lambda nc, js: mail_of("sink", nc, js))
+    wait_for(lambda: len(read(node, ledger_keys)) == jobs, 60, what="every job in the ledger")
+    assert read(node, ledger_keys) == {f"job-{i}" for i in range(jobs)}
+    sink = read(node, lambda nc, js: mail_of("sink", nc, js))
     assert sorted(sink) == sorted(f"job {i} done" for i in range(jobs)), sink
     rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
     assert rows["w"]["pending"] == 0 and rows["w"]["in_flight"] == 0
@@ -274,7 +192,7 @@ def test_max_concurrent_is_never_exceeded(make_node):
             ctl_json(node, "send", seat, f"work {n}")
 
     def finished():
-        records = [r for r in read_nats(node, turn_records) if r["outcome"] == "done"]
+        records = [r for r in read(node, turn_records) if r["outcome"] == "done"]
         return records if len(records) == 2 * len(seats) else None
     records = wait_for(finished, 60, what="every turn done")
     # The most turns running at any instant, from the records' own timings.
@@ -331,11 +249,11 @@ def test_removed_seats_mailboxes_are_retired(make_node, company_text):
 
     async def mailboxes(nc, js):
         return {c.name for c in await js.consumers_info("AGENTS")}
-    assert read_nats(node, mailboxes) == {"inbox-f"}
+    assert read(node, mailboxes) == {"inbox-f"}
     smaller = company_text.replace("  - {name: f, persona: p, provider: gone}",
                                    "  - {name: g, persona: p, provider: gone}")
     out = ctl(node, "apply", write_company(node.dir, smaller))
     assert out.returncode == 0, out.stderr
-    wait_for(lambda: read_nats(node, mailboxes) == {"inbox-g"}, 30,
+    wait_for(lambda: read(node, mailboxes) == {"inbox-g"}, 30,
              what="f's mailbox retired, g's created")
     node.wait_event("mailbox_retired", 5, seat="f")

@@ -1,0 +1,101 @@
+"""Helpers for tests of seats at work: crewletctl calls, what a node holds, and
+reading what landed on the broker (turn records, mailboxes, the ledger).
+
+Readers open a NATS connection of their own to the broker at *url* and read
+streams with ordered consumers, so they change nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+
+import nats
+
+from tests.conftest import CREWLETCTL
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAMPLE = os.path.join(HERE, "..", "etc", "company.yaml")
+MCP_SERVER = os.path.join(HERE, "integration", "mcp_server.py")
+
+
+def ctl(node, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*CREWLETCTL, "-c", node.config_path, *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ctl_json(node, *args: str, timeout: float = 60) -> dict:
+    out = ctl(node, *args, "--json", timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def write_company(dir: str, text: str, name: str = "company.yaml") -> str:
+    path = os.path.join(dir, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def held(node) -> dict[str, str]:
+    """seat -> holding node, as *node*'s fleet view shows it."""
+    st = node.status() or {}
+    return {s["name"]: s["node"] for s in ((st.get("fleet") or {}).get("seats") or [])}
+
+
+def seats_stats(node) -> dict:
+    """The stats the node's seats child last reported ({} before any)."""
+    for child in (node.status() or {}).get("children", []):
+        if child["name"] == "seats":
+            return child.get("stats") or {}
+    return {}
+
+
+def node_url(node) -> str:
+    """The client URL of a node's embedded broker."""
+    return f"nats://{node.config['stream']['listen']}"
+
+
+def read_nats(url: str, fn):
+    """Run ``await fn(nc, js)`` on a connection of our own to the broker at *url*."""
+    async def go():
+        nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
+        try:
+            return await fn(nc, nc.jetstream(timeout=5))
+        finally:
+            await nc.close()
+    return asyncio.run(go())
+
+
+async def _all(js, subject: str) -> list[bytes]:
+    out: list[bytes] = []
+    sub = await js.subscribe(subject, ordered_consumer=True)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except Exception:  # nothing more within the pause: we have it all
+                return out
+            out.append(msg.data)
+    finally:
+        await sub.unsubscribe()
+
+
+async def turn_records(nc, js) -> list[dict]:
+    """Every turn record on EVENTS, oldest first."""
+    return [json.loads(data) for data in await _all(js, "events.turn.>")]
+
+
+async def mail_of(seat: str, nc, js) -> list[str]:
+    """The texts in *seat*'s mailbox subject, worked or not, in order."""
+    return [data.decode() for data in await _all(js, f"agents.inbox.{seat}")]
+
+
+async def ledger_keys(nc, js) -> set[str]:
+    kv = await js.key_value("ledger")
+    try:
+        return set(await kv.keys())
+    except Exception:  # nats-py raises when the bucket has no keys
+        return set()
