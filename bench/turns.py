@@ -11,15 +11,18 @@ For each size N (``--sizes``, default 100,1000,10000 seats), in one run:
   sweep: 1, heartbeat: 5, lease_ttl: 15}`` so the seats are claimed in seconds
   (the design's 4 per 5 s would take hours at 10,000; all 10,000 in one sweep
   outlasts the TTL, see :data:`CLAIMS_CAP`), ``node.max_concurrent: 32``.
-  Timed: crewletd's start -> all N
-  seats held (the node's fleet view) -> all N working (the seats process
-  reports them). A round publishes ``--messages`` messages to
+  Timed: crewletd's start -> all N seats held (the node's fleet view) -> all
+  N working (the seats process reports them). A round publishes ``--messages`` messages to
   ``agents.inbox.<seat>`` (headers ``Crewlet-Trigger`` and ``Nats-Msg-Id``, as
   ``Mailboxes.send`` sets them), ``--window`` publishes in flight, while a
   core-NATS subscription on ``events.turn.>`` (made before the first publish)
   counts the turn records with outcome ``done``; t = first publish -> the last
   done record received. A turn is a fetch, the ledger check, the scripted
-  provider, the ledger write, a **confirmed** ack, the turn record.
+  provider, the ledger write, a **confirmed** ack, the turn record. Kept per
+  round as well: the turn's own time (the record's ``took_ms``), the longest
+  pause between finished turns, and how many turns worked a redelivered
+  message (a fetched message NAKed back, e.g. when admission lapsed, waits
+  for its seat's next look: nothing announces it).
 * **bare** — nats-py on a bare ``nats-server -js`` of its own (free
   127.0.0.1 port, store in the temp dir): a limits stream on
   ``agents.inbox.>`` (``max_consumers`` raised) with N durable pull consumers
@@ -112,6 +115,11 @@ MAX_PAYLOAD = 1024 * 1024          # nats-server's default max_payload
 # and the node churned -- seats lapsed ("seat_lost: lease stale on waking") as fast as it claimed
 # them, never holding more than ~4,000. 1,000 takes ~7 s. --claims 0: no cap.
 CLAIMS_CAP = 1000
+# Seconds without a finished turn before a round counts as stalled: a message handed back (NAKed)
+# is announced by nothing, so it waits for its seat's own look (POLL, 60 s +- 20 % in
+# roles/seats/turns.py), at 10,000 seats sometimes twice (measured: a third delivery at 120 s).
+STALL = 150.0
+LAST_KEPT = 3                      # the last finished turns of a round kept (stragglers show)
 REASON_KEPT = 60                   # characters of a log record's reason that tell its kind apart
 
 
@@ -221,7 +229,8 @@ class Turns:
         self.url = url
         self.nc: Any = None
         self._want: set[str] = set()
-        self._done: dict[str, tuple[float, float]] = {}    # trigger -> (received, took_ms)
+        # trigger -> (received at, took_ms, deliveries, seat)
+        self._done: dict[str, tuple[float, float, int, str]] = {}
         self._outcomes: collections.Counter = collections.Counter()
         self._finished = asyncio.Event()
 
@@ -247,7 +256,8 @@ class Turns:
         outcome, trigger = rec.get("outcome"), rec.get("trigger")
         self._outcomes[outcome] += 1
         if outcome == "done" and trigger in self._want and trigger not in self._done:
-            self._done[trigger] = (t, float(rec.get("took_ms") or 0.0))
+            self._done[trigger] = (t, float(rec.get("took_ms") or 0.0), int(rec.get("deliveries") or 1),
+                                   str(rec.get("seat")))
             if len(self._done) == len(self._want):
                 self._finished.set()
 
@@ -268,16 +278,20 @@ class Turns:
             elif time.perf_counter() - last_change > stall:
                 raise BenchError(f"turns stalled: {len(self._done)} of {len(mail)} done, none for "
                                  f"{stall:g}s; turn records by outcome: {dict(self._outcomes)}")
-        finished = sorted(t for t, _ in self._done.values())
+        done = sorted(self._done.values())
+        finished = [d[0] for d in done]
         t_end = finished[-1]
-        took = summary([ms for _, ms in self._done.values()])
+        took = summary([d[1] for d in done])
         # A pause in the flow of finished turns (admission lapsing, a sweep hogging the loop)
         # shows here when the rate alone would hide it.
         gaps = [b - a for a, b in zip([t0] + finished, finished)]
         return {"messages": len(mail), "seconds": t_end - t0, "per_s": per_s(len(mail), t_end - t0),
                 "publish_per_s": per_s(len(mail), t_published - t0), "outcomes": dict(self._outcomes),
                 "turn_took_ms": {k: took[k] for k in ("median", "p95", "max")},
-                "first_done_s": finished[0] - t0, "longest_gap_s": max(gaps)}
+                "first_done_s": finished[0] - t0, "longest_gap_s": max(gaps),
+                "redelivered": sum(1 for d in done if d[2] > 1),
+                "last_done": [{"s": round(d[0] - t0, 3), "seat": d[3], "deliveries": d[2]}
+                              for d in done[-LAST_KEPT:]]}
 
 
 # --------------------------------------------------------------------------
@@ -571,8 +585,10 @@ async def measure(server: NatsServer, node: CrewletNode, seats: list[str], args:
 
 
 def failed(out: dict[str, Any], exc: Exception) -> None:
-    out["error"] = f"while {out['stage']}: {exc}"
-    say(f"  FAILED {out['error']}")
+    what = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
+    error = f"while {out['stage']}: {what}"
+    out["error"] = f"{out['error']}; then {error}" if out.get("error") else error
+    say(f"  FAILED {error}")
 
 
 def diagnose(node: CrewletNode, out: dict[str, Any], seconds: float) -> None:
@@ -606,7 +622,7 @@ def run_size(binary: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
             "expect the node to fail applying it (shorten --persona)")
     try:
         asyncio.run(measure(server, node, seats, args, out))
-    except BenchError as exc:
+    except Exception as exc:  # a size that broke is reported, and the next one runs
         failed(out, exc)
         diagnose(node, out, min(args.idle, 5.0))
     finally:
@@ -717,9 +733,10 @@ def print_text(rep: dict[str, Any]) -> None:
             print("   rounds, crewlet turns/s: " + ", ".join(f"{x['per_s']:.0f}" for x in c["rounds"])
                   + "; bare msgs/s: " + ", ".join(f"{x['per_s']:.0f}" for x in r["bare"]["rounds"]))
             gaps = ", ".join(f"{x['longest_gap_s']:.2f}" for x in c["rounds"])
+            again = ", ".join(str(x["redelivered"]) for x in c["rounds"])
             print(f"   a turn inside the seats process (fetched -> acked), median ms per round: "
                   f"{', '.join(f'{t:.1f}' for t in took)}; the longest pause between finished "
-                  f"turns, s: {gaps}")
+                  f"turns, s: {gaps}; turns of a redelivered message: {again}")
             print(f"   publishing alone, msgs/s: crewlet "
                   f"{statistics.median(x['publish_per_s'] for x in c['rounds']):.0f}, bare "
                   f"{statistics.median(x['publish_per_s'] for x in r['bare']['rounds']):.0f}")
@@ -768,8 +785,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"cap on fleet.claims_per_sweep (default {CLAIMS_CAP}; 0: all seats in one sweep)")
     ap.add_argument("--hold-timeout", type=float, default=300.0,
                     help="seconds the node may take to hold and work every seat (default 300)")
-    ap.add_argument("--stall", type=float, default=60.0,
-                    help="seconds without a finished turn before a size counts as failed (default 60)")
+    ap.add_argument("--stall", type=float, default=STALL,
+                    help=f"seconds without a finished turn before a round counts as stalled "
+                         f"(default {STALL:g})")
     ap.add_argument("--persona", default=PERSONA,
                     help=f"every seat's persona (default {PERSONA!r}; the company must fit 1 MiB)")
     ap.add_argument("--nats-server",
