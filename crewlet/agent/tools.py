@@ -37,6 +37,7 @@ writing at once both land.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import re
@@ -113,6 +114,17 @@ class ToolError(Exception):
     """A tool's own refusal; its message is the tool result the model reads."""
 
 
+@functools.lru_cache(maxsize=1024)
+def _validator(schema_json: str):
+    """A checked validator for a schema, made once per distinct schema: every
+    claimed seat adds the same built-ins, and checking a schema is costly
+    (measured: half the seats process's time while claiming thousands)."""
+    schema = json.loads(schema_json)
+    cls = validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
 class Registry:
     """A seat's tools, by name."""
 
@@ -128,12 +140,10 @@ class Registry:
             raise ValueError(f"tool name {tool.name!r} is taken (by {self._tools[tool.name].owner})")
         if not isinstance(tool.parameters, dict) or tool.parameters.get("type") != "object":
             raise ValueError(f"tool {tool.name}: parameters must be a JSON schema of type object")
-        cls = validators.validator_for(tool.parameters)
         try:
-            cls.check_schema(tool.parameters)
+            self._validators[tool.name] = _validator(json.dumps(tool.parameters, sort_keys=True))
         except schema_errors.SchemaError as exc:
             raise ValueError(f"tool {tool.name}: bad parameters schema: {exc.message}") from None
-        self._validators[tool.name] = cls(tool.parameters)
         self._tools[tool.name] = tool
 
     def remove_owner(self, owner: str) -> None:
