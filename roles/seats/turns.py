@@ -37,16 +37,16 @@ whose ack wait ran out.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import random
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crewlet import log
-from crewlet.agent.mcp import SeatServers
 from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
 from crewlet.agent.tools import Notes, Registry, builtin_tools
 from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
@@ -82,6 +82,19 @@ STATS_RECENT = 10
 PROVIDER_RETIRE_AFTER = TURN_TIMEOUT + 10
 # Concurrent seat stops when the node stops or releases everything.
 STOP_PARALLEL = 64
+
+
+if TYPE_CHECKING:
+    from crewlet.agent.mcp import SeatServers
+
+
+async def _mcp():
+    """:mod:`crewlet.agent.mcp`, imported the first time a seat has MCP servers.
+
+    The MCP SDK is ~30 MB and ~0.4 s of imports; a node whose seats run no
+    MCP server never pays for it, and the import runs in a thread so the
+    loop keeps turning meanwhile."""
+    return await asyncio.to_thread(importlib.import_module, "crewlet.agent.mcp")
 
 
 @dataclass
@@ -284,7 +297,7 @@ class SeatWork:
         self.registry = Registry()
         for tool in builtin_tools():
             self.registry.add(tool)
-        self.servers: SeatServers | None = None
+        self.servers: "SeatServers | None" = None
         self.mailbox: Mailbox = engine.mailboxes.attach(seat)
         self.fetched: Delivery | None = None
         self.turn: Delivery | None = None
@@ -368,7 +381,8 @@ class SeatWork:
         await self._recover_inflight()
         seat_cfg = self._seat_cfg()
         if seat_cfg is not None and seat_cfg.mcp and self.servers is None:
-            self.servers = SeatServers(self.seat, seat_cfg.mcp, self.registry, mark=engine.mark)
+            mcp = await _mcp()
+            self.servers = mcp.SeatServers(self.seat, seat_cfg.mcp, self.registry, mark=engine.mark)
             await self.servers.start()
         self._wake.set()
         while not self.stopped:
