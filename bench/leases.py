@@ -37,12 +37,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,6 +56,7 @@ from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 from nats.errors import TimeoutError as NatsTimeoutError  # noqa: E402
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError  # noqa: E402
 
+from bench.common import BenchError, free_ports, ratio, say, split, summary  # noqa: E402,F401
 from crewlet.coord import buckets  # noqa: E402
 from crewlet.coord.lease import Held, Leases  # noqa: E402
 
@@ -70,45 +69,6 @@ WARMUP_OPS = 50
 WARMUP_HANDOVERS = 3
 CLAIM_PATIENCE = 5.0       # seconds B keeps retrying a refused claim after the delete showed
 OPS = ("claim", "renew", "release")
-
-
-class BenchError(Exception):
-    """The benchmark could not measure what it set out to."""
-
-
-def say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def free_ports(n: int) -> list[int]:
-    """*n* distinct free loopback ports (all sockets open at once, so no repeats)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def summary(values: list[float]) -> dict[str, Any]:
-    """n, median and p95 (nearest rank) of *values*, in the values' unit."""
-    s = sorted(values)
-    if not s:
-        return {"n": 0, "median": None, "p95": None, "min": None, "max": None}
-    return {"n": len(s), "median": statistics.median(s),
-            "p95": s[max(0, math.ceil(0.95 * len(s)) - 1)], "min": s[0], "max": s[-1]}
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
-
-
-def split(total: int, parts: int) -> list[int]:
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
 def value(node: str, boot: str, token: int | None) -> bytes:

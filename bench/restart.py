@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import select
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +50,7 @@ import msgpack  # noqa: E402
 import psutil  # noqa: E402
 import zmq  # noqa: E402
 
+from bench.common import BenchError, ratio, say, split, summary  # noqa: E402
 from crewlet import ipc  # noqa: E402
 from supervisor.zygote import DEFAULT_PRELOAD  # noqa: E402
 
@@ -128,14 +127,6 @@ PRELOADED_PY = ("import gc, importlib, os, sys, time\n"
                 "gc.collect(); gc.freeze(); os.write(1, b'r'); time.sleep(30)")
 
 
-class BenchError(Exception):
-    """The benchmark could not measure what it set out to."""
-
-
-def say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -147,19 +138,6 @@ def child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     env.pop("CREWLET_CONFIG", None)
     return env
-
-
-def summary(values: list[float]) -> dict[str, Any]:
-    """n, median and p95 (nearest rank) of *values*, in the values' unit."""
-    s = sorted(values)
-    if not s:
-        return {"n": 0, "median": None, "p95": None, "min": None, "max": None}
-    return {"n": len(s), "median": statistics.median(s),
-            "p95": s[max(0, math.ceil(0.95 * len(s)) - 1)], "min": s[0], "max": s[-1]}
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
 
 
 def wait_proc(proc: subprocess.Popen, timeout: float) -> bool:
@@ -469,10 +447,6 @@ def floor_process(code: str, args: list[str], procs: list[subprocess.Popen]) -> 
     finally:
         kill_proc(proc)
         proc.stdout.close()
-
-
-def split(total: int, parts: int) -> list[int]:
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
