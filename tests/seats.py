@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 
 import nats
 
@@ -19,6 +20,32 @@ from tests.conftest import CREWLETCTL
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE = os.path.join(HERE, "..", "etc", "company.yaml")
 MCP_SERVER = os.path.join(HERE, "integration", "mcp_server.py")
+
+
+# A worker seat whose turn naps in its own MCP server, then sends "job N done" to a
+# sink nobody may hold: the sink's mailbox counts the turn's side effects.
+WORKER_COMPANY = """
+company: {{name: t}}
+providers:
+  p:
+    kind: scripted
+    rules:
+      - match: 'job (\\d+)'
+        reply: 'finished \\1'
+        tools:
+          - {{name: slow__nap, args: {{seconds: {nap}}}}}
+          - {{name: send, args: {{seat: sink, text: 'job \\1 done'}}}}
+seats:
+  - name: w
+    persona: a worker
+    provider: p
+    mcp: [{{name: slow, command: {python}, args: [{server}]}}]
+  - {{name: sink, persona: a sink, provider: p, placement: {{labels: {{zone: nowhere}}}}}}
+"""
+
+
+def worker_company(nap: float) -> str:
+    return WORKER_COMPANY.format(nap=nap, python=sys.executable, server=MCP_SERVER)
 
 
 def ctl(node, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.fleet.test_fleet import apply, fleet_node
-from tests.seats import MCP_SERVER, ctl_json, held, read_nats, turn_records, write_company
+from tests.seats import MCP_SERVER, ctl_json, held, read_nats, turn_records, worker_company, write_company
 from tests.integration.wire import WireServer
 
 pytestmark = pytest.mark.fleet
@@ -136,33 +136,13 @@ def test_a_429_on_one_node_cools_the_key_on_every_node(natsd, make_node, monkeyp
         assert len(endpoint.received()) == 1, "b called an endpoint whose key is cooling"
 
 
-KILLED = """
-company: {{name: t}}
-providers:
-  p:
-    kind: scripted
-    rules:
-      - match: 'job (\\d+)'
-        reply: 'finished \\1'
-        tools:
-          - {{name: slow__nap, args: {{seconds: 3}}}}
-          - {{name: send, args: {{seat: sink, text: 'job \\1 done'}}}}
-seats:
-  - name: w
-    persona: a worker
-    provider: p
-    mcp: [{{name: slow, command: {python}, args: [{server}]}}]
-  - {{name: sink, persona: a sink, provider: p, placement: {{labels: {{zone: nowhere}}}}}}
-"""
-
-
 def test_killing_the_node_mid_turn_loses_no_message(natsd, make_node):
     """kill -9 of the whole node that runs a seat mid-turn: the successor gets
     the mail after the ack wait (3 s here, 30 min by default), redoes the turn
     once, and its side effect lands once."""
     nodes = [fleet_node(make_node, natsd, f"n{i}", fleet={"ack_wait": 3}).start() for i in range(3)]
     apply(nodes[0], write(nodes[0].dir, "company.yaml",
-                          KILLED.format(python=sys.executable, server=MCP_SERVER)))
+                          worker_company(nap=3)))
     owner_id = wait_for(lambda: held(nodes[0]).get("w"), 20, what="w held")
     owner = next(n for n in nodes if n.config["node"]["id"] == owner_id)
     ctl_json(nodes[0], "send", "w", "job 7", "--trigger", "job-7")

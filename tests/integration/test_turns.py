@@ -13,7 +13,6 @@ import json
 import os
 import random
 import signal
-import sys
 import time
 
 import pytest
@@ -21,8 +20,8 @@ import pytest
 from crewlet import ipc
 from crewlet.queue.jetstream import JetStreamMailboxes
 from tests.conftest import wait_for
-from tests.seats import (MCP_SERVER, SAMPLE, ctl, ctl_json, held, ledger_keys, mail_of, node_url,
-                          read_nats, seats_stats, turn_records, write_company)
+from tests.seats import (SAMPLE, ctl, ctl_json, held, ledger_keys, mail_of, node_url,
+                          read_nats, seats_stats, turn_records, worker_company, write_company)
 
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
 
@@ -107,34 +106,12 @@ def test_unknown_seat_and_empty_text_are_refused(make_node):
     assert not reply["ok"] and "non-empty" in reply["error"]
 
 
-WORKER_COMPANY = """
-company: {{name: t}}
-providers:
-  p:
-    kind: scripted
-    rules:
-      - match: 'job (\\d+)'
-        reply: 'finished \\1'
-        tools:
-          - {{name: slow__nap, args: {{seconds: {nap}}}}}
-          - {{name: send, args: {{seat: sink, text: 'job \\1 done'}}}}
-seats:
-  - name: w
-    persona: a worker
-    provider: p
-    mcp: [{{name: slow, command: {python}, args: [{server}]}}]
-  # Nobody may hold the sink: its mail stays where the workers' sends put it.
-  - {{name: sink, persona: a sink, provider: p, placement: {{labels: {{zone: nowhere}}}}}}
-"""
-
-
 def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(make_node):
     """Exactly one completed turn per message, over many SIGKILLs mid-turn:
     one ledger entry per trigger, one message in the sink per job."""
     jobs = 16
     node = make_node(fleet=FAST)
-    company = write_company(node.dir, WORKER_COMPANY.format(
-        nap=0.5, python=sys.executable, server=MCP_SERVER))
+    company = write_company(node.dir, worker_company(nap=0.5))
     node.start(args=("--company", company))
     wait_for(lambda: held(node).get("w") == "t1", 30, what="seat w held")
     for i in range(jobs):
