@@ -20,6 +20,7 @@ run (DESIGN §8); most baselines are bare nats-py on a bare ``nats-server
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import shutil
@@ -28,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -218,3 +219,13 @@ class CpuMeter:
             out[name] = None if before is None or now is None or wall <= 0 \
                 else max(0.0, (now - before) / wall * 100.0)
         return out
+
+
+def emit(report: dict[str, Any], as_json: bool, print_text: Callable[[dict[str, Any]], None]) -> int:
+    """Print *report* as JSON (``--json``) or as the script's text; exit status 0."""
+    if as_json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        print_text(report)
+    return 0

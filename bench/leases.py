@@ -56,7 +56,7 @@ from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 from nats.errors import TimeoutError as NatsTimeoutError  # noqa: E402
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError  # noqa: E402
 
-from bench.common import BenchError, free_ports, ratio, say, split, summary  # noqa: E402,F401
+from bench.common import BenchError, emit, free_ports, ratio, say, split, summary  # noqa: E402,F401
 from crewlet.coord import buckets  # noqa: E402
 from crewlet.coord.lease import Held, Leases  # noqa: E402
 
@@ -653,12 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"bench/leases.py: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        json.dump(rep, sys.stdout, indent=2)
-        print()
-    else:
-        print_text(rep)
-    return 0
+    return emit(rep, args.json, print_text)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import shutil
@@ -56,6 +55,7 @@ from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
 from bench.leases import (BenchError, Server, find_nats_server, free_ports, retrying,  # noqa: E402
                           say, server_version, wait_jetstream)
+from bench.common import emit  # noqa: E402
 from crewlet import log  # noqa: E402
 from crewlet.queue import JetStreamMailboxes  # noqa: E402
 from crewlet.queue import jetstream as jsq  # noqa: E402
@@ -428,12 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    if args.json:
-        json.dump(rep, sys.stdout, indent=2)
-        print()
-    else:
-        print_text(rep)
-    return 0
+    return emit(rep, args.json, print_text)
 
 
 if __name__ == "__main__":

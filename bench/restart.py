@@ -50,7 +50,7 @@ import msgpack  # noqa: E402
 import psutil  # noqa: E402
 import zmq  # noqa: E402
 
-from bench.common import BenchError, ratio, say, split, summary  # noqa: E402
+from bench.common import BenchError, emit, ratio, say, split, summary  # noqa: E402
 from crewlet import ipc  # noqa: E402
 from supervisor.zygote import DEFAULT_PRELOAD  # noqa: E402
 
@@ -650,12 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         zmq.Context.instance().term()
-    if args.json:
-        json.dump(rep, sys.stdout, indent=2)
-        print()
-    else:
-        print_text(rep)
-    return 0
+    return emit(rep, args.json, print_text)
 
 
 if __name__ == "__main__":

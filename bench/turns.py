@@ -82,7 +82,7 @@ from nats.js.api import (AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPoli
                          StorageType)
 
 from bench.common import (BenchError, CpuMeter, NatsServer, find_nats_server, free_ports,  # noqa: E402
-                          ratio, say, server_version, summary, wait_jetstream)
+                          emit, ratio, say, server_version, summary, wait_jetstream)
 from crewlet import ipc  # noqa: E402
 
 NODE_ID = "bench"
@@ -810,12 +810,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/turns.py: {exc}", file=sys.stderr)
         return 1
     rep = build_report([run_size(binary, n, args) for n in args.sizes], args, binary)
-    if args.json:
-        json.dump(rep, sys.stdout, indent=2)
-        print()
-    else:
-        print_text(rep)
-    return 0
+    return emit(rep, args.json, print_text)
 
 
 if __name__ == "__main__":
