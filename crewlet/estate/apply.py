@@ -1,0 +1,289 @@
+"""What an op does to a copy: deterministic, one function per kind.
+
+:func:`apply_batch` applies log entries ``(seq, data)`` in one LMDB write
+transaction and commits the applied sequence with the rows, so a copy is
+always exactly "the log up to ``applied``" — an applier killed mid-batch
+starts again from the last commit and applies the same entries again.
+
+Determinism is the whole contract: every copy that applies the same log must
+hold the same bytes. So an apply function reads only the op (its args, seat,
+token, node and ``at``), its seq and the tables — never a clock, a random
+number, the node it runs on or anything outside the transaction — and it
+builds every row's dict in a fixed key order (msgpack keeps insertion order).
+
+Before anything is written, in order:
+
+1. **the op itself** — an entry that does not decode or check is refused
+   (kept under its id when it has one, so a resend gets the same answer);
+2. **its id** — an id already in ``ops`` changes nothing; the answer is the
+   first outcome (with ``duplicate``);
+3. **the fence** — ``fences`` keeps each seat's highest token seen in an
+   applied op; a lower token is refused. Tokens only grow from one owner to
+   the next, so once the new owner has written (``seat.fence``, on claiming)
+   its predecessor's writes are refused on every copy alike;
+4. **the kind's own checks** (:class:`Refused`), all made before its writes.
+
+Then the kind's writes and its outcome, kept in ``ops`` under the op id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+from crewlet import log
+from crewlet.estate.ops import KINDS, Op, OpError
+from crewlet.estate.store import APPLIED, Store, join, pack, seq_key, unpack
+
+
+class Refused(Exception):
+    """The op is well formed but cannot be applied; the message says why."""
+
+
+Outcome = dict[str, Any]
+
+
+def apply_batch(store: Store, entries: list[tuple[int, bytes]]) -> list[tuple[str | None, Outcome]]:
+    """Apply log entries in order in one transaction; ``[(op id, outcome)]``
+    for the entries applied now (those at or below ``applied`` are skipped)."""
+    out: list[tuple[str | None, Outcome]] = []
+    dbs = store.dbs
+    with store.env.begin(write=True) as txn:
+        raw = txn.get(APPLIED, db=dbs["meta"])
+        applied = int.from_bytes(raw, "big") if raw else 0
+        for seq, data in entries:
+            if seq <= applied:
+                continue
+            out.append(_apply_one(txn, dbs, seq, data))
+            applied = seq
+        txn.put(APPLIED, seq_key(applied), db=dbs["meta"])
+    return out
+
+
+def _apply_one(txn, dbs, seq: int, data: bytes) -> tuple[str | None, Outcome]:
+    try:
+        op = Op.decode(data)
+    except OpError as exc:
+        op_id = _id_of(data)
+        outcome = {"ok": False, "seq": seq, "error": f"bad op: {exc}"}
+        if op_id is not None and txn.get(op_id.encode(), db=dbs["ops"]) is None:
+            txn.put(op_id.encode(), pack(outcome), db=dbs["ops"])
+        return op_id, outcome
+    key = op.id.encode()
+    first = txn.get(key, db=dbs["ops"])
+    if first is not None:
+        return op.id, {**unpack(first), "duplicate": True}
+    try:
+        _fence(txn, dbs, op)
+        result = KIND_APPLY[op.kind](txn, dbs, op, seq)
+        outcome = {"ok": True, "seq": seq, "result": result}
+    except Refused as exc:
+        outcome = {"ok": False, "seq": seq, "error": str(exc)}
+    except Exception as exc:
+        # A bug in an apply function. It is the same bug on every copy (the
+        # code is deterministic), so refusing the op keeps the copies equal;
+        # a half-written op would be equal too, but say it loudly.
+        log.event("estate_apply_failed", "error", seq=seq, op=op.id, kind=op.kind,
+                  error=f"{type(exc).__name__}: {exc}")
+        outcome = {"ok": False, "seq": seq, "error": f"internal error applying {op.kind}: {exc}"}
+    txn.put(key, pack(outcome), db=dbs["ops"])
+    return op.id, outcome
+
+
+def _id_of(data: bytes) -> str | None:
+    try:
+        op_id = unpack(data).get("id")
+    except Exception:
+        return None
+    return op_id if isinstance(op_id, str) and 0 < len(op_id) <= 200 else None
+
+
+def _fence(txn, dbs, op: Op) -> None:
+    if op.seat is None:
+        return
+    key = op.seat.encode()
+    raw = txn.get(key, db=dbs["fences"])
+    current = unpack(raw) if raw is not None else 0
+    if op.token < current:
+        raise Refused(f"stale fencing token {op.token} for seat {op.seat}: the seat is at {current}")
+    if op.token > current:
+        txn.put(key, pack(op.token), db=dbs["fences"])
+
+
+def _by(op: Op) -> str:
+    return op.seat or f"operator@{op.node}"
+
+
+def _get(txn, dbs, table: str, key: bytes) -> Any:
+    raw = txn.get(key, db=dbs[table])
+    return unpack(raw) if raw is not None else None
+
+
+# ------------------------------------------------------------------ tracker
+
+def _task_index(txn, dbs, task: dict[str, Any], *, delete: bool = False) -> None:
+    seq8 = seq_key(int(task["id"][1:]))
+    keys = [join("task", "status", task["status"], seq8)]
+    if task.get("assignee"):
+        keys.append(join("task", "assignee", task["assignee"], seq8))
+    for k in keys:
+        if delete:
+            txn.delete(k, db=dbs["index"])
+        else:
+            txn.put(k, task["id"].encode(), db=dbs["index"])
+
+
+def _task_create(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    a = op.args
+    parent = a.get("parent")
+    if parent is not None and txn.get(parent.encode(), db=dbs["tasks"]) is None:
+        raise Refused(f"no task {parent} to be the parent")
+    task = {"id": f"T{seq}", "title": a["title"], "body": a.get("body", ""),
+            "status": a.get("status", "open"), "assignee": a.get("assignee") or None,
+            "labels": list(a.get("labels", [])), "parent": parent, "rev": 1, "seq": seq,
+            "created_at": op.at, "created_by": _by(op), "updated_at": op.at, "updated_by": _by(op)}
+    txn.put(task["id"].encode(), pack(task), db=dbs["tasks"])
+    txn.put(join("task", "all", seq_key(seq)), task["id"].encode(), db=dbs["index"])
+    _task_index(txn, dbs, task)
+    return {"task": task}
+
+
+_TASK_FIELDS = ("title", "body", "status", "assignee", "labels")
+
+
+def _task_update(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    a = op.args
+    task = _get(txn, dbs, "tasks", a["id"].encode())
+    if task is None:
+        raise Refused(f"no task {a['id']}")
+    if "expect_rev" in a and a["expect_rev"] != task["rev"]:
+        raise Refused(f"task {a['id']} is at rev {task['rev']}, not {a['expect_rev']}")
+    _task_index(txn, dbs, task, delete=True)
+    for field in _TASK_FIELDS:  # a fixed order: the row's bytes must not depend on the args'
+        if field in a:
+            task[field] = (a[field] or None) if field == "assignee" else a[field]
+    task.update(rev=task["rev"] + 1, updated_at=op.at, updated_by=_by(op))
+    txn.put(a["id"].encode(), pack(task), db=dbs["tasks"])
+    _task_index(txn, dbs, task)
+    return {"task": task}
+
+
+def _task_comment(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    task_id = op.args["id"]
+    if txn.get(task_id.encode(), db=dbs["tasks"]) is None:
+        raise Refused(f"no task {task_id}")
+    comment = {"id": f"C{seq}", "task": task_id, "body": op.args["body"], "seq": seq,
+               "created_at": op.at, "created_by": _by(op)}
+    txn.put(join(task_id, seq_key(seq)), pack(comment), db=dbs["comments"])
+    return {"comment": comment}
+
+
+# ----------------------------------------------------------- knowledge base
+
+def _page_check_version(page: dict[str, Any] | None, op: Op) -> None:
+    want = op.args.get("expect_version")
+    if want is None:
+        return
+    have = page["version"] if page is not None else 0
+    if want != have:
+        raise Refused(f"page {op.args['path']} is at version {have}, not {want}")
+
+
+def _page_write(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    a = op.args
+    key = a["path"].encode()
+    old = _get(txn, dbs, "pages", key)
+    _page_check_version(old, op)
+    page = {"path": a["path"], "title": a["title"], "body": a["body"],
+            "version": (old["version"] + 1) if old else 1, "seq": seq,
+            "created_at": old["created_at"] if old else op.at,
+            "created_by": old["created_by"] if old else _by(op),
+            "updated_at": op.at, "updated_by": _by(op)}
+    txn.put(key, pack(page), db=dbs["pages"])
+    txn.put(seq_key(seq), key, db=dbs["pages_by_seq"])
+    return {"page": page}
+
+
+def _page_delete(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    key = op.args["path"].encode()
+    old = _get(txn, dbs, "pages", key)
+    if old is None:
+        raise Refused(f"no page {op.args['path']}")
+    _page_check_version(old, op)
+    txn.delete(key, db=dbs["pages"])
+    txn.put(seq_key(seq), key, db=dbs["pages_by_seq"])  # the index drops it too
+    return {"deleted": op.args["path"]}
+
+
+# -------------------------------------------------------------------- files
+
+def _file_register(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    a = op.args
+    key = join(a["project"], a["path"])
+    old = _get(txn, dbs, "files", key)
+    row = {"id": old["id"] if old else f"F{seq}", "project": a["project"], "path": a["path"],
+           "size": a["size"], "sha256": a["sha256"], "content_type": a.get("content_type"),
+           "version": (old["version"] + 1) if old else 1, "seq": seq,
+           "registered_at": op.at, "registered_by": _by(op)}
+    txn.put(key, pack(row), db=dbs["files"])
+    return {"file": row}
+
+
+# ---------------------------------------------------------- a seat's rows
+
+def _turn_record(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    record = {**op.args["record"], "seq": seq}
+    txn.put(seq_key(seq), pack(record), db=dbs["turns"])
+    seat = record.get("seat") or op.seat
+    if isinstance(seat, str) and seat:
+        txn.put(join("turn", "seat", seat, seq_key(seq)), seq_key(seq), db=dbs["index"])
+    return {"turn": seq}
+
+
+def _seat_of(op: Op) -> str:
+    seat = op.args["seat"]
+    if op.seat is not None and op.seat != seat:
+        raise Refused(f"seat {op.seat} cannot write seat {seat}'s rows")
+    return seat
+
+
+def _episode_add(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    seat = _seat_of(op)
+    row = {"seat": seat, "summary": op.args["summary"], "trigger": op.args.get("trigger"),
+           "outcome": op.args.get("outcome"), "seq": seq, "at": op.at}
+    txn.put(join(seat, seq_key(seq)), pack(row), db=dbs["episodes"])
+    return {"episode": row}
+
+
+def _diary_write(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    seat = _seat_of(op)
+    text = op.args["text"]
+    # Identical content collapses on write (reference): one entry per text.
+    digest_key = join(seat, hashlib.sha256(text.encode()).digest()[:16])
+    same = txn.get(digest_key, db=dbs["diary_digest"])
+    if same is not None:
+        return {"entry": _get(txn, dbs, "diary", join(seat, same)), "collapsed": True}
+    row = {"seat": seat, "text": text, "key": op.args.get("key"), "seq": seq, "at": op.at}
+    txn.put(join(seat, seq_key(seq)), pack(row), db=dbs["diary"])
+    txn.put(digest_key, seq_key(seq), db=dbs["diary_digest"])
+    return {"entry": row, "collapsed": False}
+
+
+def _seat_fence(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    return {"seat": op.seat, "token": op.token}  # the fence itself moved in _fence
+
+
+KIND_APPLY: dict[str, Callable[..., dict[str, Any]]] = {
+    "task.create": _task_create,
+    "task.update": _task_update,
+    "task.comment": _task_comment,
+    "page.write": _page_write,
+    "page.delete": _page_delete,
+    "file.register": _file_register,
+    "turn.record": _turn_record,
+    "episode.add": _episode_add,
+    "diary.write": _diary_write,
+    "seat.fence": _seat_fence,
+}
+
+assert set(KIND_APPLY) == set(KINDS), "every op kind has exactly one apply function"

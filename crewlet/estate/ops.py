@@ -1,0 +1,232 @@
+"""What an operation on the estate is, and which there are.
+
+An :class:`Op` is one write to the estate: an ``id`` (published as the
+message's ``Nats-Msg-Id``, and kept with its outcome by every applier, so an
+op sent twice lands once), a ``kind`` from :data:`KINDS`, its ``args``, the
+``seat`` and fencing ``token`` that issued it (none for the operator), the
+issuing ``node`` and the wall-clock time ``at`` which the rows it writes take
+as theirs — an applier never reads its own clock, so every copy writes the
+same bytes.
+
+Each kind names its **area** and its **retry** rule, which the router obeys
+once a data node may have run the op (reference, "How a request reaches the
+estate"):
+
+``move_on``  ask the next data node under the same op id (tracker, files,
+             turns, the seat's own rows): the applier's outcome table makes
+             the second sending a no-op;
+``once``     never send twice: an op that went unanswered is reported as
+             unknown (the knowledge base).
+
+:data:`QUERIES` are the reads, each with the JSON schema of its arguments.
+Arguments are checked where an op or a query is made (:func:`make_op`,
+:func:`check_query`), and again by the applier before it applies anything,
+so a bad op is refused with the field and the reason, never half applied.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import msgpack
+from jsonschema import exceptions as schema_errors
+from jsonschema import validators
+
+# Ids and names: an op id is a Nats-Msg-Id, a page path a key and a URL part.
+OP_ID_MAX = 200
+_OP_ID = re.compile(rf"^\S{{1,{OP_ID_MAX}}}$")
+PAGE_PATH = r"^[a-z0-9][a-z0-9/_.-]{0,199}$"
+TASK_ID = r"^T[0-9]+$"
+TASK_STATUSES = ("open", "doing", "blocked", "done", "cancelled")
+TITLE_MAX = 300
+TASK_BODY_MAX = 20_000
+COMMENT_MAX = 20_000
+# A page is a document; this keeps one op well under the broker's 1 MiB.
+PAGE_BODY_MAX = 200_000
+DIARY_TEXT_MAX = 4000
+LIST_MAX = 500
+LIST_DEFAULT = 100
+SEARCH_MAX = 100
+SEARCH_DEFAULT = 10
+
+
+class OpError(ValueError):
+    """An op or a query that cannot be made: the message names the field and why."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    area: str    # tracker | kb | files | turns | seat
+    retry: str   # move_on | once (module doc)
+    schema: dict[str, Any]
+
+
+def _obj(required: tuple[str, ...] = (), **props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": list(required),
+            "additionalProperties": False}
+
+
+def _str(lo: int = 1, hi: int | None = None, **extra: Any) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "string", "minLength": lo, **extra}
+    if hi is not None:
+        s["maxLength"] = hi
+    return s
+
+
+_NAME = _str(1, 200)
+_LABELS = {"type": "array", "items": _str(1, 100), "maxItems": 50}
+_REV = {"type": "integer", "minimum": 1}
+_LIMIT = {"type": "integer", "minimum": 1, "maximum": LIST_MAX}
+_TASK = _str(pattern=TASK_ID)
+_PATH = _str(pattern=PAGE_PATH)
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("task.create", "tracker", "move_on", _obj(
+        ("title",), title=_str(1, TITLE_MAX), body=_str(0, TASK_BODY_MAX),
+        status={"enum": list(TASK_STATUSES)}, assignee=_NAME, labels=_LABELS, parent=_TASK)),
+    Kind("task.update", "tracker", "move_on", _obj(
+        ("id",), id=_TASK, title=_str(1, TITLE_MAX), body=_str(0, TASK_BODY_MAX),
+        status={"enum": list(TASK_STATUSES)},
+        assignee={"anyOf": [_str(0, 200), {"type": "null"}]}, labels=_LABELS, expect_rev=_REV)),
+    Kind("task.comment", "tracker", "move_on", _obj(
+        ("id", "body"), id=_TASK, body=_str(1, COMMENT_MAX))),
+    Kind("page.write", "kb", "once", _obj(
+        ("path", "title", "body"), path=_PATH, title=_str(1, TITLE_MAX),
+        body=_str(0, PAGE_BODY_MAX), expect_version=_REV)),
+    Kind("page.delete", "kb", "once", _obj(("path",), path=_PATH, expect_version=_REV)),
+    Kind("file.register", "files", "move_on", _obj(
+        ("project", "path", "size", "sha256"), project=_NAME, path=_str(1, 1000),
+        size={"type": "integer", "minimum": 0}, sha256=_str(64, 64, pattern=r"^[0-9a-f]{64}$"),
+        content_type=_str(1, 200))),
+    Kind("turn.record", "turns", "move_on", _obj(("record",), record={"type": "object"})),
+    Kind("episode.add", "seat", "move_on", _obj(
+        ("seat", "summary"), seat=_NAME, summary=_str(1, TASK_BODY_MAX), trigger=_str(1, 300),
+        outcome=_str(1, 50))),
+    Kind("diary.write", "seat", "move_on", _obj(
+        ("seat", "text"), seat=_NAME, text=_str(1, DIARY_TEXT_MAX), key=_str(1, 300))),
+    # Raises the seat's fence to the op's token: what a new owner publishes on
+    # claiming a seat, so its predecessor's later writes are refused at once.
+    Kind("seat.fence", "seat", "move_on", _obj()),
+)}
+
+QUERIES: dict[str, dict[str, Any]] = {
+    "task.get": _obj(("id",), id=_TASK),
+    "task.list": _obj(status={"enum": list(TASK_STATUSES)}, assignee=_NAME, limit=_LIMIT, after=_TASK),
+    "page.read": _obj(("path",), path=_PATH),
+    "page.list": _obj(prefix=_str(0, 200), limit=_LIMIT),
+    "page.search": _obj(("query",), query=_str(1, 500),
+                        limit={"type": "integer", "minimum": 1, "maximum": SEARCH_MAX}),
+    "file.list": _obj(project=_NAME, limit=_LIMIT),
+    "turn.list": _obj(seat=_NAME, limit=_LIMIT),
+    "diary.list": _obj(("seat",), seat=_NAME, limit=_LIMIT),
+    "episode.list": _obj(("seat",), seat=_NAME, limit=_LIMIT),
+    "op.outcome": _obj(("id",), id=_str(1, OP_ID_MAX)),
+    "event.list": _obj(limit=_LIMIT, after={"type": "integer", "minimum": 0}),
+}
+
+
+def _compile(schema: dict[str, Any]):
+    cls = validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+_KIND_CHECKS = {name: _compile(k.schema) for name, k in KINDS.items()}
+_QUERY_CHECKS = {name: _compile(s) for name, s in QUERIES.items()}
+
+
+def _problem(validator, args: Any, what: str) -> str | None:
+    if not isinstance(args, dict):
+        return f"{what}: arguments must be an object, got {type(args).__name__}"
+    found = schema_errors.best_match(validator.iter_errors(args))
+    if found is None:
+        return None
+    where = "/".join(str(p) for p in found.absolute_path)
+    return f"{what}: {where + ': ' if where else ''}{found.message}"
+
+
+@dataclass(frozen=True)
+class Op:
+    id: str
+    kind: str
+    args: dict[str, Any]
+    seat: str | None
+    token: int | None
+    node: str
+    at: float
+
+    def check(self) -> None:
+        """OpError unless this op is well formed (what the applier refuses otherwise)."""
+        if not isinstance(self.id, str) or not _OP_ID.match(self.id):
+            raise OpError(f"op id must be 1-{OP_ID_MAX} characters without whitespace, got {self.id!r}")
+        if self.kind not in KINDS:
+            raise OpError(f"unknown op kind {self.kind!r}; kinds: {', '.join(KINDS)}")
+        if (self.seat is None) != (self.token is None):
+            raise OpError("an op carries a seat and its fencing token together, or neither")
+        if self.seat is not None and (not isinstance(self.seat, str) or not self.seat):
+            raise OpError(f"seat must be a non-empty string, got {self.seat!r}")
+        if self.token is not None and (not isinstance(self.token, int) or self.token < 1):
+            raise OpError(f"token must be a positive integer, got {self.token!r}")
+        if self.kind == "seat.fence" and self.seat is None:
+            raise OpError("seat.fence needs the seat and its token")
+        if not isinstance(self.node, str) or not self.node:
+            raise OpError(f"node must be a non-empty string, got {self.node!r}")
+        if not isinstance(self.at, (int, float)):
+            raise OpError(f"at must be a number of seconds, got {self.at!r}")
+        problem = _problem(_KIND_CHECKS[self.kind], self.args, self.kind)
+        if problem:
+            raise OpError(problem)
+
+    @property
+    def retry(self) -> str:
+        return KINDS[self.kind].retry
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def encode(self) -> bytes:
+        return msgpack.packb(self.as_dict(), use_bin_type=True)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Op":
+        """An op from its dict form; OpError if it is not one (checked)."""
+        if not isinstance(d, dict):
+            raise OpError(f"an op is a map, got {type(d).__name__}")
+        try:
+            op = cls(**{f: d[f] for f in ("id", "kind", "args", "seat", "token", "node", "at")})
+        except KeyError as exc:
+            raise OpError(f"an op needs {exc.args[0]!r}") from None
+        op.check()
+        return op
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Op":
+        try:
+            d = msgpack.unpackb(data, raw=False)
+        except Exception as exc:
+            raise OpError(f"not an encoded op: {type(exc).__name__}: {exc}") from None
+        return cls.from_dict(d)
+
+
+def make_op(kind: str, args: dict[str, Any], *, node: str, seat: str | None = None,
+            token: int | None = None, id: str | None = None, at: float | None = None) -> Op:
+    """A checked op. *id* defaults to a fresh one: give a stable id (a seat's
+    call key) wherever the same write may be made again."""
+    op = Op(id=id or uuid.uuid4().hex, kind=kind, args=dict(args), seat=seat, token=token,
+            node=node, at=time.time() if at is None else at)
+    op.check()
+    return op
+
+
+def check_query(name: str, args: Any) -> None:
+    """OpError unless *name* is a query and *args* its arguments."""
+    if name not in QUERIES:
+        raise OpError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
+    problem = _problem(_QUERY_CHECKS[name], args, name)
+    if problem:
+        raise OpError(problem)
