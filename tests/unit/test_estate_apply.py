@@ -1,0 +1,224 @@
+"""Applying the log to a copy (crewlet.estate.apply, store): real LMDB in temp dirs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from crewlet.estate import apply, ops, store
+from crewlet.estate.ops import OpError, make_op
+
+
+@pytest.fixture
+def copy(tmp_path):
+    def make(name: str = "a") -> store.Store:
+        return store.open_env(str(tmp_path / name))
+    made = []
+    yield lambda name="a": made.append(make(name)) or made[-1]
+    for s in made:
+        store.close_env(s)
+
+
+def op(kind, args, id=None, seat=None, token=None, at=1000.0):
+    return make_op(kind, args, node="n1", seat=seat, token=token, id=id, at=at)
+
+
+def run(s, *ops_, start=None):
+    first = (s.applied() + 1) if start is None else start
+    return [o for _, o in apply.apply_batch(s, [(first + i, o.encode()) for i, o in enumerate(ops_)])]
+
+
+def q(s, name, **args):
+    return store.Reader(s).query(name, args)
+
+
+def test_a_task_is_created_updated_and_commented_with_ids_from_the_log(copy):
+    s = copy()
+    created, comment, updated = run(
+        s, op("task.create", {"title": "ship it", "assignee": "cto", "labels": ["q4"]}, seat="ceo", token=3),
+        op("task.comment", {"id": "T1", "body": "on it"}, seat="cto", token=1),
+        op("task.update", {"id": "T1", "status": "done", "expect_rev": 1}))
+    assert created["ok"] and created["result"]["task"]["id"] == "T1"
+    assert comment["result"]["comment"]["id"] == "C2"
+    task = updated["result"]["task"]
+    assert (task["status"], task["rev"], task["updated_by"], task["created_by"]) == ("done", 2, "operator@n1", "ceo")
+    got = q(s, "task.get", id="T1")
+    assert got["task"] == task and [c["body"] for c in got["comments"]] == ["on it"]
+    assert [t["id"] for t in q(s, "task.list", status="done")["tasks"]] == ["T1"]
+    assert q(s, "task.list", status="open")["tasks"] == []
+    assert [t["id"] for t in q(s, "task.list", assignee="cto")["tasks"]] == ["T1"]
+
+
+def test_task_refusals_say_why_and_are_kept_as_the_outcome(copy):
+    s = copy()
+    run(s, op("task.create", {"title": "x"}))
+    stale, missing, orphan = run(s, op("task.update", {"id": "T1", "title": "y", "expect_rev": 7}, id="u1"),
+                                 op("task.comment", {"id": "T99", "body": "hi"}),
+                                 op("task.create", {"title": "child", "parent": "T42"}))
+    assert not stale["ok"] and stale["error"] == "task T1 is at rev 1, not 7"
+    assert missing["error"] == "no task T99" and orphan["error"] == "no task T42 to be the parent"
+    assert store.Reader(s).outcome("u1") == stale
+    assert q(s, "task.get", id="T1")["task"]["title"] == "x"
+
+
+def test_task_list_is_newest_first_and_pages_with_after(copy):
+    s = copy()
+    run(s, *[op("task.create", {"title": f"t{i}"}) for i in range(7)])
+    first = [t["id"] for t in q(s, "task.list", limit=3)["tasks"]]
+    assert first == ["T7", "T6", "T5"]
+    assert [t["id"] for t in q(s, "task.list", limit=3, after="T5")["tasks"]] == ["T4", "T3", "T2"]
+    assert [t["id"] for t in q(s, "task.list", after="T2")["tasks"]] == ["T1"]
+
+
+def test_a_duplicated_op_id_lands_once_and_answers_the_first_outcome(copy):
+    s = copy()
+    again = op("task.create", {"title": "once"}, id="seat:trig.1.0")
+    first, second = run(s, again, again)
+    assert first["ok"] and second == {**first, "duplicate": True}
+    assert len(q(s, "task.list")["tasks"]) == 1
+    assert s.applied() == 2  # the duplicate is consumed, not stuck
+
+
+def test_stale_fencing_tokens_are_refused_once_a_newer_owner_wrote(copy):
+    s = copy()
+    old = run(s, op("task.create", {"title": "by the old owner"}, seat="cto", token=4))[0]
+    fence = run(s, op("seat.fence", {}, seat="cto", token=9))[0]
+    zombie = run(s, op("task.create", {"title": "zombie"}, seat="cto", token=4))[0]
+    current = run(s, op("task.create", {"title": "new owner"}, seat="cto", token=9))[0]
+    assert old["ok"] and fence["ok"] and current["ok"]
+    assert not zombie["ok"] and zombie["error"] == "stale fencing token 4 for seat cto: the seat is at 9"
+    assert [t["title"] for t in q(s, "task.list")["tasks"]] == ["new owner", "by the old owner"]
+
+
+def test_pages_are_versioned_deleted_and_indexed_by_seq(copy):
+    s = copy()
+    one, two, conflict = run(s, op("page.write", {"path": "eng/deploy", "title": "Deploy", "body": "v1"}),
+                             op("page.write", {"path": "eng/deploy", "title": "Deploy", "body": "v2",
+                                               "expect_version": 1}),
+                             op("page.write", {"path": "eng/deploy", "title": "x", "body": "x",
+                                               "expect_version": 1}))
+    assert one["result"]["page"]["version"] == 1 and two["result"]["page"]["version"] == 2
+    assert conflict["error"] == "page eng/deploy is at version 2, not 1"
+    assert q(s, "page.read", path="eng/deploy")["page"]["body"] == "v2"
+    assert [p["path"] for p in q(s, "page.list", prefix="eng/")["pages"]] == ["eng/deploy"]
+    assert "body" not in q(s, "page.list")["pages"][0]
+    deleted = run(s, op("page.delete", {"path": "eng/deploy"}))[0]
+    assert deleted["ok"] and q(s, "page.read", path="eng/deploy")["page"] is None
+    with s.env.begin() as txn:
+        by_seq = [(store.key_seq(k), v) for k, v in txn.cursor(db=s.dbs["pages_by_seq"])]
+    assert by_seq == [(1, b"eng/deploy"), (2, b"eng/deploy"), (4, b"eng/deploy")]
+
+
+def test_the_diary_collapses_identical_text_and_a_seat_writes_only_its_own(copy):
+    s = copy()
+    a, b, c, other = run(s, op("diary.write", {"seat": "cto", "text": "ship friday"}, seat="cto", token=1),
+                         op("diary.write", {"seat": "cto", "text": "ship friday"}, seat="cto", token=1),
+                         op("diary.write", {"seat": "cto", "text": "ship monday"}, seat="cto", token=1),
+                         op("diary.write", {"seat": "ceo", "text": "hi"}, seat="cto", token=1))
+    assert b["result"]["collapsed"] and b["result"]["entry"] == a["result"]["entry"]
+    assert [e["text"] for e in q(s, "diary.list", seat="cto")["entries"]] == ["ship friday", "ship monday"]
+    assert other["error"] == "seat cto cannot write seat ceo's rows"
+
+
+def test_files_turns_and_episodes(copy):
+    s = copy()
+    sha = "ab" * 32
+    f1, f2, turn, ep = run(s, op("file.register", {"project": "p", "path": "a.txt", "size": 3, "sha256": sha}),
+                           op("file.register", {"project": "p", "path": "a.txt", "size": 4, "sha256": sha}),
+                           op("turn.record", {"record": {"seat": "cto", "trigger": "t1", "outcome": "ok"}},
+                              seat="cto", token=2),
+                           op("episode.add", {"seat": "cto", "summary": "did it"}, seat="cto", token=2))
+    assert f2["result"]["file"]["id"] == f1["result"]["file"]["id"] == "F1"
+    assert f2["result"]["file"]["version"] == 2
+    assert q(s, "file.list", project="p")["files"] == [f2["result"]["file"]]
+    assert [t["trigger"] for t in q(s, "turn.list", seat="cto")["turns"]] == ["t1"]
+    assert q(s, "turn.list", seat="ceo")["turns"] == [] and len(q(s, "turn.list")["turns"]) == 1
+    assert q(s, "episode.list", seat="cto")["episodes"][0]["summary"] == "did it"
+
+
+def test_a_bad_entry_is_refused_with_its_reason_and_the_log_goes_on(copy):
+    s = copy()
+    bad, good = [o for _, o in apply.apply_batch(s, [(1, b"\x93not an op"), (2, op("task.create", {"title": "x"}).encode())])]
+    assert not bad["ok"] and bad["error"].startswith("bad op:")
+    assert good["ok"] and s.applied() == 2
+
+
+def test_entries_at_or_below_applied_are_skipped(copy):
+    s = copy()
+    run(s, op("task.create", {"title": "x"}))
+    assert apply.apply_batch(s, [(1, op("task.create", {"title": "again"}).encode())]) == []
+    assert len(q(s, "task.list")["tasks"]) == 1
+
+
+def _random_ops(rnd: random.Random, n: int) -> list[ops.Op]:
+    made = []
+    for i in range(n):
+        kind = rnd.choice(["task.create", "task.update", "task.comment", "page.write", "page.delete",
+                           "diary.write", "dup", "fence"])
+        seat, token = rnd.choice([(None, None), ("cto", rnd.randint(1, 5)), ("ceo", rnd.randint(1, 5))])
+        at = 1000.0 + i
+        if kind == "dup" and made:
+            made.append(rnd.choice(made))
+            continue
+        if kind == "fence":
+            made.append(op("seat.fence", {}, seat=seat or "cto", token=token or 3, at=at))
+        elif kind == "task.create":
+            made.append(op(kind, {"title": f"t{i}", "assignee": rnd.choice(["cto", "ceo"])}, seat=seat, token=token, at=at))
+        elif kind == "task.update":
+            made.append(op(kind, {"id": f"T{rnd.randint(1, i + 1)}", "status": rnd.choice(ops.TASK_STATUSES)},
+                           seat=seat, token=token, at=at))
+        elif kind == "task.comment":
+            made.append(op(kind, {"id": f"T{rnd.randint(1, i + 1)}", "body": f"c{i}"}, seat=seat, token=token, at=at))
+        elif kind == "page.write":
+            made.append(op(kind, {"path": f"p/{rnd.randint(0, 9)}", "title": "t", "body": f"b{i}"},
+                           seat=seat, token=token, at=at))
+        elif kind == "page.delete":
+            made.append(op(kind, {"path": f"p/{rnd.randint(0, 9)}"}, seat=seat, token=token, at=at))
+        else:
+            who = seat or "cto"
+            made.append(op(kind, {"seat": who, "text": f"note {rnd.randint(0, 20)}"}, seat=who,
+                           token=token or 1, at=at))
+    return made
+
+
+def test_two_copies_applying_the_same_log_in_different_batches_hold_the_same_bytes(copy):
+    log = [o.encode() for o in _random_ops(random.Random(7), 600)]
+    a, b = copy("a"), copy("b")
+    apply.apply_batch(a, list(enumerate(log, 1)))
+    rnd = random.Random(8)
+    seq = 1
+    while seq <= len(log):
+        n = rnd.randint(1, 40)
+        # Overlapping batches too: what an applier killed before its commit re-reads.
+        start = max(1, seq - rnd.randint(0, 3))
+        apply.apply_batch(b, [(s, log[s - 1]) for s in range(start, min(seq + n, len(log) + 1))])
+        seq += n
+    assert a.applied() == b.applied() == len(log)
+    assert store.digest(a) == store.digest(b)
+    assert store.dump(a) == store.dump(b)
+    # ...and the digest sees a difference.
+    apply.apply_batch(b, [(len(log) + 1, op("task.create", {"title": "one more"}).encode())])
+    assert store.digest(a) != store.digest(b)
+
+
+def test_ops_and_queries_are_checked_with_the_field_and_the_reason():
+    with pytest.raises(OpError, match="task.create: title"):
+        op("task.create", {"title": ""})
+    with pytest.raises(OpError, match="unknown op kind"):
+        op("task.destroy", {})
+    with pytest.raises(OpError, match="seat and its fencing token together"):
+        make_op("task.create", {"title": "x"}, node="n", seat="cto")
+    with pytest.raises(OpError, match="page.write: path"):
+        op("page.write", {"path": "../etc", "title": "t", "body": ""})
+    with pytest.raises(OpError, match="unknown query"):
+        ops.check_query("task.delete", {})
+    with pytest.raises(OpError, match="limit"):
+        ops.check_query("task.list", {"limit": 0})
+    assert ops.Op.decode(op("task.create", {"title": "x"}, id="i").encode()).id == "i"
+    assert ops.KINDS["page.write"].retry == "once" and ops.KINDS["task.update"].retry == "move_on"
+
+
+def test_a_reader_waits_for_the_writer_to_make_the_copy(tmp_path):
+    with pytest.raises(store.StoreUnavailable):
+        store.open_env(str(tmp_path / "none"), readonly=True)
