@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import zmq
 from nats.js.errors import NotFoundError
 
-from crewlet import ipc, log
+from crewlet import bus, ipc, log
 from crewlet.company.model import Company
+from crewlet.config.model import NODE_ID_RE
+from crewlet.coord import buckets
 from crewlet.queue.base import MailboxError, check_trigger
 
 if TYPE_CHECKING:
@@ -178,6 +180,100 @@ async def dlq(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
                              for d in letters]}
 
 
+# ------------------------------------------------------------------ the estate
+
+# Seconds an estate read or search may take when the caller names no timeout
+# (the router asks the data nodes in turn; crewletctl waits a little longer).
+ESTATE_TIMEOUT = 15.0
+EVICTED_KEY = "evicted."  # + node id, in the status bucket: present = evicted
+
+
+def _router(node: "Node"):
+    """The fleet child's estate router, or a refusal saying why not."""
+    router = getattr(node.fleet, "router", None) if node.fleet is not None else None
+    if router is None:
+        raise CommandError("this node has not joined the fleet yet")
+    return router
+
+
+def _wait(args: dict[str, Any]) -> float:
+    """The ``wait`` a request gives the router (not "timeout": the word
+    crewlet.ipc.call takes for its own wait, so no argument can be named so)."""
+    wait = args.get("wait", ESTATE_TIMEOUT)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait <= 0:
+        raise CommandError(f"wait must be a positive number of seconds, got {wait!r}")
+    return float(wait)
+
+
+async def estate_read(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """Read the estate: ``query`` (a name of crewlet.estate.ops.QUERIES) with its
+    ``args``, within ``wait`` seconds; answers what the query answers."""
+    router = _router(node)
+    from crewlet.estate.ops import OpError  # the estate's modules load when the estate is first asked
+    from crewlet.estate.router import EstateError
+
+    query, query_args = args.get("query"), args.get("args") or {}
+    if not isinstance(query, str) or not isinstance(query_args, dict):
+        raise CommandError("estate_read takes a query name and its args (an object)")
+    try:
+        return await router.read(query, query_args, timeout=_wait(args)) or {}
+    except (OpError, EstateError) as exc:
+        raise CommandError(str(exc)) from None
+
+
+async def estate_search(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """Search the knowledge base for ``query`` (``limit`` hits, within ``wait``
+    seconds): ``hits``,
+    ``searched`` (false: nobody could), ``node`` (who did) and ``answers``
+    (each data node's answer when nobody could)."""
+    router = _router(node)
+    from crewlet.estate.ops import OpError  # the estate's modules load when the estate is first asked
+    from crewlet.estate.router import EstateError
+
+    query, limit = args.get("query"), args.get("limit", 10)
+    if not isinstance(query, str) or not query.strip():
+        raise CommandError("query must be a non-empty string")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
+        raise CommandError(f"limit must be 1..100, got {limit!r}")
+    try:
+        answer = await router.search(query, limit, timeout=_wait(args))
+    except (OpError, EstateError) as exc:
+        raise CommandError(str(exc)) from None
+    return {"hits": list(answer.hits), "searched": bool(answer.searched), "node": answer.node,
+            "answers": dict(answer.answers or {})}
+
+
+async def evict(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """Evict data node ``node``'s copy of the estate (``reason``), or with
+    ``undo`` end its eviction: the ``status`` key ``evicted.<node>``."""
+    fleet = node.fleet
+    js = getattr(fleet, "_js", None) if fleet is not None else None
+    if js is None:
+        raise CommandError("this node has not joined the fleet yet")
+    target = args.get("node")
+    if not isinstance(target, str) or not NODE_ID_RE.match(target):
+        raise CommandError(f"bad node id {target!r}: must match {NODE_ID_RE.pattern}")
+    subject = bus.kv_subject(js, buckets.STATUS.name) + EVICTED_KEY + target
+    try:
+        if args.get("undo"):
+            # A delete marker, as kv.delete writes it, published plainly so a leaf's is answered too.
+            await js.publish(subject, b"", headers={"KV-Operation": "DEL"})
+            log.event("node_eviction_undone", node=target)
+            return {"node": target, "evicted": False}
+        reason = args.get("reason") or "evicted by the operator"
+        if not isinstance(reason, str):
+            raise CommandError("reason must be a string")
+        record = {"reason": reason, "at": time.time(), "by": f"crewletctl@{node.cfg.node.id}"}
+        await js.publish(subject, json.dumps(record).encode())
+    except CommandError:
+        raise
+    except Exception as exc:  # the broker unanswered or refusing: say so, do not claim it is done
+        raise CommandError(f"could not write {EVICTED_KEY}{target} to the status bucket: "
+                           f"{type(exc).__name__}: {exc}") from None
+    log.event("node_evicted", "warning", node=target, reason=reason)
+    return {"node": target, "evicted": True, "reason": reason}
+
+
 # Mailbox infos asked at once by `seats`.
 SEATS_PARALLEL = 32
 
@@ -189,6 +285,9 @@ COMMANDS: dict[str, Callable[["Node", dict[str, Any]], Awaitable[dict[str, Any]]
     "send": send,
     "seats": seats,
     "dlq": dlq,
+    "estate_read": estate_read,
+    "estate_search": estate_search,
+    "evict": evict,
 }
 
 

@@ -22,6 +22,7 @@ import click
 
 from crewlet import ipc, log, sysd
 from crewlet.config import ConfigError, load_node_config
+from crewlet.estate.floor import wipe_scratch
 from roles.broker import BrokerNotFound
 from supervisor import procs
 from supervisor.procs import EXIT_CONFIG
@@ -55,6 +56,9 @@ def _lock_data_dir(cfg) -> int:
                      f"on {cfg.data_dir}")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    # The scratch store is deleted at every boot (crewlet.estate.floor); only
+    # now, holding the lock, is no other crewletd using it.
+    wipe_scratch(cfg.data_dir)
     return fd
 
 

@@ -178,7 +178,8 @@ def main() -> None:
 
 
 # The command modules import the names above, so they come last.
-from crewlet.ctl import apply, dlq, history, restart, seats, send, status, stop  # noqa: E402
+from crewlet.ctl import (apply, dlq, evict, history, pages, restart, search, seats, send, status,  # noqa: E402
+                         stop, tasks)
 
-for _module in (status, restart, stop, apply, history, send, seats, dlq):
+for _module in (status, restart, stop, apply, history, send, seats, dlq, tasks, pages, search, evict):
     cli.add_command(getattr(_module, _module.__name__.rpartition(".")[2]))

@@ -589,3 +589,201 @@ def turn_text(turn: dict[str, Any]) -> str:
 
 def no_turn_text(wait: float) -> str:
     return f"no turn finished within {wait:g}s (the mail is in the mailbox)"
+
+
+# ------------------------------------------------------------------ the estate: tasks, pages, search
+
+# Keys of a task, a comment, a page and a search hit in --json output (rows as
+# the estate keeps them: crewlet/estate/apply.py).
+TASK_KEYS = ("id", "title", "status", "assignee", "labels", "parent", "rev", "body", "created_at",
+             "created_by", "updated_at", "updated_by")
+COMMENT_KEYS = ("id", "task", "body", "created_at", "created_by")
+PAGE_KEYS = ("path", "title", "version", "created_at", "created_by", "updated_at", "updated_by")
+HIT_KEYS = ("path", "title", "snippet", "score")
+TASK_STATUS_STYLE = {"open": "cyan", "doing": "yellow", "blocked": "red", "done": "green", "cancelled": "dim"}
+# Characters of a task's title / a hit's snippet in a table row.
+TITLE_WIDTH = 60
+SNIPPET_WIDTH = 100
+
+
+def normalize_tasks(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``task.list`` answer with every task with TASK_KEYS."""
+    return {**result, "tasks": [{**dict.fromkeys(TASK_KEYS), **t} for t in result.get("tasks") or []]}
+
+
+def normalize_task(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``task.get`` answer: ``task`` with TASK_KEYS (None when there is
+    no such task) and every comment with COMMENT_KEYS."""
+    task = result.get("task")
+    return {**result, "task": {**dict.fromkeys(TASK_KEYS), **task} if isinstance(task, dict) else None,
+            "comments": [{**dict.fromkeys(COMMENT_KEYS), **c} for c in result.get("comments") or []]}
+
+
+def normalize_pages(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``page.list`` answer with every page with PAGE_KEYS (no body)."""
+    return {**result, "pages": [{**dict.fromkeys(PAGE_KEYS), **p} for p in result.get("pages") or []]}
+
+
+def normalize_page(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``page.read`` answer: ``page`` with PAGE_KEYS and ``body``, or None."""
+    page = result.get("page")
+    return {**result, "page": {**dict.fromkeys((*PAGE_KEYS, "body")), **page} if isinstance(page, dict) else None}
+
+
+def normalize_search(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``estate_search`` answer with ``searched``, ``node``, ``answers`` and
+    every hit with HIT_KEYS."""
+    return {**result, "searched": bool(result.get("searched")), "node": result.get("node"),
+            "answers": dict(result.get("answers") or {}),
+            "hits": [{**dict.fromkeys(HIT_KEYS), **h} for h in result.get("hits") or []]}
+
+
+def task_status_text(status: str | None) -> Text:
+    status = status or "unknown"
+    return Text(status, style=TASK_STATUS_STYLE.get(status, "magenta"))
+
+
+def by_text(who: Any, at: Any, now: float) -> str:
+    """'cto, 3m12s ago'."""
+    return f"{who or NONE}, {ago_text(at, now)}"
+
+
+def tasks_table(tasks: list[dict[str, Any]], now: float) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for header, justify in (("ID", "left"), ("STATUS", "left"), ("TITLE", "left"), ("ASSIGNEE", "left"),
+                            ("LABELS", "left"), ("REV", "right"), ("UPDATED", "right")):
+        wraps = header in ("TITLE", "LABELS")  # narrow terminals: these give way
+        table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
+    for t in tasks:
+        # Text, not str: a str cell is read as rich markup, and a title may contain "[/x]".
+        table.add_row(str(t.get("id")), task_status_text(t.get("status")),
+                      Text(one_line(t.get("title"), TITLE_WIDTH)), Text(str(t.get("assignee") or NONE)),
+                      Text(", ".join(t.get("labels") or []) or NONE), str(t.get("rev") or NONE),
+                      ago_text(t.get("updated_at"), now))
+    return table
+
+
+def tasks_view(result: dict[str, Any], now: float | None = None, limit: int | None = None,
+               status: str | None = None, assignee: str | None = None) -> RenderableType:
+    """The ``task.list`` answer, newest first; says when *limit* may have cut it short."""
+    now = time.time() if now is None else now
+    tasks = result.get("tasks") or []
+    which = ", ".join(f"{k} {v}" for k, v in (("status", status), ("assignee", assignee)) if v)
+    if not tasks:
+        return Text(f"no tasks{f' ({which})' if which else ''}", style="green" if which else "yellow")
+    footer = f"{plural(len(tasks), 'task')}{f' ({which})' if which else ''}, newest first"
+    if limit is not None and len(tasks) >= limit:
+        footer += f" (the first {limit}: --limit shows more)"
+    return Group(tasks_table(tasks, now), Text(f"{footer}; `crewletctl tasks ID` shows one", style="dim"))
+
+
+def _fields(rows: list[tuple[str, Any]]) -> Table:
+    """'label value' lines; values as Text, never markup."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for label, value in rows:
+        grid.add_row(label, value if isinstance(value, Text) else Text(str(value)))
+    return grid
+
+
+def task_view(result: dict[str, Any], now: float | None = None) -> RenderableType:
+    """One task (``task.get``): its fields, body and comments, oldest first."""
+    now = time.time() if now is None else now
+    task = result.get("task") or {}
+    title = Text(f"{task.get('id')} ", style="bold cyan")
+    title.append(str(task.get("title") or ""), style="bold")
+    fields = [("task", title), ("status", task_status_text(task.get("status"))),
+              ("assignee", task.get("assignee") or NONE)]
+    if task.get("labels"):
+        fields.append(("labels", ", ".join(task["labels"])))
+    if task.get("parent"):
+        fields.append(("parent", task["parent"]))
+    fields += [("rev", task.get("rev") or NONE),
+               ("created", by_text(task.get("created_by"), task.get("created_at"), now)),
+               ("updated", by_text(task.get("updated_by"), task.get("updated_at"), now))]
+    parts: list[RenderableType] = [_fields(fields), Text("")]
+    parts.append(Text(task["body"]) if task.get("body") else Text("(no description)", style="dim"))
+    comments = result.get("comments") or []
+    parts += [Text(""), Text(f"comments ({len(comments)})" if comments else "no comments", style="bold")]
+    for c in comments:
+        parts.append(Text(f"{c.get('id')}  {by_text(c.get('created_by'), c.get('created_at'), now)}",
+                          style="dim"))
+        parts.append(Text(f"  {c.get('body') or ''}"))
+    return Group(*parts)
+
+
+def pages_table(pages: list[dict[str, Any]], now: float) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for header, justify in (("PATH", "left"), ("TITLE", "left"), ("VERSION", "right"),
+                            ("UPDATED BY", "left"), ("UPDATED", "right")):
+        wraps = header == "TITLE"
+        table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
+    for p in pages:
+        table.add_row(Text(str(p.get("path"))), Text(one_line(p.get("title"), TITLE_WIDTH)),
+                      str(p.get("version") or NONE), Text(str(p.get("updated_by") or NONE)),
+                      ago_text(p.get("updated_at"), now))
+    return table
+
+
+def pages_view(result: dict[str, Any], now: float | None = None, prefix: str | None = None,
+               limit: int | None = None) -> RenderableType:
+    """The ``page.list`` answer, by path; says when *limit* may have cut it short."""
+    now = time.time() if now is None else now
+    pages = result.get("pages") or []
+    under = f" under {prefix!r}" if prefix else ""
+    if not pages:
+        return Text(f"no pages{under}", style="yellow")
+    footer = f"{plural(len(pages), 'page')}{under}"
+    if limit is not None and len(pages) >= limit:
+        footer += f" (the first {limit}: --limit shows more)"
+    return Group(pages_table(pages, now), Text(f"{footer}; `crewletctl pages PATH` shows one", style="dim"))
+
+
+def page_view(result: dict[str, Any], now: float | None = None) -> RenderableType:
+    """One page (``page.read``): title, path, version, who updated it when, its body."""
+    now = time.time() if now is None else now
+    page = result.get("page") or {}
+    fields = [("page", Text(str(page.get("title") or ""), style="bold")), ("path", page.get("path")),
+              ("version", page.get("version") or NONE),
+              ("created", by_text(page.get("created_by"), page.get("created_at"), now)),
+              ("updated", by_text(page.get("updated_by"), page.get("updated_at"), now))]
+    body = Text(page["body"]) if page.get("body") else Text("(empty)", style="dim")
+    return Group(_fields(fields), Text(""), body)
+
+
+def answers_text(answers: dict[str, Any] | None) -> str:
+    """'node n1: behind: ...; node n2: out of service: applier stopped': each data
+    node's answer, worded as the router words them (crewlet.estate.router.describe)."""
+    if not answers:
+        return "the fleet's presence names no data node"
+    return "; ".join(f"node {node}: {why}" for node, why in answers.items())
+
+
+def search_view(result: dict[str, Any], query: str | None = None, limit: int | None = None) -> RenderableType:
+    """The hits of a search, best first; who answered. (A search nobody could
+    run is not rendered here: the command says so and exits 1.)"""
+    hits = result.get("hits") or []
+    if not hits:
+        return Text(f"no pages matched{f' {query!r}' if query else ''}", style="yellow")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for header in ("PATH", "TITLE", "SNIPPET"):
+        wraps = header != "PATH"
+        table.add_column(header, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
+    for h in hits:
+        table.add_row(Text(str(h.get("path"))), Text(one_line(h.get("title"), TITLE_WIDTH)),
+                      Text(one_line(h.get("snippet"), SNIPPET_WIDTH)))
+    footer = f"{plural(len(hits), 'hit')}, best first"
+    if limit is not None and len(hits) >= limit:
+        footer += f" (the first {limit}: --limit shows more)"
+    if result.get("node"):
+        footer += f" · searched on {result['node']}"
+    return Group(table, Text(footer, style="dim"))
+
+
+def evict_text(result: dict[str, Any]) -> str:
+    """'evicted n2: disk failed' or 'n2 is no longer evicted'."""
+    node = result.get("node")
+    if result.get("evicted"):
+        return f"evicted {node}: {result.get('reason')}"
+    return f"{node} is no longer evicted"

@@ -55,7 +55,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError
 
-from crewlet import log
+from crewlet import groups, log
 from crewlet.bus import JETSTREAM_TIMEOUT
 from crewlet.queue.base import (DELIVERY_BUDGET, TRIGGER_HEADER, DeadLetter, Delivery, Mailbox,
                                 MailboxError, Mailboxes, check_seat, check_trigger)
@@ -328,7 +328,7 @@ class JetStreamMailboxes(Mailboxes):
     # ------------------------------------------------------------ mailboxes
 
     def _consumer_config(self, seat: str) -> dict[str, Any]:
-        name = CONSUMER + seat
+        name = groups.durable(groups.MAILBOX, seat=seat)
         return {
             "name": name, "durable_name": name,
             "deliver_policy": "all", "ack_policy": "explicit", "replay_policy": "instant",
@@ -343,7 +343,7 @@ class JetStreamMailboxes(Mailboxes):
 
     async def _create(self, seat: str) -> bool:
         """Create *seat*'s consumer unless it exists; True if this call made it."""
-        name = CONSUMER + seat
+        name = groups.durable(groups.MAILBOX, seat=seat)
         body = {"stream_name": STREAM, "config": self._consumer_config(seat), "action": "create"}
         for attempt in range(1, CREATE_ATTEMPTS + 1):
             try:

@@ -717,3 +717,264 @@ def test_status_with_turns(node, tmp_path, monkeypatch):
     monkeypatch.setattr("crewlet.ctl.status.time.sleep", sleep)
     result = run(tmp_path, "status", "--watch")
     assert result.exit_code == 0 and "recent turns" in result.stdout and "running alice" in result.stdout
+
+
+# ------------------------------------------------------------------ the estate: tasks, pages, search, evict
+
+def task_row(tid="T12", **kw):
+    t = {"id": tid, "title": "Ship the [bold]thing[/x]", "body": "Do it\nwell.", "status": "open",
+         "assignee": "cto", "labels": ["release", "q3"], "parent": None, "rev": 3, "seq": 12,
+         "created_at": NOW - 7200, "created_by": "ceo", "updated_at": NOW - 60, "updated_by": "cto"}
+    return {**t, **kw}
+
+
+def comment_row(cid="C14", **kw):
+    c = {"id": cid, "task": "T12", "body": "on it [/x]", "seq": 14, "created_at": NOW - 90, "created_by": "cto"}
+    return {**c, **kw}
+
+
+def page_row(path="eng/runbook", **kw):
+    p = {"path": path, "title": "Deploy runbook", "body": "# Steps\n1. [red]build[/red]", "version": 4,
+         "seq": 20, "created_at": NOW - 86400, "created_by": "cto", "updated_at": NOW - 300,
+         "updated_by": "operator@n1"}
+    return {**p, **kw}
+
+
+def hit(path="eng/runbook", **kw):
+    return {"path": path, "title": "Deploy runbook", "snippet": "run the\n[deploy] script", "score": -3.2, **kw}
+
+
+def test_tasks_view():
+    tasks = [task_row(), task_row("T9", status="done", assignee=None, labels=[], rev=1)]
+    out = text(render.tasks_view({"tasks": tasks}, NOW))
+    assert line_of(out, "ID").split() == ["ID", "STATUS", "TITLE", "ASSIGNEE", "LABELS", "REV", "UPDATED"]
+    assert line_of(out, "T12").split() == ["T12", "open", "Ship", "the", "[bold]thing[/x]", "cto", "release,",
+                                           "q3", "3", "1m00s", "ago"]  # not markup
+    assert line_of(out, "T9").split()[1] == "done" and line_of(out, "T9").split()[-5:-2] == ["-", "-", "1"]
+    assert "2 tasks, newest first; `crewletctl tasks ID` shows one" in out
+    statuses = render.tasks_table(tasks, NOW).columns[1].cells
+    assert [c.style for c in statuses] == ["cyan", "green"]
+    assert "(the first 2: --limit shows more)" in text(render.tasks_view({"tasks": tasks}, NOW, limit=2))
+    assert "1 task (status open, assignee cto), newest first" in text(
+        render.tasks_view({"tasks": tasks[:1]}, NOW, status="open", assignee="cto"))
+
+
+def test_tasks_view_empty_and_normalize():
+    assert text(render.tasks_view({"tasks": []}, NOW)).strip() == "no tasks"
+    assert text(render.tasks_view({}, NOW, status="blocked")).strip() == "no tasks (status blocked)"
+    out = render.normalize_tasks({"tasks": [{"id": "T1", "title": "a"}]})
+    assert out == {"tasks": [{**dict.fromkeys(render.TASK_KEYS), "id": "T1", "title": "a"}]}
+    assert line_of(text(render.tasks_view(out, NOW)), "T1").split() == ["T1", "unknown", "a", "-", "-", "-", "-"]
+    assert render.normalize_tasks({}) == {"tasks": []}
+
+
+def test_task_view():
+    out = text(render.task_view({"task": task_row(parent="T3"), "comments": [comment_row(),
+                                                                             comment_row("C15", body="done")]}, NOW))
+    assert line_of(out, "task").split() == ["task", "T12", "Ship", "the", "[bold]thing[/x]"]
+    assert line_of(out, "status").split() == ["status", "open"]
+    assert line_of(out, "assignee").split() == ["assignee", "cto"]
+    assert line_of(out, "labels").split() == ["labels", "release,", "q3"]
+    assert line_of(out, "parent").split() == ["parent", "T3"]
+    assert line_of(out, "created").split() == ["created", "ceo,", "2h00m", "ago"]
+    assert line_of(out, "updated").split() == ["updated", "cto,", "1m00s", "ago"]
+    lines = out.splitlines()
+    assert lines[lines.index("Do it") + 1] == "well."
+    assert "comments (2)" in out and "C14  cto, 1m30s ago" in out and "  on it [/x]" in out
+    assert out.index("Do it") < out.index("comments (2)") < out.index("C14") < out.index("C15")
+    bare = text(render.task_view(render.normalize_task({"task": {"id": "T1", "title": "a"}}), NOW))
+    assert "(no description)" in bare and "no comments" in bare and "labels" not in bare
+    assert line_of(bare, "assignee").split() == ["assignee", "-"]
+
+
+def test_normalize_task():
+    out = render.normalize_task({"task": {"id": "T1"}, "comments": [{"id": "C2"}]})
+    assert set(out["task"]) == set(render.TASK_KEYS) and set(out["comments"][0]) == set(render.COMMENT_KEYS)
+    assert render.normalize_task({"task": None, "comments": []}) == {"task": None, "comments": []}
+    assert render.normalize_task({}) == {"task": None, "comments": []}
+
+
+def test_pages_view():
+    pages = [{k: v for k, v in page_row().items() if k != "body"}, page_row("eng/x", title="X", version=1)]
+    out = text(render.pages_view({"pages": pages}, NOW))
+    assert line_of(out, "PATH").split() == ["PATH", "TITLE", "VERSION", "UPDATED", "BY", "UPDATED"]
+    assert line_of(out, "eng/runbook").split() == ["eng/runbook", "Deploy", "runbook", "4", "operator@n1", "5m00s",
+                                                   "ago"]
+    assert "2 pages; `crewletctl pages PATH` shows one" in out
+    assert "2 pages under 'eng/' (the first 2: --limit shows more)" in text(
+        render.pages_view({"pages": pages}, NOW, prefix="eng/", limit=2))
+    assert text(render.pages_view({"pages": []}, NOW)).strip() == "no pages"
+    assert text(render.pages_view({}, NOW, prefix="ops/")).strip() == "no pages under 'ops/'"
+    out = render.normalize_pages({"pages": [{"path": "a"}]})
+    assert out == {"pages": [{**dict.fromkeys(render.PAGE_KEYS), "path": "a"}]}
+
+
+def test_page_view():
+    out = text(render.page_view({"page": page_row()}, NOW))
+    assert line_of(out, "page").split() == ["page", "Deploy", "runbook"]
+    assert line_of(out, "path").split() == ["path", "eng/runbook"]
+    assert line_of(out, "version").split() == ["version", "4"]
+    assert line_of(out, "created").split() == ["created", "cto,", "1d00h", "ago"]
+    assert line_of(out, "updated").split() == ["updated", "operator@n1,", "5m00s", "ago"]
+    assert out.splitlines()[-2:] == ["# Steps", "1. [red]build[/red]"]  # the body as written, not markup
+    assert "(empty)" in text(render.page_view({"page": page_row(body="")}, NOW))
+    out = render.normalize_page({"page": {"path": "a"}})
+    assert set(out["page"]) == {*render.PAGE_KEYS, "body"} and render.normalize_page({}) == {"page": None}
+
+
+def test_search_view():
+    result = render.normalize_search({"hits": [hit(), hit("eng/x", title="X", snippet="y" * 300)],
+                                      "searched": True, "node": "n2", "answers": {}})
+    out = text(render.search_view(result, "deploy"))
+    assert line_of(out, "PATH").split() == ["PATH", "TITLE", "SNIPPET"]
+    assert line_of(out, "eng/runbook").split() == ["eng/runbook", "Deploy", "runbook", "run", "the", "[deploy]",
+                                                   "script"]
+    assert line_of(out, "eng/x").split()[-1] == "y" * (render.SNIPPET_WIDTH - 1) + "…"
+    assert "2 hits, best first · searched on n2" in out
+    assert "(the first 2: --limit shows more)" in text(render.search_view(result, "deploy", limit=2))
+    assert text(render.search_view({"hits": [], "searched": True}, "nothing")).strip() == "no pages matched 'nothing'"
+
+
+def test_normalize_search_and_answers_text():
+    assert render.normalize_search({}) == {"hits": [], "searched": False, "node": None, "answers": {}}
+    out = render.normalize_search({"hits": [{"path": "a"}], "searched": True})
+    assert out["hits"] == [{**dict.fromkeys(render.HIT_KEYS), "path": "a"}]
+    answers = {"n1": "behind: applied 3, the floor is 9", "n2": "out of service: applier stopped"}
+    assert render.answers_text(answers) == \
+        "node n1: behind: applied 3, the floor is 9; node n2: out of service: applier stopped"
+    assert render.answers_text({}) == "the fleet's presence names no data node"
+    from crewlet.estate.router import describe
+    assert render.answers_text(answers) == describe(answers) and render.answers_text({}) == describe({})
+
+
+def test_evict_text():
+    assert render.evict_text({"node": "n2", "evicted": True, "reason": "disk failed"}) == "evicted n2: disk failed"
+    assert render.evict_text({"node": "n2", "evicted": False}) == "n2 is no longer evicted"
+
+
+def test_task_statuses_are_the_estates():
+    from crewlet.ctl.tasks import STATUSES
+    from crewlet.estate.ops import TASK_STATUSES
+    assert STATUSES == TASK_STATUSES
+    assert set(render.TASK_STATUS_STYLE) == set(TASK_STATUSES)
+
+
+def estate_call(query, args):
+    from crewlet.ctl.tasks import ESTATE_TIMEOUT
+    return ("estate_read", ESTATE_TIMEOUT + ctl.CALL_TIMEOUT, {"query": query, "args": args,
+                                                               "wait": ESTATE_TIMEOUT})
+
+
+def test_tasks(node, tmp_path):
+    from crewlet.ctl.tasks import LIMIT
+    node.replies["estate_read"] = {"tasks": [task_row(), task_row("T9", status="blocked")]}
+    result = run(tmp_path, "tasks")
+    assert result.exit_code == 0 and node.calls[-1][1:] == estate_call("task.list", {"limit": LIMIT})
+    assert line_of(result.stdout, "T12").split()[:2] == ["T12", "open"]
+    assert "2 tasks, newest first" in result.stdout
+    result = run(tmp_path, "tasks", "--status", "blocked", "--assignee", "cto", "--limit", "2")
+    assert result.exit_code == 0 and "the first 2: --limit shows more" in result.stdout
+    assert node.calls[-1][1:] == estate_call("task.list", {"limit": 2, "status": "blocked", "assignee": "cto"})
+    out = json.loads(run(tmp_path, "tasks", "--json").stdout)
+    assert [t["id"] for t in out["tasks"]] == ["T12", "T9"]
+    assert all(set(render.TASK_KEYS) <= set(t) for t in out["tasks"])
+    node.replies["estate_read"] = {"tasks": []}
+    assert run(tmp_path, "tasks", "--assignee", "bob").stdout.strip() == "no tasks (assignee bob)"
+
+
+def test_tasks_one(node, tmp_path):
+    node.replies["estate_read"] = {"task": task_row(), "comments": [comment_row()]}
+    for given in ("T12", "t12", "12"):
+        result = run(tmp_path, "tasks", given)
+        assert result.exit_code == 0 and node.calls[-1][1:] == estate_call("task.get", {"id": "T12"})
+        assert "comments (1)" in result.stdout and "on it [/x]" in result.stdout
+    out = json.loads(run(tmp_path, "tasks", "T12", "--json").stdout)
+    assert out["task"]["id"] == "T12" and set(out["task"]) >= set(render.TASK_KEYS)
+    assert [c["id"] for c in out["comments"]] == ["C14"]
+    node.replies["estate_read"] = {"task": None, "comments": []}
+    result = run(tmp_path, "tasks", "T99")
+    assert result.exit_code == 1 and result.stderr == "crewletctl: no task T99\n"
+
+
+def test_estate_refused(node, tmp_path):
+    node.replies["estate_read"] = ("no data node answered: n1: out of service (applier stopped); "
+                                   "n2: behind (applied 3, floor 9)")
+    for command in (["tasks"], ["tasks", "T1"], ["pages"], ["pages", "a"]):
+        result = run(tmp_path, *command)
+        assert result.exit_code == 1, command
+        assert "crewletctl: no data node answered: n1: out of service (applier stopped); n2:" in result.stderr
+    node.replies["estate_read"] = "this node has not joined the fleet yet"
+    assert "has not joined the fleet yet" in run(tmp_path, "tasks").stderr
+    node.replies["estate_read"] = None
+    assert run(tmp_path, "pages").exit_code == 69
+
+
+def test_pages(node, tmp_path):
+    from crewlet.ctl.pages import LIMIT
+    node.replies["estate_read"] = {"pages": [page_row(), page_row("eng/x")]}
+    result = run(tmp_path, "pages")
+    assert result.exit_code == 0 and node.calls[-1][1:] == estate_call("page.list", {"limit": LIMIT})
+    assert line_of(result.stdout, "eng/x").split()[0] == "eng/x" and "2 pages" in result.stdout
+    result = run(tmp_path, "pages", "--prefix", "eng/", "--limit", "5")
+    assert result.exit_code == 0 and "2 pages under 'eng/'" in result.stdout
+    assert node.calls[-1][1:] == estate_call("page.list", {"prefix": "eng/", "limit": 5})
+    out = json.loads(run(tmp_path, "pages", "--json").stdout)
+    assert [p["path"] for p in out["pages"]] == ["eng/runbook", "eng/x"]
+    node.replies["estate_read"] = {"page": page_row()}
+    result = run(tmp_path, "pages", "eng/runbook")
+    assert result.exit_code == 0 and node.calls[-1][1:] == estate_call("page.read", {"path": "eng/runbook"})
+    assert line_of(result.stdout, "version").split() == ["version", "4"] and "[red]build[/red]" in result.stdout
+    out = json.loads(run(tmp_path, "pages", "eng/runbook", "--json").stdout)
+    assert out["page"]["body"] == page_row()["body"] and set(render.PAGE_KEYS) <= set(out["page"])
+    node.replies["estate_read"] = {"page": None}
+    result = run(tmp_path, "pages", "eng/gone")
+    assert result.exit_code == 1 and result.stderr == "crewletctl: no page at eng/gone\n"
+
+
+def test_search(node, tmp_path):
+    from crewlet.ctl.search import LIMIT
+    from crewlet.ctl.tasks import ESTATE_TIMEOUT
+    node.replies["estate_search"] = {"hits": [hit()], "searched": True, "node": "n1", "answers": {}}
+    result = run(tmp_path, "search", "deploy script")
+    assert result.exit_code == 0 and "1 hit, best first · searched on n1" in result.stdout
+    assert node.calls[-1][1:] == ("estate_search", ESTATE_TIMEOUT + ctl.CALL_TIMEOUT,
+                                  {"query": "deploy script", "limit": LIMIT, "wait": ESTATE_TIMEOUT})
+    out = json.loads(run(tmp_path, "search", "deploy", "--json", "--limit", "3").stdout)
+    assert out["searched"] is True and out["hits"] == [hit()] and node.calls[-1][3]["limit"] == 3
+    # nothing matched: said so, and 0
+    node.replies["estate_search"] = {"hits": [], "searched": True, "node": "n1", "answers": {}}
+    result = run(tmp_path, "search", "zebra")
+    assert result.exit_code == 0 and result.stdout.strip() == "no pages matched 'zebra'"
+
+
+def test_search_nobody_could(node, tmp_path):
+    node.replies["estate_search"] = {"hits": [], "searched": False, "node": None,
+                                     "answers": {"n1": "out of service: applier stopped",
+                                                 "n2": "behind: applied 3, the floor is 9"}}
+    result = run(tmp_path, "search", "zebra")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == ("crewletctl: could not be searched: node n1: out of service: applier stopped; "
+                             "node n2: behind: applied 3, the floor is 9\n")
+    assert "no pages matched" not in result.output
+    result = run(tmp_path, "search", "zebra", "--json")
+    assert result.exit_code == 1 and json.loads(result.stdout)["searched"] is False
+    node.replies["estate_search"] = {"searched": False, "answers": {}}
+    assert run(tmp_path, "search", "x").stderr == \
+        "crewletctl: could not be searched: the fleet's presence names no data node\n"
+
+
+def test_evict(node, tmp_path):
+    from crewlet.ctl.evict import REASON
+    node.replies["evict"] = {"node": "n2", "evicted": True, "reason": "disk failed"}
+    result = run(tmp_path, "evict", "n2", "--reason", "disk failed")
+    assert result.exit_code == 0 and result.stdout == "evicted n2: disk failed\n"
+    assert node.calls[-1][1:] == ("evict", ctl.CALL_TIMEOUT, {"node": "n2", "reason": "disk failed"})
+    run(tmp_path, "evict", "n2")
+    assert node.calls[-1][3] == {"node": "n2", "reason": REASON}
+    node.replies["evict"] = {"node": "n2", "evicted": False}
+    result = run(tmp_path, "evict", "n2", "--undo")
+    assert result.exit_code == 0 and result.stdout == "n2 is no longer evicted\n"
+    assert node.calls[-1][3] == {"node": "n2", "undo": True}
+    node.replies["evict"] = "bad node id 'n.2': must match ..."
+    result = run(tmp_path, "evict", "n.2")
+    assert result.exit_code == 1 and "crewletctl: bad node id 'n.2'" in result.stderr
