@@ -18,7 +18,11 @@ and before the roles, holding crewletd's one NATS connection:
   and the previous one stays in force;
 * before it hands a revision to the roles it creates every seat's mailbox
   that does not exist yet (DESIGN §5: before anything publishes), and sizes
-  the mailbox stream for the company;
+  the mailbox stream for the company; the estate's log, ``ESTATE``, is
+  ensured with the other streams, so a node without data can write to it
+  before any applier ran;
+* it holds crewletd's way to the estate (``router``), through which
+  crewletctl's ``tasks``, ``pages`` and ``search`` are answered;
 * it records in the ``status`` bucket the revision this node reached;
 * on a clean stop it leaves: removes its presence, so peers react at once.
 """
@@ -38,6 +42,8 @@ from crewlet.coord import buckets
 from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionNotFound
 from crewlet.coord.lease import LeaseError, Leases
 from crewlet.coord.presence import DuplicateNode, Presence
+from crewlet.estate import log as estate_log
+from crewlet.estate.access import EstateAccess
 from crewlet.queue.jetstream import JetStreamMailboxes
 from roles.workers.duties import fleet_shape
 from supervisor.procs import EXIT_CONFIG
@@ -70,12 +76,15 @@ class Fleet:
     """
 
     def __init__(self, cfg: NodeConfig, boot: str, publish: Callable[..., None],
-                 broadcast: Callable[[str, dict], None], seed: tuple | None = None):
+                 broadcast: Callable[[str, dict], None], seed: tuple | None = None, zctx=None):
         self.cfg = cfg
         self.boot = boot
         self.publish = publish        # log an event and tell local subscribers
         self.broadcast = broadcast    # tell local subscribers only (big payloads)
         self.seed = seed              # (Company, source): applied if the fleet has none
+        self.zctx = zctx              # crewletd's ZeroMQ context (this node's estate copy)
+        self.estate: EstateAccess | None = None  # set once joined
+        self.router = None            # self.estate.router, once joined
         self.started_at = time.time()
         self.nc = None
         self.leases: Leases | None = None
@@ -89,8 +98,11 @@ class Fleet:
         self._unmanned: dict[str, Any] | None = None  # last fleet_role_unmanned we logged
         # key -> {"node", "info", "token"}: live leases, kept by a watcher.
         self._lease_view: dict[str, dict[str, Any]] = {}
-        # node id -> its record in the status bucket, kept by a watcher.
+        # node id -> its records in the status bucket, kept by a watcher:
+        # the revision reached, its estate copy, and its eviction if any.
         self._status_view: dict[str, dict[str, Any]] = {}
+        self._estate_view: dict[str, dict[str, Any]] = {}
+        self._evicted_view: dict[str, dict[str, Any]] = {}
 
     def describe(self) -> dict[str, Any]:
         """What this node is, as its presence tells the fleet."""
@@ -153,6 +165,9 @@ class Fleet:
         except DuplicateNode as exc:
             raise Exit(EXIT_CONFIG, f"{cfg.source}: node.id: {exc}") from None
         self.publish("fleet_joined", token=self.presence.held.token)
+        if self.zctx is not None:
+            self.estate = EstateAccess(cfg, self.nc, js, self.zctx).start()
+            self.router = self.estate.router
         self.control = await ControlPlane.open(js, cfg.stream.replicas)
         active = await self.control.active()
         if active is None and self.seed is not None:
@@ -164,6 +179,8 @@ class Fleet:
         # longer than our presence's TTL.
 
     async def teardown(self) -> None:
+        if self.estate is not None:
+            await self.estate.close()
         if self.presence is not None and self.nc is not None and self.nc.is_connected:
             try:
                 await self.presence.leave()
@@ -263,6 +280,7 @@ class Fleet:
                     replicas=self.cfg.stream.replicas, mail_days=company.retention.mail_days,
                     max_consumers=mailbox_capacity(len(seats)))
                 created = await self.mailboxes.ensure(seats)
+                await estate_log.ensure_stream(self._js, self.cfg.stream.replicas)
                 log.event("mailboxes_ready", seats=len(seats), created=created,
                           took_ms=round((time.monotonic() - started) * 1000, 1))
                 return
@@ -308,11 +326,21 @@ class Fleet:
                                        "token": value.get("token") or entry.revision}
 
     def _status_seen(self, entry) -> None:
-        if entry.operation is None and entry.value:
-            try:
-                self._status_view[entry.key.removeprefix("node.")] = json.loads(entry.value)
-            except ValueError:
-                pass
+        """``status`` holds, per node: ``node.<id>`` (the revision reached, by
+        crewletd), ``estate.<id>`` (its copy, by its applier) and
+        ``evicted.<id>`` (set by an operator)."""
+        kind, _, node = entry.key.partition(".")
+        view = {"node": self._status_view, "estate": self._estate_view,
+                "evicted": self._evicted_view}.get(kind)
+        if view is None or not node:
+            return
+        if entry.operation is not None or not entry.value:
+            view.pop(node, None)
+            return
+        try:
+            view[node] = json.loads(entry.value)
+        except ValueError:
+            pass
 
     def view(self) -> dict[str, Any]:
         """The fleet as this node sees it: nodes, seats, duties (crewletctl status)."""
@@ -328,6 +356,8 @@ class Fleet:
                        "id": nid,
                        "applied": (statuses.get(nid) or {}).get("applied"),
                        "status_error": (statuses.get(nid) or {}).get("error"),
+                       "estate": self._estate_view.get(nid),
+                       "evicted": self._evicted_view.get(nid),
                        "seats": sorted(k for k, o in seats.items() if o["node"] == nid),
                        "duties": sorted(k for k, o in duties.items() if o["node"] == nid)}
                       for nid, node in sorted(nodes.items())],

@@ -134,7 +134,7 @@ class Node:
 
         async def setup() -> None:
             fleet["now"] = self.fleet = Fleet(self.cfg, self.boot, self.publish, self.broadcast,
-                                              seed=self.seed)
+                                              seed=self.seed, zctx=self._ctx)
             await self.fleet.setup()
 
         async def run() -> None:

@@ -25,6 +25,7 @@ from crewlet.company import Company
 from crewlet.coord.buckets import LEASES
 from crewlet.coord.counters import Budgets, Cooldowns, Ledger
 from crewlet.coord.lease import Leases
+from crewlet.estate.access import EstateAccess
 from crewlet.queue.jetstream import JetStreamMailboxes
 from crewlet.runtime import RoleContext
 from roles.seats.sweeper import SeatSweeper
@@ -98,10 +99,14 @@ async def main(ctx: RoleContext) -> None:
                           sweep=fleet.sweep, heartbeat=fleet.heartbeat,
                           claims=fleet.claims_per_sweep, releases=fleet.releases_per_sweep)
     mailboxes = JetStreamMailboxes(js, ctx.nats)
+    # The seats' tools reach the estate through the router: this node's own
+    # copy first when it is a data node, else the data nodes over NATS.
+    estate = EstateAccess(ctx.config, ctx.nats, js, ctx.zmq).start()
     engine = TurnEngine(node=ctx.node_id, run_dir=ctx.run_dir, mark=mark, mailboxes=mailboxes,
                         ledger=Ledger(js, ttl=86400 * 15), budgets=Budgets(js),
                         cooldowns=Cooldowns(js), notes=Notes(js), sweeper=sweeper,
-                        max_concurrent=ctx.config.node.max_concurrent, events_js=js)
+                        max_concurrent=ctx.config.node.max_concurrent, events_js=js,
+                        estate=estate.router)
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
     sweeper.on_stop = engine.quiesce
     ctx.sweeper = sweeper  # the turn loop reads admission from here
@@ -126,5 +131,6 @@ async def main(ctx: RoleContext) -> None:
         await wakes.unsubscribe()
         await engine.close()
         await engine.budgets.flush()
+        await estate.close()
         for task in helpers:
             task.cancel()

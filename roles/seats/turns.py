@@ -18,7 +18,15 @@ A turn, in order:
 4. **the rounds** (:func:`crewlet.agent.turn.run_rounds`), the fence checked
    before each round's side effects;
 5. **the ledger** written and the **ack** (at once: either may land first),
-   then the turn record on ``EVENTS`` (``events.turn.<seat>``).
+   then the turn record: on ``EVENTS`` (``events.turn.<seat>``, the live
+   feed, kept by one data node's event log) and, durably, as a
+   ``turn.record`` op on the estate's log (the ``turns`` table of every
+   data node's copy; refused there if the seat's fence moved on).
+
+A seat's tools reach the estate (tracker, knowledge base, files) through the
+node's :class:`~crewlet.estate.router.Router`; on claiming a seat the node
+writes a ``seat.fence`` op, so whatever the previous owner still writes under
+its older token is refused on every copy.
 
 A message counts as in this node's hands from its fetch to its ack. Its ack
 token is written to ``<run>/inflight/<seat>`` first, so when the seats role
@@ -47,11 +55,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from crewlet import log
+from crewlet.bus import JETSTREAM_TIMEOUT
 from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
+from crewlet.agent.estate_tools import estate_tools
 from crewlet.agent.tools import Notes, Registry, builtin_tools
 from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
 from crewlet.company import Company, Seat
 from crewlet.coord.counters import Budgets, Cooldowns, Ledger
+from crewlet.estate import log as estate_log
+from crewlet.estate.ops import make_op
 from crewlet.queue.base import Delivery, Mailbox, MailboxError, Mailboxes
 from roles.seats.sweeper import SeatSweeper
 
@@ -86,6 +98,7 @@ STOP_PARALLEL = 64
 
 if TYPE_CHECKING:
     from crewlet.agent.mcp import SeatServers
+    from crewlet.estate.router import Router
 
 
 async def _mcp():
@@ -104,6 +117,8 @@ class Services:
     mailboxes: Mailboxes
     notes: Notes
     seats: frozenset[str]
+    estate: "Router | None" = None  # the tracker, knowledge base and file tools' way in
+    node: str = ""                  # this node's id: ops name the node that issued them
 
 
 class TurnEngine:
@@ -116,8 +131,9 @@ class TurnEngine:
 
     def __init__(self, *, node: str, run_dir: str, mark: str, mailboxes: Mailboxes, ledger: Ledger,
                  budgets: Budgets, cooldowns: Cooldowns, notes: Notes, sweeper: SeatSweeper,
-                 max_concurrent: int, events_js):
+                 max_concurrent: int, events_js, estate: "Router | None" = None):
         self.node = node
+        self.estate = estate
         self.mark = mark
         self.inflight_dir = os.path.join(run_dir, "inflight")
         os.makedirs(self.inflight_dir, mode=0o700, exist_ok=True)
@@ -147,7 +163,8 @@ class TurnEngine:
     def set_company(self, company: Company) -> None:
         self.company = company
         self.seat_cfgs = {seat.name: seat for seat in company.seats}
-        self.services = Services(self.mailboxes, self.notes, frozenset(s.name for s in company.seats))
+        self.services = Services(self.mailboxes, self.notes, frozenset(s.name for s in company.seats),
+                                 self.estate, self.node)
         specs = {name: p.model_dump() for name, p in company.providers.items()}
         for name in list(self.providers):
             if specs.get(name) != self._provider_specs.get(name):
@@ -192,6 +209,18 @@ class TurnEngine:
         self.work[seat] = work
         self._watch_budget(seat)
         work.start()
+        if self.estate is not None:
+            self._background(self._fence(seat, held.token))
+
+    async def _fence(self, seat: str, token: int) -> None:
+        """Raise the seat's fence on every copy to our token (best effort: our
+        own first write would raise it too; this closes the gap before it)."""
+        op = make_op("seat.fence", {}, node=self.node, seat=seat, token=token, id=f"fence:{seat}:{token}")
+        try:
+            await estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT)
+        except Exception as exc:
+            log.event("seat_fence_failed", "warning", seat=seat, token=token,
+                      error=f"{type(exc).__name__}: {exc}")
 
     async def on_release(self, seat: str, held) -> None:
         """*seat* is given up or lost: hand back what was fetched, stop its work.
@@ -274,11 +303,19 @@ class TurnEngine:
         return os.path.join(self.inflight_dir, seat)
 
     async def publish_record(self, record: TurnRecord) -> None:
-        try:
-            await self.js.publish(f"events.turn.{record.seat}", json.dumps(record.as_dict()).encode())
-        except Exception as exc:  # the turn is done and acked; the record is best effort here
-            log.event("turn_record_failed", "warning", seat=record.seat, trigger=record.trigger,
-                      error=f"{type(exc).__name__}: {exc}")
+        """The live feed and the durable row, at once. Both are best effort
+        here: the turn is done and acked whatever becomes of its record."""
+        body = record.as_dict()
+        published = [self.js.publish(f"events.turn.{record.seat}", json.dumps(body).encode())]
+        if self.estate is not None:
+            # One row per delivery worked; a resend of the same one lands once.
+            op = make_op("turn.record", {"record": body}, node=self.node, seat=record.seat,
+                         token=record.token, id=f"turn:{record.seat}:{record.trigger}:{record.deliveries}")
+            published.append(estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT))
+        for result in await asyncio.gather(*published, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.event("turn_record_failed", "warning", seat=record.seat, trigger=record.trigger,
+                          error=f"{type(result).__name__}: {result}")
 
 
 class SeatWork:
@@ -295,7 +332,7 @@ class SeatWork:
         self.seat = seat
         self.token = token
         self.registry = Registry()
-        for tool in builtin_tools():
+        for tool in builtin_tools() + (estate_tools() if engine.estate is not None else []):
             self.registry.add(tool)
         self.servers: "SeatServers | None" = None
         self.mailbox: Mailbox = engine.mailboxes.attach(seat)
