@@ -32,9 +32,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import fastjsonschema
 import msgpack
-from jsonschema import exceptions as schema_errors
-from jsonschema import validators
 
 # Ids and names: an op id is a Nats-Msg-Id, a page path a key and a URL part.
 OP_ID_MAX = 200
@@ -130,24 +129,27 @@ QUERIES: dict[str, dict[str, Any]] = {
 }
 
 
-def _compile(schema: dict[str, Any]):
-    cls = validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)
+# The schemas compiled to Python once (fastjsonschema): every applier checks
+# every op it applies, and jsonschema's interpreter took 33 µs an op here —
+# more than half of applying one — against ~1 µs compiled.
+_KIND_CHECKS = {name: fastjsonschema.compile(k.schema) for name, k in KINDS.items()}
+_QUERY_CHECKS = {name: fastjsonschema.compile(s) for name, s in QUERIES.items()}
 
 
-_KIND_CHECKS = {name: _compile(k.schema) for name, k in KINDS.items()}
-_QUERY_CHECKS = {name: _compile(s) for name, s in QUERIES.items()}
-
-
-def _problem(validator, args: Any, what: str) -> str | None:
+def _problem(check, args: Any, what: str) -> str | None:
     if not isinstance(args, dict):
         return f"{what}: arguments must be an object, got {type(args).__name__}"
-    found = schema_errors.best_match(validator.iter_errors(args))
-    if found is None:
-        return None
-    where = "/".join(str(p) for p in found.absolute_path)
-    return f"{what}: {where + ': ' if where else ''}{found.message}"
+    try:
+        check(args)
+    except fastjsonschema.JsonSchemaValueException as exc:
+        # "data.title must be ..." names the field after "data"; say it plainly.
+        message = exc.message
+        for lead in ("data.", "data "):
+            if message.startswith(lead):
+                message = message[len(lead):]
+                break
+        return f"{what}: {message}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,8 @@ def key_seq(key: bytes) -> int:
 
 
 def join(*parts: str | bytes) -> bytes:
-    return SEP.join(p.encode() if isinstance(p, str) else p for p in parts)
+    # A list, not a generator: this makes every index key the applier writes.
+    return SEP.join([p.encode() if p.__class__ is str else p for p in parts])
 
 
 def pack(value: Any) -> bytes:
