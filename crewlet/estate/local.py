@@ -1,0 +1,303 @@
+"""This node's own copy, as its other roles reach it (seats, crewletd).
+
+On a data node the router asks this copy first (reference, "How a request
+reaches the estate"). :class:`LocalCopy` answers in the asking role's own
+process:
+
+* **reads** straight from the node's LMDB environment (opened read-only:
+  LMDB allows many reader processes beside its one writer, the applier) and
+  ``page.search`` from the applier's search index (read-only, in a worker
+  thread: a search over a large corpus must not hold the role's loop);
+* **writes** as a request to the applier over the node's ZeroMQ ``estate``
+  endpoint (a DEALER to its ROUTER): only the applier publishes to the log;
+* whether the copy is **in service**, from the applier's ``applied`` PUB: it
+  is iff a message saying ``in_service`` was heard in the last
+  :data:`LOCAL_STALE` seconds (the applier publishes after every commit and
+  every second). Silence means the applier is not running: "applier stopped".
+
+:meth:`LocalCopy.ask` takes a request of the wire's shape
+(:mod:`crewlet.estate.wire`) and answers the wire's answers — ``ok``,
+``behind``, ``out_of_service``, ``unvouched`` (from the applier),
+``bad_request`` — so the router treats this copy and a peer's alike. A read
+waits for the copy to reach the request's floor: woken by the ``applied``
+messages, and re-reading LMDB's own ``applied`` (which is the truth; a PUB
+message may be lost) at least every :data:`FLOOR_POLL` seconds. A search
+waits for the index to reach the floor, since it is the index that answers.
+
+A write nobody answered within the wait raises :class:`TimeoutError`: the
+caller (the router) decides what that means for the op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from crewlet import ipc, log
+from crewlet.estate import store as estate_store
+from crewlet.estate import wire
+from crewlet.estate.ops import OpError, check_query
+
+# In service iff the applier said so within this many seconds: it publishes
+# every second, so three missed messages mean it is stopped or stuck.
+LOCAL_STALE = 3.0
+# A read waiting for its floor re-reads LMDB's applied at least this often,
+# in case an ``applied`` message was lost (a SUB may miss any message).
+FLOOR_POLL = 0.1
+# (Waits here use asyncio.timeout, not wait_for: Python 3.11's wait_for loses
+# a cancellation that arrives just as the awaited thing completes.)
+# A write's reply may come this long after the wait the applier was given
+# (its answer travels, and it notices the wait's end a moment late).
+REPLY_MARGIN = 1.0
+
+ESTATE_DIR = "estate"
+SEARCH_FILE = "estate-search.sqlite"
+APPLIED_TOPIC = wire.APPLIED_TOPIC
+STOPPED = "applier stopped"
+
+
+def estate_path(data_dir: str) -> str:
+    return os.path.join(data_dir, ESTATE_DIR)
+
+
+def search_path(data_dir: str) -> str:
+    return os.path.join(data_dir, SEARCH_FILE)
+
+
+class LocalCopy:
+    """This node's copy, from one of its role processes. One per process.
+
+    Call :meth:`start` inside the role's loop before asking, :meth:`close`
+    when done.
+    """
+
+    def __init__(self, zctx: zmq.asyncio.Context, *, node_id: str, run_dir: str, data_dir: str,
+                 stale: float = LOCAL_STALE):
+        self.zctx = zctx
+        self.node_id = node_id
+        self.run_dir = run_dir
+        self.data_dir = data_dir
+        self.stale = stale
+        self._heard: dict[str, Any] | None = None   # the last applied message
+        self._heard_at: float | None = None         # monotonic time it came
+        self._tick = asyncio.Event()                # set (and replaced) on each message
+        self._pending: dict[str, asyncio.Future] = {}
+        self._sub: zmq.asyncio.Socket | None = None
+        self._dealer: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._store: estate_store.Store | None = None
+        self._reader: estate_store.Reader | None = None
+        self._index = None
+
+    # ---------------------------------------------------------- lifecycle
+
+    def start(self) -> "LocalCopy":
+        if self._tasks:
+            return self
+        self._sub = self.zctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.SUBSCRIBE, APPLIED_TOPIC)
+        self._sub.connect(ipc.endpoint(self.run_dir, "applied"))
+        self._dealer = self.zctx.socket(zmq.DEALER)
+        self._dealer.setsockopt(zmq.LINGER, 0)
+        self._dealer.connect(ipc.endpoint(self.run_dir, "estate"))
+        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._replies())]
+        return self
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks = []
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.cancel()
+        self._pending.clear()
+        for sock in (self._sub, self._dealer):
+            if sock is not None:
+                sock.close()
+        self._sub = self._dealer = None
+        if self._index is not None:
+            self._index.close()
+            self._index = None
+
+    async def _listen(self) -> None:
+        """Follow the applier's ``applied`` messages."""
+        assert self._sub is not None
+        while True:
+            frames = await self._sub.recv_multipart()
+            try:
+                body = frames[-1]
+                if len(frames) == 1:  # one frame: the topic is its prefix
+                    body = body[len(APPLIED_TOPIC):]
+                message = ipc.unpack(body)
+            except Exception:
+                continue
+            if not isinstance(message, dict):
+                continue
+            self._heard, self._heard_at = message, time.monotonic()
+            tick, self._tick = self._tick, asyncio.Event()
+            tick.set()
+
+    async def _replies(self) -> None:
+        """Hand each of the applier's replies to the request that carries its id."""
+        assert self._dealer is not None
+        while True:
+            frames = await self._dealer.recv_multipart()
+            try:
+                reply = ipc.unpack(frames[-1])
+            except Exception:
+                continue
+            fut = self._pending.pop(reply.get("id"), None) if isinstance(reply, dict) else None
+            if fut is not None and not fut.done():
+                fut.set_result(reply)
+
+    # ------------------------------------------------------------- state
+
+    def in_service(self) -> bool:
+        return self.reason() is None
+
+    def reason(self) -> str | None:
+        """Why this copy is out of service; None when it is in service."""
+        if self._heard is None or self._heard_at is None \
+                or time.monotonic() - self._heard_at > self.stale:
+            return STOPPED
+        if not self._heard.get("in_service"):
+            return self._heard.get("reason") or "out of service"
+        return None
+
+    def heard_applied(self) -> int:
+        """The applied seq the applier last published (0: none heard)."""
+        return int((self._heard or {}).get("seq") or 0)
+
+    def applied(self) -> int:
+        """The copy's applied seq, read from LMDB (StoreUnavailable: no copy)."""
+        return self._open().applied()
+
+    def _open(self) -> estate_store.Store:
+        if self._store is None:
+            self._store = estate_store.open_env(estate_path(self.data_dir), readonly=True)
+            self._reader = estate_store.Reader(self._store)
+        return self._store
+
+    def _search_index(self):
+        if self._index is None:
+            from crewlet.estate.search import SearchIndex
+            self._index = SearchIndex(search_path(self.data_dir), readonly=True)
+        return self._index
+
+    # --------------------------------------------------------------- ask
+
+    async def ask(self, request: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """Answer *request* (the wire's shape) from this copy.
+
+        Writes go to the applier and their answer is its answer; *timeout*
+        bounds the wait for it (default: the request's wait, capped by its
+        deadline, plus :data:`REPLY_MARGIN`), after which
+        :class:`TimeoutError` is raised.
+        """
+        why = self.reason()
+        if why is not None:
+            return self._answer(wire.OUT_OF_SERVICE, reason=why)
+        kind = request.get("kind")
+        if kind == wire.READ:
+            return await self._read(request)
+        if kind == wire.WRITE:
+            return await self._write(request, timeout)
+        return self._answer(wire.BAD_REQUEST, reason=f"unknown request kind {kind!r}")
+
+    def _answer(self, status: str, **fields: Any) -> dict[str, Any]:
+        return wire.answer(status, self.node_id, **fields)
+
+    def _until(self, request: dict[str, Any]) -> float:
+        """The monotonic time a request's wait ends: its wait, capped by its deadline."""
+        now = time.monotonic()
+        until = now + float(request.get("wait") or 0)
+        deadline = request.get("deadline")
+        if deadline is not None:
+            until = min(until, now + (float(deadline) - time.time()))
+        return until
+
+    async def _read(self, request: dict[str, Any]) -> dict[str, Any]:
+        query, args = request.get("query"), request.get("args") or {}
+        try:
+            check_query(query, args)
+        except OpError as exc:
+            return self._answer(wire.BAD_REQUEST, reason=str(exc))
+        try:
+            self._open()
+        except estate_store.StoreUnavailable as exc:
+            return self._answer(wire.OUT_OF_SERVICE, reason=f"no copy here: {exc}")
+        floor = int(request.get("floor") or 0)
+        search = query == "page.search"
+        if search:
+            from crewlet.estate.search import SearchUnavailable
+            try:
+                reached = self._search_index().indexed
+            except SearchUnavailable as exc:
+                return self._answer(wire.OUT_OF_SERVICE, reason=f"search index: {exc}")
+        else:
+            reached = self.applied
+        try:
+            if not await self._reach(floor, reached, self._until(request)):
+                # For a search, what is behind is the index: say how far it is.
+                return self._answer(wire.BEHIND, applied=reached(), floor=floor)
+            if search:
+                hits = await asyncio.to_thread(self._search_index().search, args["query"],
+                                               args.get("limit", 10))
+                answer: Any = {"hits": hits}
+            else:
+                assert self._reader is not None
+                answer = self._reader.query(query, args)
+        except ValueError as exc:  # a search with nothing to search for
+            return self._answer(wire.BAD_REQUEST, reason=str(exc))
+        except Exception as exc:  # the index (or copy) could not be read: not this copy's day
+            name = type(exc).__name__
+            log.event("estate_local_read_failed", "warning", query=query, error=f"{name}: {exc}")
+            return self._answer(wire.OUT_OF_SERVICE, reason=f"{query} failed here: {name}: {exc}")
+        return self._answer(wire.OK, applied=self.applied(), answer=answer)
+
+    async def _reach(self, floor: int, reached, until: float) -> bool:
+        """Wait until ``reached()`` is at least *floor*, or *until* (monotonic)."""
+        while True:
+            if reached() >= floor:
+                return True
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                async with asyncio.timeout(min(left, FLOOR_POLL)):
+                    await self._tick.wait()
+            except TimeoutError:
+                pass
+
+    async def _write(self, request: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        assert self._dealer is not None, "LocalCopy.start() was not called"
+        if timeout is None:
+            timeout = float(request.get("wait") or 0)
+            deadline = request.get("deadline")
+            if deadline is not None:
+                timeout = min(timeout, float(deadline) - time.time())
+            timeout += REPLY_MARGIN
+        rid = uuid.uuid4().hex
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            await self._dealer.send_multipart([b"", wire.encode({**request, "id": rid})])
+            async with asyncio.timeout(max(timeout, 0.0)):  # raises TimeoutError
+                reply = await fut
+        finally:
+            self._pending.pop(rid, None)
+        reply.pop("id", None)
+        reply.setdefault("node", self.node_id)
+        return reply

@@ -1,0 +1,427 @@
+"""Where a request to the estate goes: the router (reference, "How a request
+reaches the estate"; DESIGN §6).
+
+Every role of every node reaches the estate through one :class:`Router`,
+with data or without, so a seat's tools and the operator's surfaces behave
+the same on either kind of node.
+
+Who is asked, in order
+----------------------
+1. **This node's copy**, when the node is a data node (the router was given
+   its :class:`~crewlet.estate.local.LocalCopy`) and the copy is in service.
+   Nobody else is asked unless it answers ``out_of_service`` or ``behind``,
+   does not answer, or answers ``unvouched`` for an op that may move on.
+2. **The data nodes** the fleet's presence names (:mod:`crewlet.estate.view`),
+   in the order :func:`order` gives: the node that last answered this
+   router; then an order that spreads askers over the data nodes (each
+   asker ranks the nodes by a hash of its own id and theirs, so two askers
+   seldom start at the same node, and one asker keeps its order); a node
+   that went silent in the last :data:`SILENT_FOR` seconds, a lagging node,
+   and a node whose last record is behind the caller's floor are asked after
+   the others. A node out of service is passed over without being asked
+   and recorded as such.
+
+Each node gets up to :data:`READ_WAIT` for a read or search and
+:data:`WRITE_WAIT` for a write, never past the caller's ``timeout``. The
+request tells the applier a slightly shorter wait (:func:`applier_wait`), so
+that its own answer ("behind", "unvouched") arrives before the router stops
+listening.
+
+What may be repeated
+--------------------
+A node that ran nothing (``out_of_service``, ``behind``, nobody listening on
+its subject) is passed over whatever the op. Once a node **may have run** a
+write — it did not answer within its wait, or answered ``unvouched`` (its
+ledger cannot say whether the op landed) — the op's own retry rule decides
+(:data:`crewlet.estate.ops.KINDS`):
+
+``move_on``  ask the next node under the same op id (every applier keeps
+             each op id's outcome, so the op lands once); if no node vouches
+             for an outcome, :class:`OutcomeUnknown` with every node's answer;
+``once``     never send it again: :class:`OutcomeUnknown` at once.
+
+Nobody answering is :class:`NobodyAnswered`, whose message names what each
+data node said — never an empty answer, which would say the company holds
+none of what was asked for. A search is the one exception that does not
+raise: :meth:`Router.search` answers ``searched=False`` with no hits, which
+every surface renders as "could not be searched" rather than "nothing matched".
+
+The floor
+---------
+:attr:`Router.floor` is the highest seq of this router's own writes (and of
+the node's, when it is given the node's shared floor; a refused write counts
+too: it is in the log like any other); every request carries it, so
+whichever node answers has applied them, or says it is behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from crewlet import log
+from crewlet.estate import wire
+from crewlet.estate.ops import Op, check_query
+from crewlet.estate.view import EstateView, NodeState
+
+# Per data node (DESIGN §4's numbers): a read waits up to ten seconds on one
+# node before the next is asked, a write up to a minute.
+READ_WAIT = wire.READ_WAIT      # 10 s
+WRITE_WAIT = wire.WRITE_WAIT    # 60 s
+# A node that did not answer within its wait is asked last for this long.
+SILENT_FOR = 30.0
+# The applier is told to answer this much before the router stops listening
+# (a fifth of the wait, at most half a second): "behind" and "unvouched" are
+# answers worth having, and they travel back.
+MARGIN_SHARE = 0.2
+MARGIN_MAX = 0.5
+# How long a first request waits for the view's first listing of the fleet.
+VIEW_READY_WAIT = 5.0
+# Less time than this left before the caller's deadline: a node is not asked
+# (no answer could come back in it).
+MIN_WAIT = 0.01
+
+
+class EstateError(Exception):
+    """The estate could not give an answer (the subclasses say which way)."""
+
+
+class BadRequest(EstateError):
+    """A data node refused the request itself (not the op: the request)."""
+
+
+class NobodyAnswered(EstateError):
+    """No data node could answer; :attr:`answers` says what each said."""
+
+    def __init__(self, answers: dict[str, str]):
+        self.answers = dict(answers)
+        super().__init__("no data node answered: " + describe(self.answers))
+
+
+class OutcomeUnknown(EstateError):
+    """A write may have landed and no data node vouched for its outcome."""
+
+    def __init__(self, op_id: str, answers: dict[str, str]):
+        self.op_id = op_id
+        self.answers = dict(answers)
+        super().__init__(f"the outcome of op {op_id} is unknown: " + describe(self.answers))
+
+
+def describe(answers: dict[str, str]) -> str:
+    """``node b: no answer within 10s; node c: out of service: applier stopped``."""
+    if not answers:
+        return "the fleet's presence names no data node"
+    return "; ".join(f"node {node}: {why}" for node, why in answers.items())
+
+
+@dataclass
+class SearchAnswer:
+    """A knowledge-base search: ``searched`` False means nobody could run it
+    (no hits, no part of the corpus covered) — not that nothing matched."""
+
+    hits: list[dict[str, Any]]
+    searched: bool
+    node: str | None
+    answers: dict[str, str] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------- order
+
+def spread(asker: str, node: str) -> int:
+    """The rank of *node* in *asker*'s order: askers differ, each keeps its own."""
+    return int.from_bytes(hashlib.sha256(f"{asker}\0{node}".encode()).digest()[:8], "big")
+
+
+def order(asker: str, states: Iterable[NodeState], floor: int, last_answered: str | None,
+          silent_since: dict[str, float], now: float, *,
+          exclude: Iterable[str] = ()) -> list[NodeState]:
+    """The data nodes *asker* asks, in order (module docstring).
+
+    Out-of-service nodes and *exclude* (this node, when its own copy was
+    tried) are left out. Healthy nodes come first, then lagging nodes and
+    nodes whose record is behind *floor*, then nodes silent since less than
+    :data:`SILENT_FOR` before *now* (monotonic, as *silent_since*'s values);
+    within each, the last node that answered first, then the asker's spread.
+    """
+    skip = set(exclude)
+
+    def rank(s: NodeState) -> tuple[int, int, int]:
+        since = silent_since.get(s.id)
+        if since is not None and now - since < SILENT_FOR:
+            tier = 2
+        elif s.lagging or s.applied < floor:
+            tier = 1
+        else:
+            tier = 0
+        return tier, 0 if s.id == last_answered else 1, spread(asker, s.id)
+
+    return sorted((s for s in states if s.in_service and s.id not in skip), key=rank)
+
+
+def applier_wait(wait: float) -> float:
+    """What the applier is told to wait, given the router's *wait* for it."""
+    return max(wait - min(MARGIN_MAX, wait * MARGIN_SHARE), 0.0)
+
+
+def _secs(seconds: float) -> str:
+    return f"{round(seconds, 1):g}s"
+
+
+# ------------------------------------------------------------------ router
+
+class _Verdict:
+    """What one node's answer means for the request."""
+
+    OK, NEXT, RAN = "ok", "next", "ran"   # done; nothing ran there; may have run there
+
+
+@dataclass(frozen=True)
+class _NoAnswer:
+    """A node asked that gave no answer: why, whether it may have run the
+    request, and whether it counts as silent (asked last for a while)."""
+
+    why: str
+    ran: bool
+    silent: bool
+
+
+NOBODY = _NoAnswer("nobody listening (no applier running)", ran=False, silent=True)
+
+
+class Router:
+    """This process's way to the estate (module docstring).
+
+    *local* is this node's own copy when the node is a data node.
+    *node_floor*, if given, is the node's shared floor (``get()`` and
+    ``raise_to(seq)``: :class:`crewlet.estate.floor.NodeFloor`), so the node's
+    processes read one another's writes; without it the floor is this
+    router's own. *read_wait* and *write_wait* are the waits per data node.
+    """
+
+    def __init__(self, nc, *, node_id: str, view: EstateView, local=None,
+                 read_wait: float = READ_WAIT, write_wait: float = WRITE_WAIT,
+                 node_floor=None, clock: Callable[[], float] = time.monotonic):
+        self.nc = nc
+        self.node_id = node_id
+        self.view = view
+        self.local = local
+        self.read_wait = read_wait
+        self.write_wait = write_wait
+        self.shared_floor = node_floor
+        self.clock = clock
+        self._floor = 0
+        self.last_answered: str | None = None
+        self.silent_since: dict[str, float] = {}
+
+    # ----------------------------------------------------------- floor
+
+    @property
+    def floor(self) -> int:
+        if self.shared_floor is not None:
+            return max(self._floor, self.shared_floor.get())
+        return self._floor
+
+    def _raise_floor(self, seq: Any) -> None:
+        if isinstance(seq, int) and seq > self._floor:
+            self._floor = seq
+            if self.shared_floor is not None:
+                self.shared_floor.raise_to(seq)
+
+    # ------------------------------------------------------------- api
+
+    async def write(self, op: Op, *, timeout: float | None = None) -> dict[str, Any]:
+        """Write *op*; its outcome (``ok`` False: refused, ``error`` says why).
+
+        Raises OpError (a bad op, nothing sent), :class:`OutcomeUnknown`,
+        :class:`NobodyAnswered`, :class:`BadRequest`.
+        """
+        op.check()
+        answer, _node, _answers = await self._ask(
+            lambda floor, wait, deadline: wire.write_request(op, floor, wait, deadline),
+            self.write_wait, timeout, op.kind, op=op)
+        outcome = answer.get("answer") or {}
+        self._raise_floor(outcome.get("seq", answer.get("seq")))
+        return outcome
+
+    async def read(self, query: str, args: dict[str, Any], *,
+                   timeout: float | None = None) -> dict[str, Any]:
+        """The answer to read *query*. Raises OpError (bad query or args,
+        nothing sent), :class:`NobodyAnswered`, :class:`BadRequest`."""
+        check_query(query, args)
+        answer, _node, _answers = await self._ask(self._reading(query, args), self.read_wait,
+                                                  timeout, query)
+        return answer.get("answer")
+
+    async def search(self, query: str, limit: int = 10, *,
+                     timeout: float | None = None) -> SearchAnswer:
+        """Search the knowledge base; ``searched`` False when nobody could."""
+        args = {"query": query, "limit": limit}
+        check_query("page.search", args)
+        try:
+            answer, node, answers = await self._ask(self._reading("page.search", args),
+                                                    self.read_wait, timeout, "page.search")
+        except NobodyAnswered as exc:
+            return SearchAnswer(hits=[], searched=False, node=None, answers=exc.answers)
+        return SearchAnswer(hits=list((answer.get("answer") or {}).get("hits") or []),
+                            searched=True, node=node, answers=answers)
+
+    # ------------------------------------------------------------ asking
+
+    @staticmethod
+    def _reading(query: str, args: dict[str, Any]) -> Callable[[int, float, float], dict]:
+        return lambda floor, wait, deadline: wire.read_request(query, args, floor, wait, deadline)
+
+    async def _ask(self, make: Callable[[int, float, float], dict[str, Any]], per_node: float,
+                   timeout: float | None, what: str, *,
+                   op: Op | None = None) -> tuple[dict[str, Any], str, dict[str, str]]:
+        """Ask this node's copy, then the data nodes in order, until one answers.
+
+        Returns ``(answer, node, answers)``; *answers* is what each node
+        asked (or passed over) before it said.
+        """
+        until = None if timeout is None else self.clock() + timeout
+        answers: dict[str, str] = {}
+        ran = False   # a node may have run the write
+
+        if self.local is not None:
+            why = self.local.reason()
+            if why is not None:
+                self._pass_over(answers, self.node_id, f"out of service: {why}", what)
+            else:
+                wait = self._wait(per_node, until)
+                if wait < MIN_WAIT:
+                    self._pass_over(answers, self.node_id,
+                                    "not asked: the caller's deadline had passed", what)
+                else:
+                    answer = await self._ask_local(self._request(make, wait), wait)
+                    verdict = self._judge(self.node_id, answer, answers, op, what)
+                    if verdict == _Verdict.OK:
+                        return answer, self.node_id, answers
+                    ran = ran or verdict == _Verdict.RAN
+
+        if not self.view.ready:
+            await self.view.wait_ready(self._wait(VIEW_READY_WAIT, until))
+        states = self.view.data_nodes()
+        exclude = {self.node_id} if self.local is not None else set()
+        for s in states:
+            if not s.in_service and s.id not in exclude:
+                self._pass_over(answers, s.id, f"out of service: {s.reason}", what)
+        for s in order(self.node_id, states, self.floor, self.last_answered, self.silent_since,
+                       self.clock(), exclude=exclude):
+            wait = self._wait(per_node, until)
+            if wait < MIN_WAIT:
+                self._pass_over(answers, s.id, "not asked: the caller's deadline had passed", what)
+                continue
+            answer = await self._ask_node(s.id, self._request(make, wait), wait)
+            verdict = self._judge(s.id, answer, answers, op, what)
+            if verdict == _Verdict.OK:
+                return answer, s.id, answers
+            ran = ran or verdict == _Verdict.RAN
+
+        if op is not None and ran:
+            log.event("estate_outcome_unknown", "warning", op=op.id, kind=op.kind,
+                      answers=answers)
+            raise OutcomeUnknown(op.id, answers)
+        log.event("estate_nobody_answered", "warning", what=what, answers=answers)
+        raise NobodyAnswered(answers)
+
+    def _wait(self, per_node: float, until: float | None) -> float:
+        if until is None:
+            return per_node
+        return min(per_node, until - self.clock())
+
+    def _request(self, make: Callable[[int, float, float], dict[str, Any]],
+                 wait: float) -> dict[str, Any]:
+        told = applier_wait(wait)
+        return make(self.floor, told, time.time() + told)
+
+    async def _ask_local(self, request: dict[str, Any], wait: float) -> dict[str, Any] | _NoAnswer:
+        """This node's copy's answer (it waits up to *wait* for the applier on a write)."""
+        try:
+            return await self.local.ask(request, timeout=wait)
+        except (TimeoutError, asyncio.TimeoutError):
+            return _NoAnswer(f"no answer within {_secs(wait)}", ran=True, silent=False)
+        except Exception as exc:  # the copy's trouble: a peer may still answer
+            why = f"this node's copy failed: {type(exc).__name__}: {exc}"
+            log.event("estate_local_failed", "warning", error=why)
+            return _NoAnswer(why, ran=True, silent=False)
+
+    async def _ask_node(self, node: str, request: dict[str, Any],
+                        wait: float) -> dict[str, Any] | _NoAnswer:
+        """A peer's answer to *request*, over NATS, waiting up to *wait*."""
+        try:
+            msg = await self.nc.request(wire.subject(node), wire.encode(request), timeout=wait)
+        except NoRespondersError:
+            return NOBODY
+        except (NatsTimeoutError, asyncio.TimeoutError, TimeoutError):
+            return _NoAnswer(f"no answer within {_secs(wait)}", ran=True, silent=True)
+        except Exception as exc:
+            # Raised before anything was sent (connection closed or draining,
+            # a payload too large): nothing ran there.
+            return _NoAnswer(f"could not be asked: {type(exc).__name__}: {exc}", ran=False,
+                             silent=False)
+        try:
+            answer = wire.decode(msg.data)
+        except ValueError as exc:
+            answer = exc
+        if not isinstance(answer, dict):
+            return _NoAnswer(f"unreadable answer: {answer}", ran=True, silent=False)
+        return answer
+
+    def _judge(self, node: str, answer: dict[str, Any] | _NoAnswer, answers: dict[str, str],
+               op: Op | None, what: Any) -> str:
+        """Record what *node* said in *answers* and decide what it means.
+
+        Raises :class:`BadRequest` for ``bad_request``, and
+        :class:`OutcomeUnknown` at once when a ``once`` op may have run.
+        """
+        peer = node != self.node_id or self.local is None
+        if isinstance(answer, _NoAnswer):
+            if peer and answer.silent:
+                self.silent_since[node] = self.clock()
+            self._pass_over(answers, node, answer.why, what)
+            return self._may_have_run(op, answers) if answer.ran else _Verdict.NEXT
+        if peer:
+            self.silent_since.pop(node, None)
+        status = answer.get("status")
+        if status == wire.OK:
+            if peer:
+                self.last_answered = node
+            return _Verdict.OK
+        if status == wire.BAD_REQUEST:
+            raise BadRequest(f"node {node}: bad request: {answer.get('reason')}")
+        if status == wire.OUT_OF_SERVICE:
+            self._pass_over(answers, node, f"out of service: {answer.get('reason')}", what)
+            return _Verdict.NEXT
+        if status == wire.BEHIND:
+            self._pass_over(answers, node, f"behind: applied {answer.get('applied')}, "
+                                           f"the floor is {answer.get('floor')}", what)
+            return _Verdict.NEXT
+        if status == wire.UNVOUCHED:
+            seq = answer.get("seq")
+            at = f" (published at seq {seq})" if seq is not None else ""
+            self._pass_over(answers, node, f"unvouched{at}: {answer.get('reason')}", what)
+            return self._may_have_run(op, answers)
+        # An answer we cannot read: as good as none (it may have run a write).
+        self._pass_over(answers, node, f"unreadable answer ({status}): {answer.get('reason')}",
+                        what)
+        return self._may_have_run(op, answers)
+
+    def _may_have_run(self, op: Op | None, answers: dict[str, str]) -> str:
+        if op is None:
+            return _Verdict.NEXT    # a read that ran changed nothing
+        if op.retry == "once":
+            log.event("estate_outcome_unknown", "warning", op=op.id, kind=op.kind,
+                      answers=answers)
+            raise OutcomeUnknown(op.id, answers)
+        return _Verdict.RAN
+
+    def _pass_over(self, answers: dict[str, str], node: str, why: str, what: Any) -> None:
+        answers[node] = why
+        log.event("estate_pass_over", "debug", node=node, why=why, request=what)

@@ -1,0 +1,228 @@
+"""Which data nodes the fleet has and how each is doing: the router's view.
+
+The router asks data nodes in an order (:mod:`crewlet.estate.router`), and
+passes over those that could not answer; this module keeps, in memory, what
+that order is made from. It is kept by KV watchers over the process's one
+NATS connection (DESIGN §4), so the router decides from memory at once,
+without asking the broker first:
+
+=========  ================  ================================================
+bucket     keys              says
+=========  ================  ================================================
+leases     ``node.<id>``     the node is alive (its presence lease), its
+                             roles — a node with the ``data`` role holds a
+                             copy — and its broker kind
+status     ``estate.<id>``   the node's applier's record, written every 2 s:
+                             applied seq, in service or not and why, when
+status     ``evicted.<id>``  present: the operator evicted the node (why)
+=========  ================  ================================================
+
+A data node is **in service** while its applier says so, its record is at
+most :data:`STATUS_STALE` seconds old (older: the applier stopped writing
+it, so it is taken for stopped) and it is not evicted. A data node is
+**lagging** when its applied seq is more than :data:`LAG_OPS` behind the
+highest applied seq among the data nodes: the router asks it after the
+others (reference, "How a request reaches the estate").
+
+A node without a presence lease is no data node, whatever its last status
+record says: a node that left or lapsed is not asked.
+
+:meth:`EstateView.of` makes a view from given states, for code (and tests)
+that decide an order without a broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from crewlet import log
+from crewlet.coord.buckets import LEASES, STATUS
+
+# The applier writes its record every 2 s: five missed writes mean it is not
+# running (or cannot reach the broker), and its copy is taken out of service.
+STATUS_STALE = 10.0
+# A copy this many ops behind the furthest one is asked after the others:
+# it would most likely answer "behind" to a floor, or answer stale reads.
+LAG_OPS = 1000
+# Retrying a watch the broker did not answer (no JetStream quorum yet).
+RETRY_FIRST = 0.1
+RETRY_MAX = 2.0
+
+DATA_ROLE = "data"
+NODE_KEYS = "node.*"
+ESTATE_KEYS = "estate.*"
+EVICTED_KEYS = "evicted.*"
+
+NO_RECORD = "no applier record"
+STOPPED = "applier stopped"
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One data node, as the router sees it."""
+
+    id: str
+    in_service: bool
+    reason: str | None = None     # why not in service (None when it is)
+    applied: int = 0              # its applier's last recorded applied seq
+    at: float | None = None       # wall-clock time of that record
+    lagging: bool = False         # more than LAG_OPS behind the furthest copy
+    broker: str | None = None     # member | leaf | external, from its presence
+
+
+def _state(node: str, presence: dict[str, Any], record: dict[str, Any] | None,
+           evicted: dict[str, Any] | None, now: float) -> NodeState:
+    """A data node's state from its presence, applier record and eviction."""
+    applied = int((record or {}).get("applied") or 0)
+    at = (record or {}).get("at")
+    broker = presence.get("broker")
+    if evicted is not None:
+        why = evicted.get("reason") or "no reason given"
+        return NodeState(node, False, f"node evicted: {why}", applied, at, broker=broker)
+    if record is None:
+        return NodeState(node, False, NO_RECORD, 0, None, broker=broker)
+    if not isinstance(at, (int, float)) or now - at > STATUS_STALE:
+        return NodeState(node, False, STOPPED, applied, at, broker=broker)
+    if not record.get("in_service"):
+        return NodeState(node, False, record.get("reason") or "out of service", applied, at,
+                         broker=broker)
+    return NodeState(node, True, None, applied, at, broker=broker)
+
+
+def with_lag(states: Iterable[NodeState]) -> list[NodeState]:
+    """*states* with ``lagging`` set from the furthest applied seq among them."""
+    states = list(states)
+    top = max((s.applied for s in states), default=0)
+    return [s if (top - s.applied > LAG_OPS) == s.lagging else
+            NodeState(s.id, s.in_service, s.reason, s.applied, s.at, top - s.applied > LAG_OPS,
+                      s.broker)
+            for s in states]
+
+
+class EstateView:
+    """The data nodes and their states, kept by watchers (:meth:`run`)."""
+
+    def __init__(self, js, *, clock: Callable[[], float] = time.time):
+        self.js = js
+        self.clock = clock
+        self._presence: dict[str, dict[str, Any]] = {}   # node -> its presence value
+        self._records: dict[str, dict[str, Any]] = {}    # node -> its applier's record
+        self._evicted: dict[str, dict[str, Any]] = {}    # node -> eviction record
+        self._fixed: list[NodeState] | None = None
+        self._listed: set[str] = set()                   # watches whose first listing is done
+        self._ready = asyncio.Event()
+
+    @classmethod
+    def of(cls, states: Iterable[NodeState]) -> "EstateView":
+        """A view that always answers *states* (lag computed among them)."""
+        view = cls(None)
+        view._fixed = with_lag(states)
+        view._ready.set()
+        return view
+
+    # ------------------------------------------------------------ answers
+
+    def data_nodes(self) -> list[NodeState]:
+        """Every data node with a live presence, by id."""
+        if self._fixed is not None:
+            return list(self._fixed)
+        now = self.clock()
+        return with_lag(
+            _state(node, presence, self._records.get(node), self._evicted.get(node), now)
+            for node, presence in sorted(self._presence.items())
+            if DATA_ROLE in (presence.get("roles") or ()))
+
+    def state(self, node: str) -> NodeState | None:
+        return next((s for s in self.data_nodes() if s.id == node), None)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    async def wait_ready(self, timeout: float | None = None) -> bool:
+        """True once every watch has listed what the buckets hold (False on timeout)."""
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a
+        # cancellation that arrives as the awaited thing completes.
+        try:
+            async with asyncio.timeout(timeout):
+                await self._ready.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    # ------------------------------------------------------------ watching
+
+    async def run(self) -> None:
+        """Watch the buckets until cancelled."""
+        if self._fixed is not None:
+            return
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._watch(LEASES.name, NODE_KEYS, self._presence))
+            group.create_task(self._watch(STATUS.name, ESTATE_KEYS, self._records))
+            group.create_task(self._watch(STATUS.name, EVICTED_KEYS, self._evicted))
+
+    async def _watch(self, bucket: str, keys: str, into: dict[str, dict[str, Any]]) -> None:
+        """Keep *into* (node id -> JSON value) equal to *bucket*'s *keys*, for ever.
+
+        A watch the broker does not answer (no JetStream quorum yet, the
+        connection down) is opened again with backoff; each new watch lists
+        the bucket again, and what it lists replaces what was known, so a
+        key deleted while nobody watched is forgotten too.
+        """
+        pause, complained = RETRY_FIRST, False
+        name = f"{bucket}/{keys}"
+        while True:
+            watcher = None
+            try:
+                kv = await self.js.key_value(bucket)
+                watcher = await kv.watch(keys)
+                listing: dict[str, dict[str, Any]] | None = {}
+                async for entry in watcher:
+                    if entry is None:  # the first listing is complete
+                        if listing is not None:
+                            into.clear()
+                            into.update(listing)
+                            listing = None
+                            self._listed_one(name)
+                        continue
+                    target = listing if listing is not None else into
+                    _seen(entry, target)
+                    pause, complained = RETRY_FIRST, False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not complained:
+                    log.event("estate_view_watch_failed", "warning", bucket=bucket, keys=keys,
+                              error=f"{type(exc).__name__}: {exc}")
+                    complained = True
+            finally:
+                if watcher is not None:
+                    try:
+                        await watcher.stop()
+                    except Exception:
+                        pass
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX)
+
+    def _listed_one(self, name: str) -> None:
+        self._listed.add(name)
+        if len(self._listed) == 3:
+            self._ready.set()
+
+
+def _seen(entry, into: dict[str, dict[str, Any]]) -> None:
+    """One watched KV entry into *into*: a value kept, a delete or expiry forgotten."""
+    node = entry.key.split(".", 1)[1]
+    if entry.operation is not None or not entry.value:
+        into.pop(node, None)
+        return
+    try:
+        value = json.loads(entry.value)
+    except ValueError:
+        return
+    if isinstance(value, dict):
+        into[node] = value
