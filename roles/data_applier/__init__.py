@@ -1,29 +1,90 @@
-"""The data_applier role: applies the estate log into this node's LMDB copy.
+"""The data_applier role: the one writer of this data node's copy of the estate.
 
-It is the one writer of the node's LMDB environment (``<data_dir>/estate``)
-and binds the node's ``estate`` (ROUTER) and ``applied`` (PUB) endpoints.
-Applying the log arrives with the estate issue; today the environment is
-opened, the endpoints are bound, and an estate request is answered with an
-error saying the estate is not served yet — never silence.
+What it does
+------------
+Applies the ``ESTATE`` log, in order, into the node's LMDB environment
+(``<data_dir>/estate``) and keeps the knowledge base's search index beside it
+(``<data_dir>/estate-search.sqlite``); answers the estate's reads and writes
+for this node's own roles and for any node of the fleet; keeps this node's
+share of the turn events (custody). The work itself is
+:class:`roles.data_applier.applier.Applier` (the log, requests, service) and
+:class:`roles.data_applier.custody.Custody` (events); this module puts them
+on the wire.
+
+Where it answers
+----------------
+==================  ==========  ==================================================
+endpoint            pattern     carries
+==================  ==========  ==================================================
+``estate``          ZeroMQ      requests of this node's roles
+                    ROUTER      (:mod:`crewlet.estate.wire`; the reply carries the
+                                request's ``id``)
+``estate.req.<id>`` NATS        the same requests from any node; reply msgpack
+``applied``         ZeroMQ PUB  ``{"node", "seq", "in_service", "reason", "at"}``
+                                after every commit and every second
+``status`` KV       JetStream   ``estate.<node>``: applied, in service and why,
+                                the log's first and last seq; every 2 s
+==================  ==========  ==================================================
+
+Each request runs as its own task, so a write waiting for its op to come back
+from the log never holds up a read. A request past its deadline is dropped
+unanswered (nobody waits for it any more).
+
+Starting and stopping
+---------------------
+The child counts as started once the sockets are bound and the NATS
+subscription is made; it does not wait for JetStream, which may have no
+quorum yet (the log loop keeps trying, and answers wait or say why). On
+SIGTERM it stops serving, marks itself out of service ("applier stopped") in
+one last ``status`` record and ``applied`` message, and closes the copy. A
+SIGKILLed applier loses nothing: the applied seq is committed with the rows,
+and the restarted child follows the log from there.
+
+Out of service
+--------------
+``applier stopped``, ``node evicted: <reason>`` (``crewletctl evict`` writes
+``status`` key ``evicted.<node>``; deleting it brings the node back), ``rows
+below the log's first sequence (applied N, the log starts at M)`` (the log
+was trimmed past what this copy applied: rebuild the copy), ``the copy is
+ahead of the log`` / ``the log was made anew`` (the stream was deleted and
+made again under this copy: rebuild it). Out of service,
+it still answers — with that reason — so callers go to a peer at once.
+
+Watching it
+-----------
+``crewletctl status`` shows this child's stats (applied, in service, reason,
+ops applied per second, requests, events kept); the events to grep for are
+``estate_service``, ``estate_log_following``, ``estate_log_gap``,
+``estate_log_stalled``, ``estate_log_unavailable``, ``custody_*``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import traceback
+from typing import Any
 
-import lmdb
 import zmq
 
 from crewlet import ipc
+from crewlet import log as events
+from crewlet.estate import wire
 from crewlet.runtime import RoleContext
+from roles.data_applier.applier import Applier, cancel_all, wait_event
 
-MAP_SIZE = 1 << 34  # address space only; LMDB grows the file as it is written
+# Seconds between applied messages when nothing was committed (a copy silent
+# for 3 s counts as stopped to the node's roles).
+APPLIED_EVERY = 1.0
+# Seconds between stats reports to crewletd (crewletctl status).
+STATS_EVERY = 1.0
+# How long the last applied message ("applier stopped") may wait to go out.
+PUB_LINGER_MS = 500
 
 
-def _bind(ctx: RoleContext, kind: int, name: str):
+def _bind(ctx: RoleContext, kind: int, name: str, linger: int = 0):
     sock = ctx.zmq.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.LINGER, linger)
     path = os.path.join(ctx.run_dir, name)
     if os.path.exists(path):
         os.unlink(path)  # a previous incarnation's; only one applier per node
@@ -31,27 +92,122 @@ def _bind(ctx: RoleContext, kind: int, name: str):
     return sock
 
 
-async def _serve_estate(sock) -> None:
-    while True:
-        frames = await sock.recv_multipart()
+async def answer(applier: Applier, request: Any) -> dict[str, Any] | None:
+    """*applier*'s answer to *request*; an error of ours is an answer too, never silence."""
+    try:
+        return await applier.handle(request)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        events.event("estate_request_failed", "error", error=f"{type(exc).__name__}: {exc}",
+                     traceback=traceback.format_exc())
+        return wire.answer(wire.OUT_OF_SERVICE, applier.node,
+                           reason=f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _spawn(tasks: set, coro) -> None:
+    task = asyncio.create_task(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
+async def serve_zmq(sock, applier: Applier) -> None:
+    """Answer the ``estate`` ROUTER's requests, each in its own task."""
+    tasks: set[asyncio.Task] = set()
+
+    async def one(frames: list[bytes]) -> None:
         try:
-            req = ipc.unpack(frames[-1])
-        except Exception:
-            req = {}
-        reply = {"id": req.get("id"), "ok": False, "error": "the estate is not served yet"}
-        await sock.send_multipart([*frames[:-1], ipc.pack(reply)])
+            request = wire.decode(frames[-1])
+        except ValueError as exc:
+            request, reply = None, wire.answer(wire.BAD_REQUEST, applier.node, reason=str(exc))
+        else:
+            reply = await answer(applier, request)
+        if reply is None:
+            return
+        rid = request.get("id") if isinstance(request, dict) else None
+        try:
+            await sock.send_multipart([*frames[:-1], wire.encode({"id": rid, **reply})])
+        except zmq.ZMQError as exc:  # the socket closed under a late answer: stopping
+            events.event("estate_reply_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+
+    while True:
+        _spawn(tasks, one(await sock.recv_multipart()))
+
+
+async def serve_nats(nc, applier: Applier):
+    """Answer ``estate.req.<node>`` (a plain subscription: one applier per node)."""
+    tasks: set[asyncio.Task] = set()
+
+    async def one(msg) -> None:
+        try:
+            request = wire.decode(msg.data)
+        except ValueError as exc:
+            reply = wire.answer(wire.BAD_REQUEST, applier.node, reason=str(exc))
+        else:
+            reply = await answer(applier, request)
+        if reply is None or not msg.reply:
+            return
+        try:
+            await msg.respond(wire.encode(reply))
+        except Exception as exc:
+            events.event("estate_reply_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+
+    async def on_request(msg) -> None:
+        _spawn(tasks, one(msg))  # never block the subscription's dispatch
+
+    return await nc.subscribe(wire.subject(applier.node), cb=on_request)
+
+
+def applied_message(applier: Applier) -> dict[str, Any]:
+    return wire.applied_message(applier.node, applier.applied, applier.in_service, applier.reason)
+
+
+async def publish_applied(sock, applier: Applier) -> None:
+    """The ``applied`` PUB: after every commit (and change of service), and every second."""
+    while True:
+        applier.changed.clear()
+        await sock.send_multipart([wire.APPLIED_TOPIC, wire.encode(applied_message(applier))])
+        await wait_event(applier.changed, APPLIED_EVERY)
+
+
+def stats(applier: Applier) -> dict[str, Any]:
+    custody = applier.custody.stats if applier.custody is not None else {}
+    return {"applied": applier.applied, "in_service": applier.in_service,
+            "reason": applier.reason, "ops_per_s": round(applier.rate(), 1),
+            "log_first": applier.log_first, "log_last": applier.log_last,
+            "requests": applier.stats["requests"], "dropped": applier.stats["dropped"],
+            "resubscribed": applier.stats["resubscribed"],
+            "events_kept": custody.get("kept", 0)}
+
+
+async def report_stats(ctx: RoleContext, applier: Applier) -> None:
+    while True:
+        await asyncio.sleep(STATS_EVERY)
+        await ctx.report("stats", stats=stats(applier))
 
 
 async def main(ctx: RoleContext) -> None:
-    path = os.path.join(ctx.config.data_dir, "estate")
-    os.makedirs(path, exist_ok=True)
-    env = lmdb.open(path, map_size=MAP_SIZE, max_dbs=32, subdir=True)
+    applier = Applier(ctx.nats, ctx.jetstream(), ctx.node_id, ctx.config.data_dir,
+                      replicas=ctx.config.stream.replicas)
+    estate = _bind(ctx, zmq.ROUTER, "estate")
+    applied = _bind(ctx, zmq.PUB, "applied", linger=PUB_LINGER_MS)
+    sub = await serve_nats(ctx.nats, applier)
+    tasks = [asyncio.create_task(serve_zmq(estate, applier)),
+             asyncio.create_task(publish_applied(applied, applier)),
+             asyncio.create_task(report_stats(ctx, applier))]
+    for task in tasks:
+        task.add_done_callback(lambda t: t.cancelled() or ctx.fail(t.exception()))
+    applier.start(custody_roles=ctx.config.node.roles)
+    await ctx.ready()
     try:
-        estate = _bind(ctx, zmq.ROUTER, "estate")
-        _bind(ctx, zmq.PUB, "applied")  # nothing to publish yet; closed with the context
-        server = asyncio.create_task(_serve_estate(estate))
-        await ctx.ready()
         await ctx.stopping.wait()
-        server.cancel()
     finally:
-        env.close()
+        try:
+            await sub.unsubscribe()
+        except Exception:
+            pass
+        await cancel_all(tasks)
+        await applier.stop()
+        await applied.send_multipart([wire.APPLIED_TOPIC, wire.encode(applied_message(applier))])
+        estate.close()
+        applied.close()

@@ -1,0 +1,107 @@
+"""The applier's wire: what a request to a data node's copy and its answer look like.
+
+One shape for both ways in (msgpack maps):
+
+* ZeroMQ, the node's ``estate`` ROUTER, for this node's own roles: a DEALER
+  sends ``[b"", encode({"id": hex, **request})]`` and the reply carries the
+  same ``id``;
+* NATS request/reply on :func:`subject` (``estate.req.<node>``), for any
+  node: a plain subscription, no queue group (one applier per node). nats-py's
+  ``NoRespondersError`` means nobody listens there: nothing ran.
+
+Requests::
+
+    {"kind": "write", "op": op.as_dict(), "floor": int, "wait": s, "deadline": t}
+    {"kind": "read", "query": name, "args": {...}, "floor": int, "wait": s, "deadline": t}
+
+``floor`` is the caller's highest seq of its own writes (a read answers only
+once the copy applied it); ``wait`` is how long this node may take (at most
+:data:`READ_WAIT` / :data:`WRITE_WAIT` are the router's); ``deadline`` is
+absolute wall-clock seconds: a request that reaches the applier past it is
+dropped unrun and unanswered, and no wait runs past it.
+
+Answers (``status`` first, then the node that answered)::
+
+    ok              {"applied", "answer"}  (+ "seq" for a write: where it landed)
+    behind          {"applied", "floor"}   the floor was not reached within the wait
+    out_of_service  {"reason"}             this copy answers nothing now
+    unvouched       {"reason", "seq"?}     a write went to the log (or may have);
+                                           its outcome is unknown here
+    bad_request     {"reason"}             the request itself is wrong
+
+A write's ``answer`` is the op's outcome (``{"ok": True, "seq", "result"}``
+or ``{"ok": False, "seq", "error"}``: refused); a read's is the query's.
+
+The ``applied`` PUB (topic :data:`APPLIED_TOPIC`) carries
+:func:`applied_message` after every commit and every second.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgpack
+
+from crewlet.estate.ops import Op
+
+OK = "ok"
+BEHIND = "behind"
+OUT_OF_SERVICE = "out_of_service"
+UNVOUCHED = "unvouched"
+BAD_REQUEST = "bad_request"
+STATUSES = (OK, BEHIND, OUT_OF_SERVICE, UNVOUCHED, BAD_REQUEST)
+
+WRITE = "write"
+READ = "read"
+
+# What one data node may take on one request (DESIGN §4): a read, then the
+# next node is asked; a write, which may wait out a leader election.
+READ_WAIT = 10.0
+WRITE_WAIT = 60.0
+
+SUBJECT_PREFIX = "estate.req."
+APPLIED_TOPIC = b"applied"
+
+
+def subject(node: str) -> str:
+    """The NATS subject node *node*'s applier answers on."""
+    return SUBJECT_PREFIX + node
+
+
+def write_request(op: Op | dict[str, Any], floor: int = 0, wait: float = WRITE_WAIT,
+                  deadline: float | None = None) -> dict[str, Any]:
+    return {"kind": WRITE, "op": op.as_dict() if isinstance(op, Op) else dict(op),
+            "floor": int(floor), "wait": float(wait),
+            "deadline": deadline if deadline is not None else time.time() + wait}
+
+
+def read_request(query: str, args: dict[str, Any] | None = None, floor: int = 0,
+                 wait: float = READ_WAIT, deadline: float | None = None) -> dict[str, Any]:
+    return {"kind": READ, "query": query, "args": dict(args or {}), "floor": int(floor),
+            "wait": float(wait),
+            "deadline": deadline if deadline is not None else time.time() + wait}
+
+
+def answer(status: str, node: str, **fields: Any) -> dict[str, Any]:
+    assert status in STATUSES, status
+    return {"status": status, "node": node, **fields}
+
+
+def applied_message(node: str, seq: int, in_service: bool, reason: str | None,
+                    at: float | None = None) -> dict[str, Any]:
+    """What the ``applied`` PUB carries: how far this copy is, and whether it serves."""
+    return {"node": node, "seq": seq, "in_service": in_service, "reason": reason,
+            "at": time.time() if at is None else at}
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    """The message in *data*; ValueError if it is not msgpack."""
+    try:
+        return msgpack.unpackb(data, raw=False)
+    except Exception as exc:
+        raise ValueError(f"not a msgpack message: {type(exc).__name__}: {exc}") from None

@@ -1,0 +1,701 @@
+"""The applier: the one writer of a data node's copy, and what answers its requests.
+
+:class:`Applier` knows nothing of ZeroMQ or of NATS request/reply (the role's
+``__init__`` serves it on both); it runs in-process in tests as it runs in the
+``data_applier`` child. It holds:
+
+* the node's copy, ``<data_dir>/estate`` (:func:`crewlet.estate.store.open_env`,
+  the writer handle), and the search index beside it
+  (``<data_dir>/estate-search.sqlite``), both written only here;
+* the JetStream context, to read the log, publish ops and keep ``status``.
+
+The log loop
+------------
+Ensure the ``ESTATE`` stream (tried until JetStream answers: a data node may
+start before its cluster has a quorum), then compare the copy with the log:
+``applied + 1 < first`` means entries this copy never applied are gone from
+the log, so the copy is out of service and applies nothing (it needs
+rebuilding, not patching). Otherwise follow the log with an **ordered
+consumer** from ``applied + 1``: ephemeral, flow-controlled, nobody's group
+(every data node reads every entry). Whatever has arrived, up to
+:data:`BATCH_MAX` entries, is applied in one LMDB transaction
+(:func:`crewlet.estate.apply.apply_batch`, which commits ``applied`` with the
+rows), the search index catches up, and then the requests waiting for that
+seq are woken. Writes to LMDB run on one worker thread, so a large batch does
+not stall the event loop (and with it the child's heartbeats).
+
+The loop trusts nothing it did not check: every entry must be the next seq.
+An entry past a gap ends the subscription, and a fresh one starts from
+``applied + 1``; on a fresh subscription a first entry past ``applied + 1``
+is only accepted when the log still starts at or below it (a hole the
+broker skipped), else the copy is out of service as above. nats-py resets an
+ordered consumer that misses two heartbeats (a stream leader change, a
+reconnect to a restarted server) by itself; as a second line, a subscription
+that brings nothing for :data:`STALL_AFTER` while the log is known to hold
+more is dropped and made again, and so is one whose stream was deleted (the
+stream is then ensured again, and the copy held against it).
+
+A copy follows one log. The log's creation time is kept in the copy's
+node-local ``local`` table when the copy is empty (or has no record yet); a
+log found with another creation time was made anew under this copy, and no
+seq of the new log means what it meant in the old one, so the copy is out of
+service even once the new log has grown past it.
+
+Requests (:meth:`Applier.handle`)
+---------------------------------
+The shapes are :mod:`crewlet.estate.wire`'s. A request past its deadline is
+dropped unrun (``None``: no answer). A bad request — not a map, unknown kind
+or query, an op or arguments that do not check — is ``bad_request`` with the
+field and the reason. A copy out of service answers ``out_of_service`` with
+the reason.
+
+*Write*: an op id already in the copy's ``ops`` table answers with that first
+outcome and publishes nothing. Otherwise the op is published under its id:
+``move_on`` kinds are published again under the same id until one is
+answered or the wait ends; a ``once`` kind is published once and its answer
+awaited for the whole wait — only a publish nobody could have stored
+(no stream listening) is tried again. Then the answer waits for this copy to
+apply the op's seq (a duplicate's answer names the first seq) and is the
+outcome kept in ``ops``. A publish never answered, or a seq not applied
+within the wait, is ``unvouched`` (with the seq when it is known): the op may
+be in the log, and another node may be asked under the same id.
+
+*Read*: waits for ``applied >= floor`` up to the wait (else ``behind``), then
+runs the query: ``page.search`` on the search index, every other query on the
+copy (:class:`crewlet.estate.store.Reader`).
+
+In service, and why not
+-----------------------
+Out of service for one of (the first that holds is the reason given):
+``applier stopped`` (it is stopping), ``node evicted: <reason>`` (the
+``status`` key ``evicted.<node>`` exists; deleting it brings the node back),
+``rows below the log's first sequence (applied N, the log starts at M)``,
+``the copy is ahead of the log (...)`` or ``the log was made anew (...)``
+(the copy holds an older log's rows). The status record ``estate.<node>`` in the ``status`` bucket
+says so every :data:`STATUS_EVERY` seconds and at once on a change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Awaitable, Callable, Iterable
+
+import nats.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+
+from crewlet import bus
+from crewlet import log as events
+from crewlet.coord import buckets
+from crewlet.estate import apply, store, wire
+from crewlet.estate import log as estate_log
+from crewlet.estate.ops import SEARCH_DEFAULT, Op, OpError, check_query
+from crewlet.estate.search import SearchIndex, SearchUnavailable
+from roles.data_applier.custody import Custody
+
+# ----------------------------------------------------------------- constants
+
+# Entries applied in one LMDB transaction: one fsync for all of them, and a
+# bound on how long the worker thread holds the write lock (~0.1 s measured).
+BATCH_MAX = 1000
+# The ordered consumer's idle heartbeat: nats-py re-creates it after two
+# missed ones, so a stream leader change or a restarted server costs ~2 s.
+HEARTBEAT = 1.0
+# Seconds a subscription may bring nothing while the log holds entries past
+# applied before it is dropped and made again (the second line, above).
+STALL_AFTER = 5.0
+# How often a quiet subscription checks whether it stalled.
+STALL_CHECK = 1.0
+# Seconds between status records (the router counts a record older than 10 s
+# as "applier stopped", so five may be lost).
+STATUS_EVERY = 2.0
+# Pause before trying JetStream again, doubling up to the maximum.
+RETRY_MIN = 0.1
+RETRY_MAX = 2.0
+# One publish attempt of a move_on op (DESIGN §4: short, and retried).
+PUBLISH_TIMEOUT = bus.JETSTREAM_TIMEOUT
+# Pause between publish attempts of one op, doubling up to 1 s.
+PUBLISH_PAUSE = 0.05
+
+# Waits that timed out stay queued until their seq is applied; past this many
+# queued, the ended ones are dropped.
+WAITERS_PRUNED_AT = 1000
+
+STOPPED = "applier stopped"
+_CAUSES = ("stopped", "evicted", "log", "anew")  # the order reasons are given in
+
+
+def rows_below(applied: int, first: int) -> str:
+    return f"rows below the log's first sequence (applied {applied}, the log starts at {first})"
+
+
+def ahead_of_log(applied: int, last: int) -> str:
+    return (f"the copy is ahead of the log (applied {applied}, the log ends at {last}): "
+            f"the log was made anew; rebuild this copy")
+
+
+def log_made_anew(applied: int, followed: str, now: str) -> str:
+    return (f"the log was made anew (this copy applied {applied} ops of the log created "
+            f"{followed}; the log now was created {now}): rebuild this copy")
+
+
+_LOG_CREATED = b"estate.log_created"
+
+
+def _follows(st: store.Store, created: str, empty: bool) -> str:
+    """The creation time of the log this copy follows. *created* (the log's
+    now) is recorded when the copy is empty (an empty copy fits any log) or
+    has no record yet (it is trusted once)."""
+    with st.env.begin(write=True) as txn:
+        kept = txn.get(_LOG_CREATED, db=st.dbs["local"])
+        if empty or kept is None:
+            txn.put(_LOG_CREATED, created.encode(), db=st.dbs["local"])
+            return created
+        return bytes(kept).decode()
+
+
+class _Restart(Exception):
+    """The subscription to the log is to be made again from applied + 1."""
+
+
+class Applier:
+    """One node's copy and its writer. Construct inside the running loop."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, node: str, data_dir: str, *,
+                 replicas: int = 1):
+        self.nc = nc
+        self.js = js
+        self.node = node
+        self.replicas = replicas
+        self.store = store.open_env(os.path.join(data_dir, "estate"))
+        self.reader = store.Reader(self.store)
+        self.index = SearchIndex(os.path.join(data_dir, "estate-search.sqlite"))
+        # Every LMDB write (apply, custody) on one thread: one writer, in order.
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="estate-writer")
+        # Set once the index has caught up with the copy as it was found (a
+        # child killed between a commit and its catch-up; an index rebuilt).
+        self._index_ready = asyncio.Event()
+        self.applied = self.store.applied()
+        self.log_first: int | None = None
+        self.log_last: int | None = None
+        self._log_missing = False
+        self._out: dict[str, str] = {}
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._tick = itertools.count()
+        # Set on every commit and change of service: the applied PUB waits on it.
+        self.changed = asyncio.Event()
+        self._service_changed = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        # Loops end on this as well as on a cancel: Python 3.11's wait_for
+        # (nats-py's requests use it) can swallow a cancel.
+        self.stopping = False
+        self._sub = None
+        self._status_failing = False
+        self.custody = None
+        self.stats: dict[str, Any] = {"ops": 0, "batches": 0, "requests": 0, "dropped": 0,
+                                      "resubscribed": 0}
+        self._rate = (time.monotonic(), 0)
+        self.ops_per_s = 0.0
+
+    # ------------------------------------------------------------ service
+
+    @property
+    def in_service(self) -> bool:
+        return not self._out
+
+    @property
+    def reason(self) -> str | None:
+        for cause in _CAUSES:
+            if cause in self._out:
+                return self._out[cause]
+        return None
+
+    def set_out(self, cause: str, reason: str | None) -> None:
+        """Mark (*reason*) or clear (None) one cause of being out of service."""
+        before = (self.in_service, self.reason)
+        if reason is None:
+            self._out.pop(cause, None)
+        else:
+            self._out[cause] = reason
+        if (self.in_service, self.reason) != before:
+            events.event("estate_service", "info" if self.in_service else "warning",
+                         in_service=self.in_service, reason=self.reason, applied=self.applied)
+            self._service_changed.set()
+            self.changed.set()
+
+    # ------------------------------------------------------------ running
+
+    def start(self, *, custody_roles: Iterable[str] | None = None) -> None:
+        """Start the log loop, the status record and the eviction watch (and
+        custody of the events, given the node's roles)."""
+        self._spawn(self._log_loop(), "log")
+        self._spawn(self._status_loop(), "status")
+        self._spawn(self._eviction_loop(), "eviction")
+        if custody_roles is not None:
+            self.custody = Custody(self.nc, self.js, self.store, self.write, roles=custody_roles)
+            self._spawn(self.custody.run(), "custody")
+
+    def _spawn(self, coro: Awaitable, name: str) -> None:
+        task = asyncio.create_task(coro, name=f"applier-{name}")
+        task.add_done_callback(_say_if_failed)
+        self._tasks.append(task)
+
+    async def stop(self) -> None:
+        """Out of service ("applier stopped"), one last status record, then close."""
+        self.stopping = True
+        if self.custody is not None:
+            self.custody.stopping = True
+        self.set_out("stopped", STOPPED)
+        await cancel_all(self._tasks)
+        self._tasks.clear()
+        await self._unsubscribe()
+        self._wake(all_=True)
+        await self.write_status()
+        await asyncio.get_running_loop().run_in_executor(None, self._writer.shutdown)
+        self.index.close()
+        store.close_env(self.store)
+
+    async def write(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run *fn* on the writer thread (every LMDB write goes through here)."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+
+    # ------------------------------------------------------------ the log
+
+    async def _log_loop(self) -> None:
+        # On the writer thread: a rebuild of a lost index may take a while.
+        await self.write(self._catch_up_index)
+        self._index_ready.set()
+        pause = RETRY_MIN
+        while not self.stopping:
+            try:
+                await self._follow()
+                pause = RETRY_MIN
+            except _Restart:
+                self.stats["resubscribed"] += 1
+                pause = RETRY_MIN
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                events.event("estate_log_unavailable", "warning",
+                             error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_MAX)
+            finally:
+                await self._unsubscribe()
+
+    async def _follow(self) -> None:
+        """Check the copy against the log, then apply it from applied + 1 until
+        something calls for a fresh subscription."""
+        info = await estate_log.ensure_stream(self.js, self.replicas)
+        self._bounds(info.state.first_seq, info.state.last_seq, self.applied)
+        await self._check_log_identity(info)
+        if "log" in self._out or "anew" in self._out:
+            await asyncio.sleep(STATUS_EVERY)  # the status loop keeps looking
+            return
+        start = self.applied + 1
+        self._sub = await self.js.subscribe(
+            estate_log.SUBJECT, stream=estate_log.STREAM, ordered_consumer=True,
+            idle_heartbeat=HEARTBEAT,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                  opt_start_seq=start))
+        events.event("estate_log_following", start=start, log_first=self.log_first,
+                     log_last=self.log_last)
+        fresh = True
+        progress = time.monotonic()
+        while not self.stopping:
+            try:
+                first = await self._sub.next_msg(timeout=STALL_CHECK)
+            except nats.errors.TimeoutError:
+                if self._log_missing:
+                    # Deleted under us: ensure it again (and hold the copy against it).
+                    raise _Restart() from None
+                if (self.log_last or 0) > self.applied and time.monotonic() - progress > STALL_AFTER:
+                    events.event("estate_log_stalled", "warning", applied=self.applied,
+                                 log_last=self.log_last)
+                    raise _Restart() from None
+                continue
+            batch = [first]
+            while len(batch) < BATCH_MAX and self._sub.pending_msgs > 0:
+                batch.append(await self._sub.next_msg(timeout=STALL_CHECK))
+            entries, gap = await self._in_order(batch, fresh)
+            fresh = False
+            if entries:
+                await self._apply(entries)
+                progress = time.monotonic()
+            if gap:
+                raise _Restart()
+
+    async def _in_order(self, batch: list, fresh: bool) -> tuple[list[tuple[int, bytes]], bool]:
+        """The entries of *batch* that follow applied without a gap, and whether
+        one was found (the rest of the batch is then dropped)."""
+        entries: list[tuple[int, bytes]] = []
+        expected = self.applied + 1
+        for msg in batch:
+            seq = stream_seq(msg)
+            if seq < expected:
+                continue  # already applied (a reset subscription starting early)
+            if seq > expected:
+                if fresh and not entries:
+                    # The broker skipped to the next entry it has: a hole, or
+                    # the log no longer holds what this copy lacks.
+                    first, last = await estate_log.bounds(self.js)
+                    self._bounds(first, last, self.applied)
+                    if "log" in self._out:
+                        return [], True
+                else:
+                    events.event("estate_log_gap", "warning", expected=expected, got=seq)
+                    return entries, True
+            entries.append((seq, msg.data))
+            expected = seq + 1
+        return entries, False
+
+    async def _apply(self, entries: list[tuple[int, bytes]]) -> None:
+        outcomes, applied = await self.write(self._apply_sync, entries)
+        self.stats["ops"] += len(outcomes)
+        self.stats["batches"] += 1
+        self.applied = applied
+        self._wake()
+        self.changed.set()
+
+    def _apply_sync(self, entries: list[tuple[int, bytes]]):
+        outcomes = apply.apply_batch(self.store, entries)
+        self._catch_up_index()
+        return outcomes, self.store.applied()
+
+    def _catch_up_index(self) -> None:
+        try:
+            self.index.catch_up(self.store)
+        except Exception as exc:
+            # The index is derived: searches answer from what it has, and the
+            # next commit tries again.
+            events.event("estate_index_failed", "error", error=f"{type(exc).__name__}: {exc}")
+
+    async def _unsubscribe(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass  # the connection's trouble; the consumer is ephemeral anyway
+
+    def _bounds(self, first: int, last: int, applied: int) -> None:
+        """Take the log's bounds, and whether the copy still fits the log.
+
+        *applied* must be read before the bounds were asked for (it only
+        grows, as the log's bounds do): then a copy ahead of *last* really is.
+        """
+        self.log_first, self.log_last = first, last
+        self._log_missing = False
+        if self.applied + 1 < first:
+            self.set_out("log", rows_below(self.applied, first))
+        elif applied > last:
+            self.set_out("log", ahead_of_log(applied, last))
+        else:
+            self.set_out("log", None)
+
+    async def _check_log_identity(self, info) -> None:
+        """The copy follows one log: the stream it was applied from, known by
+        its creation time (kept in the node-local ``local`` table). A log made
+        anew under a copy that holds rows is not that log, even once it has
+        grown past the copy's applied seq."""
+        if info.created is None:
+            return
+        created = info.created.isoformat()
+        kept = await self.write(_follows, self.store, created, self.applied == 0)
+        self.set_out("anew", log_made_anew(self.applied, kept, created) if kept != created else None)
+
+    # ------------------------------------------------------------ waiting
+
+    async def wait_applied(self, seq: int, until: float) -> bool:
+        """Whether this copy applied *seq* by wall-clock time *until*."""
+        if self.applied >= seq:
+            return True
+        left = until - time.time()
+        if left <= 0 or "stopped" in self._out:
+            return False
+        fut = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (seq, next(self._tick), fut))
+        try:
+            async with asyncio.timeout(left):
+                await fut
+        except TimeoutError:
+            if len(self._waiters) > WAITERS_PRUNED_AT:
+                # Floors the log never reached: drop the waits that ended.
+                self._waiters = [w for w in self._waiters if not w[2].done()]
+                heapq.heapify(self._waiters)
+        return self.applied >= seq
+
+    def _wake(self, all_: bool = False) -> None:
+        while self._waiters and (all_ or self._waiters[0][0] <= self.applied):
+            fut = heapq.heappop(self._waiters)[2]
+            if not fut.done():
+                fut.set_result(None)
+
+    # ------------------------------------------------------------ requests
+
+    async def handle(self, request: Any) -> dict[str, Any] | None:
+        """The answer to one request (:mod:`crewlet.estate.wire`); None: dropped
+        unrun, its deadline had passed."""
+        self.stats["requests"] += 1
+        if not isinstance(request, dict):
+            return self._bad(f"a request is a map, got {type(request).__name__}")
+        deadline = request.get("deadline")
+        if deadline is not None and not _is_number(deadline):
+            return self._bad(f"deadline must be wall-clock seconds, got {deadline!r}")
+        if deadline is not None and time.time() >= deadline:
+            self.stats["dropped"] += 1
+            return None
+        kind = request.get("kind")
+        floor = request.get("floor", 0)
+        if not isinstance(floor, int) or isinstance(floor, bool) or floor < 0:
+            return self._bad(f"floor must be a sequence (an integer >= 0), got {floor!r}")
+        default = wire.WRITE_WAIT if kind == wire.WRITE else wire.READ_WAIT
+        wait = request.get("wait", default)
+        if not _is_number(wait) or wait < 0:
+            return self._bad(f"wait must be seconds >= 0, got {wait!r}")
+        until = time.time() + wait
+        if deadline is not None:
+            until = min(until, deadline)
+        try:
+            if kind == wire.WRITE:
+                return await self._write(Op.from_dict(request.get("op")), until)
+            if kind == wire.READ:
+                query, args = request.get("query"), request.get("args")
+                args = {} if args is None else args
+                check_query(query, args)
+                return await self._read(query, args, floor, until)
+        except OpError as exc:
+            return self._bad(str(exc))
+        return self._bad(f"unknown request kind {kind!r}: {wire.WRITE} or {wire.READ}")
+
+    def _bad(self, reason: str) -> dict[str, Any]:
+        return wire.answer(wire.BAD_REQUEST, self.node, reason=reason)
+
+    def _out_of_service(self) -> dict[str, Any]:
+        return wire.answer(wire.OUT_OF_SERVICE, self.node, reason=self.reason)
+
+    def _ok(self, answer: Any, **fields: Any) -> dict[str, Any]:
+        return wire.answer(wire.OK, self.node, applied=self.applied, answer=answer, **fields)
+
+    async def _write(self, op: Op, until: float) -> dict[str, Any]:
+        if not self.in_service:
+            return self._out_of_service()
+        first = self.reader.outcome(op.id)
+        if first is not None:
+            return self._ok(first, seq=first.get("seq"))
+        seq, why = await self._publish(op, until)
+        if seq is None:
+            return wire.answer(wire.UNVOUCHED, self.node, reason=why)
+        if not await self.wait_applied(seq, until):
+            why = (f"the op is in the log at {seq}; this copy applied {self.applied} within the wait"
+                   if self.in_service else f"the op is in the log at {seq}; this copy went out "
+                                           f"of service: {self.reason}")
+            return wire.answer(wire.UNVOUCHED, self.node, reason=why, seq=seq)
+        outcome = self.reader.outcome(op.id)
+        if outcome is None:
+            return wire.answer(wire.UNVOUCHED, self.node, seq=seq,
+                               reason=f"applied past {seq} but no outcome is kept for op {op.id}")
+        return self._ok(outcome, seq=outcome.get("seq", seq))
+
+    async def _publish(self, op: Op, until: float) -> tuple[int | None, str]:
+        """Publish *op* by its kind's rule: ``(seq, "")``, or ``(None, why)``."""
+        pause = PUBLISH_PAUSE
+        why = "the wait ended before the op could be published"
+        while (left := until - time.time()) > 0:
+            timeout = left if op.retry == "once" else min(PUBLISH_TIMEOUT, left)
+            try:
+                seq, _ = await estate_log.publish(self.js, op, timeout=timeout)
+                return seq, ""
+            except NoStreamResponseError:
+                # Nobody listened: nothing was stored, so even a once-op may go again.
+                why = "the log did not answer (no stream listening): not published"
+            except nats.errors.TimeoutError:
+                why = f"the log did not acknowledge the op within {timeout:.3g}s: it may be in it"
+                if op.retry == "once":
+                    return None, why
+            except APIError as exc:
+                why = f"the log refused the op: {exc}"
+                if op.retry == "once":
+                    return None, why
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as exc:
+                return None, f"no connection to the log: {type(exc).__name__}"
+            except nats.errors.MaxPayloadError as exc:
+                return None, f"the op is too large for the log: {exc}"
+            await asyncio.sleep(min(pause, max(0.0, until - time.time())))
+            pause = min(pause * 2, 1.0)
+        return None, why
+
+    async def _read(self, query: str, args: dict[str, Any], floor: int,
+                    until: float) -> dict[str, Any]:
+        if not self.in_service:
+            return self._out_of_service()
+        if not await self.wait_applied(floor, until):
+            if not self.in_service:
+                return self._out_of_service()
+            return wire.answer(wire.BEHIND, self.node, applied=self.applied, floor=floor)
+        if query == "page.search":
+            if not await wait_event(self._index_ready, until - time.time()):
+                return wire.answer(wire.BEHIND, self.node, applied=self.applied, floor=floor)
+            try:
+                hits = await asyncio.to_thread(self.index.search, args["query"],
+                                               args.get("limit", SEARCH_DEFAULT))
+            except ValueError as exc:
+                return self._bad(str(exc))
+            except SearchUnavailable as exc:
+                return wire.answer(wire.OUT_OF_SERVICE, self.node,
+                                   reason=f"the search index cannot be read: {exc}")
+            return self._ok({"hits": hits})
+        return self._ok(self.reader.query(query, args))
+
+    # ------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        return {"node": self.node, "applied": self.applied, "in_service": self.in_service,
+                "reason": self.reason, "log_first": self.log_first, "log_last": self.log_last,
+                "at": time.time()}
+
+    async def write_status(self) -> None:
+        """One ``estate.<node>`` record in ``status`` (a plain publish: the
+        form every node's writes are answered in, DESIGN §4)."""
+        subject = bus.kv_subject(self.js, buckets.STATUS.name) + f"estate.{self.node}"
+        try:
+            await self.js.publish(subject, json.dumps(self.status()).encode(),
+                                  timeout=PUBLISH_TIMEOUT)
+        except Exception as exc:
+            if not self._status_failing:  # said once, not every 2 s while the broker is away
+                events.event("estate_status_write_failed", "warning",
+                             error=f"{type(exc).__name__}: {exc}")
+            self._status_failing = True
+            return
+        if self._status_failing:
+            events.event("estate_status_written")
+        self._status_failing = False
+
+    async def _status_loop(self) -> None:
+        while not self.stopping:
+            await self._refresh_bounds()
+            await self.write_status()
+            self._service_changed.clear()
+            await wait_event(self._service_changed, STATUS_EVERY)
+
+    async def _refresh_bounds(self) -> None:
+        applied = self.applied
+        try:
+            first, last = await estate_log.bounds(self.js)
+        except NotFoundError:
+            events.event("estate_log_missing", "warning", stream=estate_log.STREAM)
+            self._log_missing = True
+            return
+        except Exception:
+            return  # unanswered: the log loop says what is wrong with the log
+        self._bounds(first, last, applied)
+
+    def rate(self) -> float:
+        """Ops applied per second since the last call."""
+        now = time.monotonic()
+        then, ops = self._rate
+        if now - then > 0:
+            self.ops_per_s = (self.stats["ops"] - ops) / (now - then)
+        self._rate = (now, self.stats["ops"])
+        return self.ops_per_s
+
+    # ------------------------------------------------------------ eviction
+
+    async def _eviction_loop(self) -> None:
+        key = f"evicted.{self.node}"
+        pause = RETRY_MIN
+        while not self.stopping:
+            watcher = None
+            try:
+                kv = await buckets.ensure(self.js, buckets.STATUS, self.replicas)
+                watcher = await kv.watch(key)
+                pause = RETRY_MIN
+                async for entry in watcher:
+                    if entry is not None:
+                        self.set_out("evicted", _eviction(entry))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                events.event("estate_eviction_watch_failed", "warning",
+                             error=f"{type(exc).__name__}: {exc}")
+            finally:
+                if watcher is not None:
+                    try:
+                        await watcher.stop()
+                    except Exception:
+                        pass
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX)
+
+
+def _say_if_failed(task: asyncio.Task) -> None:
+    """A loop of the applier ended on its own (its loops retry whatever fails,
+    so this is a refusal, such as custody's on a node without data, or a bug)."""
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        events.event("applier_task_failed", "error", task=task.get_name(),
+                     error=f"{type(exc).__name__}: {exc}")
+
+
+def stream_seq(msg) -> int:
+    """A delivered entry's log seq, read off its ack subject.
+
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...`` (9 tokens), or with
+    a domain and account hash after ``ACK`` (11 or 12). nats-py's
+    ``msg.metadata`` parses the timestamp too, a third of the per-entry cost
+    of following the log; the seq is all the loop needs.
+    """
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9:
+        return int(tokens[5])
+    if len(tokens) >= 11:
+        return int(tokens[7])
+    return msg.metadata.sequence.stream  # a form this does not know: let nats-py say
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task], rounds: int = 5) -> None:
+    """Cancel *tasks* and wait for them to end, cancelling again any that
+    swallowed the cancel (Python 3.11's wait_for can, mid-request)."""
+    pending = {t for t in tasks if not t.done()}
+    for _ in range(rounds):
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+    for task in pending:
+        events.event("task_would_not_stop", "error", task=task.get_name())
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Whether *event* was set within *timeout*. (Not ``asyncio.wait_for``:
+    in Python 3.11 it swallows a cancel that arrives as the event is set.)"""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+        return True
+    except TimeoutError:
+        return False
+
+
+def _eviction(entry) -> str | None:
+    """The out-of-service reason an ``evicted.<node>`` entry gives (None: not evicted)."""
+    if entry.operation is not None or not entry.value:
+        return None
+    try:
+        why = json.loads(entry.value).get("reason")
+    except (ValueError, AttributeError):
+        why = None
+    return f"node evicted: {why or 'no reason given'}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

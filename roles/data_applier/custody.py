@@ -1,0 +1,176 @@
+"""Custody of the turn events: each event of ``EVENTS`` kept by exactly one data node.
+
+Seats publish what happens in their turns on ``events.>`` (the ``EVENTS``
+stream, which crewletd's fleet makes with the mailboxes; custody waits for it
+to exist rather than making it). Every data node's applier attaches to one
+durable pull consumer, the :data:`crewlet.groups.CUSTODY` group, so each
+event is handed to one of them, which keeps it in its copy's node-local
+``events`` table and only then acks it. A node without data never attaches
+(:func:`crewlet.groups.check_attach` refuses it by name): it would take its
+share and keep it nowhere.
+
+Each fetched batch is written in one LMDB transaction on the applier's writer
+thread: key the event's 8-byte stream sequence, value msgpack of
+``{"subject", "data", "at"}`` (``data`` decoded as JSON when it is JSON, else
+text; ``at`` the time the stream stored it). Then each is acked. An event
+already in the table (an ack that was lost, a redelivery) is acked and not
+written again. An event this node took and did not ack within
+:data:`ACK_WAIT` goes to whichever node fetches next.
+
+The consumer is created only when it does not exist, with ``action:
+create``: ``add_consumer`` on an existing durable would silently update it
+(DESIGN §4), and two nodes starting at once must not fight over its config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Awaitable, Callable, Iterable
+
+import nats.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from crewlet import groups
+from crewlet import log as events
+from crewlet.estate.store import Store, pack, seq_key
+from crewlet.queue.jetstream import EVENTS_STREAM, api_prefix
+
+# A node that took events and died gives them back after this: long enough for
+# a batch's write and acks, short enough that a dead node's share is kept
+# elsewhere soon.
+ACK_WAIT = 30.0
+# Events fetched and kept per LMDB transaction.
+FETCH_BATCH = 100
+# Seconds one fetch waits for events before asking again.
+FETCH_WAIT = 2.0
+# Unacked events one node may hold: a batch in hand and the next one coming.
+MAX_ACK_PENDING = 1000
+# Pause while the stream or JetStream is missing, doubling up to the maximum.
+RETRY_MIN = 0.2
+RETRY_MAX = 5.0
+API_TIMEOUT = 5.0
+ACK_TIMEOUT = 2.0
+
+_NS = 1_000_000_000
+_ERR_CONSUMER_EXISTS = (10148, 10013)  # exists with another config / name in use
+
+
+def event_value(msg) -> dict[str, Any]:
+    """What the ``events`` table keeps of one event."""
+    try:
+        data: Any = json.loads(msg.data)
+    except ValueError:
+        data = msg.data.decode(errors="replace")
+    return {"subject": msg.subject, "data": data, "at": msg.metadata.timestamp.timestamp()}
+
+
+def keep_events(store: Store, rows: list[tuple[bytes, bytes]]) -> int:
+    """Write the events not in the table yet, in one transaction; how many were new."""
+    new = 0
+    with store.env.begin(write=True) as txn:
+        for key, value in rows:
+            if txn.put(key, value, db=store.dbs["events"], overwrite=False):
+                new += 1
+    return new
+
+
+class Custody:
+    """This node's share of ``EVENTS``, kept in its copy."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, store: Store,
+                 write: Callable[..., Awaitable[Any]], *, roles: Iterable[str]):
+        self.nc = nc
+        self.js = js
+        self.store = store
+        self._write = write  # runs a function on the copy's writer thread
+        self.roles = tuple(roles)
+        self.name = groups.durable(groups.CUSTODY)
+        self.stats = {"kept": 0, "again": 0, "ack_failed": 0}
+        self.stopping = False  # loops end on it as well as on a cancel (the applier's stop)
+
+    async def run(self) -> None:
+        # A node without a copy may not take events: refused here, by name.
+        groups.check_attach(groups.CUSTODY, self.roles)
+        pause = RETRY_MIN
+        while not self.stopping:
+            try:
+                await self._wait_for_stream()
+                await self._ensure_consumer()
+                psub = await self.js.pull_subscribe_bind(durable=self.name, stream=EVENTS_STREAM)
+                events.event("custody_attached", consumer=self.name, stream=EVENTS_STREAM)
+                pause = RETRY_MIN
+                try:
+                    await self._drain(psub)
+                finally:
+                    try:
+                        await psub.unsubscribe()
+                    except Exception:
+                        pass
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                events.event("custody_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX)
+
+    async def _wait_for_stream(self) -> None:
+        pause, said = RETRY_MIN, False
+        while not self.stopping:
+            try:
+                await self.js.stream_info(EVENTS_STREAM)
+                return
+            except NotFoundError:
+                if not said:
+                    events.event("custody_waiting", stream=EVENTS_STREAM,
+                                 why="the stream does not exist yet (crewletd's fleet makes it)")
+                    said = True
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX)
+
+    async def _ensure_consumer(self) -> None:
+        try:
+            await self.js.consumer_info(EVENTS_STREAM, self.name)
+            return
+        except NotFoundError:
+            pass
+        config = {"name": self.name, "durable_name": self.name, "deliver_policy": "all",
+                  "ack_policy": "explicit", "ack_wait": int(ACK_WAIT * _NS),
+                  "max_ack_pending": MAX_ACK_PENDING, "replay_policy": "instant",
+                  "num_replicas": 0}  # 0: the stream's replicas, so custody survives a member
+        body = {"stream_name": EVENTS_STREAM, "config": config, "action": "create"}
+        subject = f"{api_prefix(self.js)}.CONSUMER.CREATE.{EVENTS_STREAM}.{self.name}"
+        reply = await self.nc.request(subject, json.dumps(body).encode(), timeout=API_TIMEOUT)
+        error = json.loads(reply.data).get("error")
+        if error and error.get("err_code") not in _ERR_CONSUMER_EXISTS:
+            raise RuntimeError(f"creating consumer {self.name} on {EVENTS_STREAM}: "
+                               f"{error.get('description')} (err {error.get('err_code')})")
+        if not error:
+            events.event("custody_consumer_created", consumer=self.name, stream=EVENTS_STREAM)
+
+    async def _drain(self, psub) -> None:
+        while not self.stopping:
+            try:
+                msgs = await psub.fetch(FETCH_BATCH, timeout=FETCH_WAIT)
+            except nats.errors.TimeoutError:
+                continue
+            msgs = [m for m in msgs if m.reply]  # status messages carry no ack subject
+            if msgs:
+                await self._keep(msgs)
+
+    async def _keep(self, msgs: list) -> None:
+        rows = [(seq_key(m.metadata.sequence.stream), pack(event_value(m))) for m in msgs]
+        new = await self._write(keep_events, self.store, rows)
+        self.stats["kept"] += new
+        self.stats["again"] += len(rows) - new
+        # Kept first, then acked: a lost ack brings the event back, and it is
+        # found in the table and acked without a second row.
+        results = await asyncio.gather(*(m.ack_sync(timeout=ACK_TIMEOUT) for m in msgs),
+                                       return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            self.stats["ack_failed"] += len(failed)
+            events.event("custody_ack_failed", "warning", failed=len(failed), of=len(msgs),
+                         error=f"{type(failed[0]).__name__}: {failed[0]}")

@@ -1,0 +1,280 @@
+"""The estate across real nodes: every data node a full copy, nodes without
+data served through the router, appliers and whole nodes killed and caught up.
+
+Nodes share one real broker (``stream.type: nats``), as in test_fleet. The
+test process reads each node's LMDB copy read-only, and routes as a node
+without data would (tests/estate.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from crewlet import groups
+from crewlet.estate import store
+from tests.conftest import wait_for
+from tests.estate import applied, copy_of, log_last, op, publish_all, query, random_log, routed, run
+from tests.fleet.test_fleet import apply, fleet_node
+from tests.seats import ctl, ctl_json, held, read_nats, write_company
+
+pytestmark = pytest.mark.fleet
+
+DATA_ONLY = {"roles": ["data"]}
+
+
+def data_node(make_node, natsd, node_id: str, **overrides):
+    node = overrides.pop("node", {})
+    return fleet_node(make_node, natsd, node_id, node={**DATA_ONLY, **node}, **overrides)
+
+
+def converged(nodes, last: int) -> bool:
+    return all(applied(n) >= last for n in nodes)
+
+
+def digests(nodes) -> set[str]:
+    return {store.digest(copy_of(n)) for n in nodes}
+
+
+def kill_applier(node) -> None:
+    pid = node.process_pids()["data_applier"]
+    os.kill(pid, signal.SIGKILL)
+    node.wait_running(exclude={"data_applier": pid})
+
+
+def test_three_data_nodes_converge_with_their_appliers_killed_mid_stream(natsd, make_node):
+    """A random mix of ops (refusals, duplicated ids, stale tokens among them),
+    published while b's and c's appliers are SIGKILLed again and again: all
+    three copies end identical, row for row."""
+    nodes = [data_node(make_node, natsd, n).start() for n in "abc"]
+    a, b, c = nodes
+    wait_for(lambda: all(copy_of(n) is not None for n in nodes), 20, what="three copies made")
+    items = random_log(11, 1600)
+    chunks = [items[i:i + 100] for i in range(0, len(items), 100)]
+    kills = 0
+    for i, chunk in enumerate(chunks):
+        run(publish_all(natsd.url, chunk))
+        if i % 2 == 0 and kills < 6:
+            kill_applier(b if kills % 2 == 0 else c)  # while it is applying what just came
+            kills += 1
+    last = run(log_last(natsd.url))
+    wait_for(lambda: converged(nodes, last), 60, what=f"every copy at {last}")
+    assert len(digests(nodes)) == 1
+    assert store.dump(copy_of(a)) == store.dump(copy_of(b)) == store.dump(copy_of(c))
+    # Refusals and duplicates were among them, and are the same everywhere.
+    outcomes = [store.Reader(copy_of(n)).outcome(items[5].id) for n in nodes]
+    assert outcomes[0] is not None and outcomes.count(outcomes[0]) == 3
+    # Each applier says how far it got, in the fleet's status.
+    wait_for(lambda: {n["id"]: (n.get("estate") or {}).get("applied")
+                      for n in a.status()["fleet"]["nodes"]} == {"a": last, "b": last, "c": last},
+             15, what="every node's estate record at the log's end")
+
+
+STATELESS_COMPANY = """
+company: {name: t}
+providers:
+  p:
+    kind: scripted
+    rules:
+      - match: 'create a task (.+)'
+        reply: '{tools}'
+        tools: [{name: task_create, args: {title: '\\1'}}]
+      - match: 'list the tasks'
+        reply: 'tasks: {tools}'
+        tools: [{name: task_list}]
+      - match: 'write a page ([a-z/]+): (.+)'
+        reply: '{tools}'
+        tools: [{name: page_write, args: {path: '\\1', title: '\\1', body: '\\2'}}]
+      - match: 'search (.+)'
+        reply: 'found: {tools}'
+        tools: [{name: page_search, args: {query: '\\1'}}]
+seats:
+  - {name: w, persona: a worker, provider: p, placement: {labels: {zone: edge}}}
+"""
+
+
+def turn(node, seat: str, text: str) -> dict:
+    out = ctl_json(node, "send", seat, text, "--wait", "60")
+    assert out["turn"] is not None, f"no turn for {text!r}"
+    assert out["turn"]["outcome"] == "done", out["turn"]
+    return out["turn"]
+
+
+async def _consumers(url: str) -> list[tuple[str, str, str | None]]:
+    import nats
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        found = []
+        for stream in await js.streams_info():
+            for info in await js.consumers_info(stream.config.name):
+                found.append((stream.config.name, info.name, info.config.durable_name))
+        return found
+    finally:
+        await nc.close()
+
+
+def test_a_node_without_data_writes_and_reads_the_estate_through_the_router(natsd, make_node, short_tmp):
+    """A seat on a node with no copy creates a task, writes a page, lists and
+    searches: every data node holds it all; crewletctl shows the estate from
+    any node; the seat's turn events are kept by exactly one data node."""
+    a, b = data_node(make_node, natsd, "a").start(), data_node(make_node, natsd, "b").start()
+    s = fleet_node(make_node, natsd, "s", node={"roles": ["seats"], "labels": {"zone": "edge"}}).start()
+    apply(s, write_company(short_tmp, STATELESS_COMPANY, "stateless.yaml"))
+    wait_for(lambda: held(s).get("w") == "s", 20, what="s holds w")
+    assert not os.path.exists(os.path.join(s.config["data_dir"], "estate"))  # no copy here
+
+    created = turn(s, "w", "create a task ship the estate")
+    task_id = created["reply"].split()[1]
+    assert task_id.startswith("T"), created["reply"]
+    assert "ship the estate" in turn(s, "w", "list the tasks")["reply"]
+    turn(s, "w", "write a page eng/deploy: run make deploy carefully")
+    assert "eng/deploy" in turn(s, "w", "search deploy")["reply"]
+
+    last = run(log_last(natsd.url))
+    wait_for(lambda: converged([a, b], last), 20, what="both copies at the log's end")
+    for node in (a, b):
+        assert query(node, "task.get", id=task_id)["task"]["created_by"] == "w"
+        assert query(node, "page.read", path="eng/deploy")["page"]["body"] == "run make deploy carefully"
+        assert {t["seat"] for t in query(node, "turn.list", seat="w")["turns"]} == {"w"}
+    assert len(digests([a, b])) == 1
+
+    # crewletctl from the node without data, and from a data node.
+    for node in (s, a):
+        tasks = ctl_json(node, "tasks")
+        assert [t["id"] for t in tasks["tasks"]] == [task_id]
+        hits = ctl_json(node, "search", "deploy")
+        assert hits["searched"] and [h["path"] for h in hits["hits"]] == ["eng/deploy"]
+    assert ctl_json(a, "pages", "eng/deploy")["page"]["version"] == 1
+
+    # Custody: each turn event of w in exactly one data node's event log.
+    def kept() -> dict[int, list[str]]:
+        where: dict[int, list[str]] = {}
+        for node in (a, b):
+            for e in query(node, "event.list", limit=500)["events"]:
+                if e["event"]["subject"] == "events.turn.w":
+                    where.setdefault(e["seq"], []).append(node.config["node"]["id"])
+        return where
+    wait_for(lambda: len(kept()) >= 4, 20, what="the four turn events kept")
+    assert all(len(nodes) == 1 for nodes in kept().values()), kept()
+
+    # Every durable consumer the fleet made belongs to a group of the table.
+    durables = [(st, name) for st, name, durable in run(_consumers(natsd.url)) if durable]
+    assert durables and all(groups.of_consumer(st, name) is not None for st, name in durables), durables
+    assert ("EVENTS", groups.durable(groups.CUSTODY)) in durables
+
+
+ZONED_COMPANY = """
+company: {name: t}
+providers:
+  p:
+    kind: scripted
+    rules:
+      - match: 'create a task (.+)'
+        reply: '{tools}'
+        tools: [{name: task_create, args: {title: '\\1'}}]
+seats:
+  - {name: w, persona: a worker, provider: p, placement: {labels: {zone: ZONE}}}
+"""
+
+
+def test_a_data_node_with_its_applier_stopped_keeps_its_seats_served_by_a_peer(natsd, make_node, short_tmp):
+    """a's applier is stopped (SIGSTOP): a keeps seat w, whose task goes
+    through b's copy; a catches up when its applier goes on. Then w moves to
+    b, and a write under a's older token is refused on every copy."""
+    # A long grace: crewletd must not end the stopped applier for its silence.
+    a = data_node(make_node, natsd, "a", node={"roles": ["data", "seats"], "labels": {"zone": "a"}},
+                  supervisor={"heartbeat_grace": 120, "wedge_after": 120}).start()
+    b = data_node(make_node, natsd, "b", node={"roles": ["data", "seats"], "labels": {"zone": "b"}}).start()
+    apply(a, write_company(short_tmp, ZONED_COMPANY.replace("ZONE", "a"), "a.yaml"))
+    wait_for(lambda: held(a).get("w") == "a", 20, what="a holds w")
+    first = turn(a, "w", "create a task before")
+
+    applier = a.process_pids()["data_applier"]
+    os.kill(applier, signal.SIGSTOP)
+    try:
+        # a's own copy is out of service once its applier has been silent: a
+        # search from a is then answered by b.
+        wait_for(lambda: ctl_json(a, "search", "anything")["node"] == "b", 20,
+                 what="a's estate served by b")
+        during = turn(a, "w", "create a task while a's applier is stopped")
+        assert held(a).get("w") == "a"  # a kept its seat
+        task_id = during["reply"].split()[1]
+        assert query(b, "task.get", id=task_id)["task"]["title"] == "while a's applier is stopped"
+    finally:
+        os.kill(applier, signal.SIGCONT)
+    last = run(log_last(natsd.url))
+    wait_for(lambda: converged([a, b], last), 20, what="a caught up")
+    assert len(digests([a, b])) == 1
+
+    # w moves to b (a higher token, fenced on every copy); a zombie write of
+    # a's under its older token is refused.
+    old_token = first["token"]
+    apply(a, write_company(short_tmp, ZONED_COMPANY.replace("ZONE", "b"), "b.yaml"))
+    wait_for(lambda: held(b).get("w") == "b", 30, what="b took w")
+    turn(b, "w", "create a task on b")
+    zombie = op("task.create", {"title": "zombie"}, seat="w", token=old_token, id="zombie-1", node="a")
+    run(publish_all(natsd.url, [zombie]))
+    last = run(log_last(natsd.url))
+    wait_for(lambda: converged([a, b], last), 20, what="both copies at the log's end")
+    for node in (a, b):
+        outcome = store.Reader(copy_of(node)).outcome("zombie-1")
+        assert not outcome["ok"] and outcome["error"].startswith(f"stale fencing token {old_token} for seat w")
+
+
+def test_the_fleet_answers_while_a_data_node_is_down_and_it_catches_up(natsd, make_node):
+    """Kill one of three data nodes whole: writes and floor-carrying reads go
+    on through the others; restarted, it catches up to the same copy."""
+    nodes = [data_node(make_node, natsd, n).start() for n in "abc"]
+    a, b, c = nodes
+    wait_for(lambda: all(copy_of(n) is not None for n in nodes), 20, what="three copies made")
+
+    async def write_and_read(router, n: int, tag: str) -> list[str]:
+        made = []
+        for i in range(n):
+            outcome = await router.write(op("task.create", {"title": f"{tag} {i}"}, id=f"{tag}-{i}",
+                                            node="tester", at=time.time()), timeout=30)
+            assert outcome["ok"], outcome
+            made.append(outcome["result"]["task"]["id"])
+            # Read-your-writes: whoever answers has applied our floor.
+            got = await router.read("task.get", {"id": made[-1]}, timeout=30)
+            assert got["task"]["title"] == f"{tag} {i}"
+        return made
+
+    async def scenario() -> None:
+        async with routed(natsd.url, read_wait=3, write_wait=10) as router:
+            await write_and_read(router, 20, "before")
+            c.kill_all()
+            await write_and_read(router, 20, "during")
+    run(scenario())
+    c.start()
+    last = run(log_last(natsd.url))
+    wait_for(lambda: converged(nodes, last), 30, what="c caught up")
+    assert len(digests(nodes)) == 1
+    assert len(query(c, "task.list", limit=100)["tasks"]) == 40
+
+
+def test_nobody_answering_is_an_error_naming_every_data_node(natsd, make_node):
+    """With its only data node gone, a node without data says so — never an
+    empty list — and a search says it could not be searched."""
+    # A long grace: crewletd must not end (and restart) the stopped applier.
+    a = data_node(make_node, natsd, "a", supervisor={"heartbeat_grace": 120, "wedge_after": 120}).start()
+    s = fleet_node(make_node, natsd, "s", node={"roles": ["seats"]}).start()
+    wait_for(lambda: copy_of(a) is not None, 20, what="a's copy made")
+    assert ctl_json(s, "tasks")["tasks"] == []  # answered: the company has none
+    os.kill(a.process_pids()["data_applier"], signal.SIGSTOP)  # a still present, its applier not
+    try:
+        def refused():
+            out = ctl(s, "tasks")
+            return out if out.returncode == 1 else None
+        out = wait_for(refused, 30, what="crewletctl tasks refused")
+        assert "no data node answered" in out.stderr and "node a:" in out.stderr
+        search = ctl(s, "search", "anything")
+        assert search.returncode == 1 and "could not be searched" in search.stderr
+        assert "node a:" in search.stderr
+    finally:
+        a.kill_all()

@@ -1,0 +1,579 @@
+"""The data applier against a real nats-server and real LMDB copies.
+
+Most checks run :class:`roles.data_applier.applier.Applier` in-process (two of
+them stand for two data nodes, each with its own connection and data dir);
+the kill check runs a real crewletd node and SIGKILLs its ``data_applier``
+child while the log grows, then holds its copy against an in-process
+applier's that applied the same log without interruption.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import threading
+import time
+from contextlib import asynccontextmanager
+from typing import Any, Callable
+
+import nats
+import pytest
+import zmq
+
+from crewlet import ipc
+from crewlet.estate import log as estate_log
+from crewlet.estate import store, wire
+from crewlet.estate.ops import make_op
+from crewlet.groups import GroupRefused
+from crewlet.queue import JetStreamMailboxes
+from roles.data_applier.applier import Applier, rows_below
+from roles.data_applier.custody import Custody
+from tests.conftest import wait_for
+
+DEADLINE = 30.0  # s for one whole check
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, DEADLINE))
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """The async form of :func:`tests.conftest.wait_for`: poll until truthy, else fail."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py prints every connection error with a traceback unless told otherwise."""
+
+
+@asynccontextmanager
+async def connection(url: str):
+    nc = await nats.connect(url, connect_timeout=2, error_cb=_quiet)
+    try:
+        yield nc, nc.jetstream(timeout=2)
+    finally:
+        try:
+            await nc.close()
+        except OSError:
+            pass  # closing toward a broker that went away (nats-py drains the socket)
+
+
+@asynccontextmanager
+async def applier(url: str, data_dir: str, node: str, *, custody: bool = False):
+    """A running in-process applier with its own connection, stopped on exit."""
+    async with connection(url) as (nc, js):
+        a = Applier(nc, js, node, data_dir)
+        a.start(custody_roles=("data",) if custody else None)
+        try:
+            yield a
+        finally:
+            await a.stop()
+
+
+def mixed_op(rng: random.Random, writer: str, i: int):
+    """One op of a random mix of every kind (refusals included: they are outcomes too)."""
+    seat = rng.choice(["cto", "cfo"])
+    task = f"T{rng.randint(1, 40)}"
+    choice = rng.randrange(10)
+    if choice == 0:
+        return make_op("task.create", {"title": f"{writer} task {i}", "labels": ["x"]}, node=writer)
+    if choice == 1:
+        return make_op("task.update", {"id": task, "status": rng.choice(["doing", "done"]),
+                                       "assignee": seat}, node=writer)
+    if choice == 2:
+        return make_op("task.comment", {"id": task, "body": f"comment {i}"}, node=writer)
+    if choice == 3:
+        return make_op("page.write", {"path": f"kb/p{rng.randint(1, 8)}", "title": f"page {i}",
+                                      "body": f"deploy notes {i} " * 5}, node=writer)
+    if choice == 4:
+        return make_op("page.delete", {"path": f"kb/p{rng.randint(1, 8)}"}, node=writer)
+    if choice == 5:
+        return make_op("file.register", {"project": "p", "path": f"f{rng.randint(1, 5)}",
+                                         "size": i, "sha256": "ab" * 32}, node=writer)
+    if choice == 6:
+        return make_op("turn.record", {"record": {"seat": seat, "turn": i}}, node=writer,
+                       seat=seat, token=rng.randint(1, 6))
+    if choice == 7:
+        return make_op("diary.write", {"seat": seat, "text": f"note {rng.randint(1, 5)}"},
+                       node=writer, seat=seat, token=rng.randint(1, 6))
+    if choice == 8:
+        return make_op("episode.add", {"seat": seat, "summary": f"did {i}"}, node=writer)
+    return make_op("seat.fence", {}, node=writer, seat=seat, token=rng.randint(1, 6))
+
+
+async def publish_all(js, ops) -> list[tuple[int, str]]:
+    """Publish *ops* in order (retrying under the same id): ``[(seq, op id)]``."""
+    out = []
+    for op in ops:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                seq, _ = await estate_log.publish(js, op, timeout=2)
+                break
+            except nats.errors.Error:  # unanswered or no leader yet: the same id again
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+        out.append((seq, op.id))
+    return out
+
+
+def copy_of(data_dir: str) -> store.Store:
+    return store.open_env(os.path.join(data_dir, "estate"), readonly=True)
+
+
+# ------------------------------------------------------------------ the log
+
+def test_two_writers_land_in_order_and_identically_in_two_copies(natsd, short_tmp):
+    async def check():
+        async with connection(natsd.url) as (nc, js):
+            await estate_log.ensure_stream(js, 1)
+            # Ensuring again changes nothing (and never re-creates).
+            again = await estate_log.ensure_stream(js, 3)
+            assert again.config.num_replicas == 1 and again.config.duplicate_window == 120
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                async with connection(natsd.url) as (_, js1), connection(natsd.url) as (_, js2):
+                    ops1 = [mixed_op(random.Random(1), "w1", i) for i in range(300)]
+                    rng = random.Random(2)
+                    ops2 = [mixed_op(rng, "w2", i) for i in range(300)]
+                    landed = sum(await asyncio.gather(publish_all(js1, ops1), publish_all(js2, ops2)),
+                                 [])
+                last = max(seq for seq, _ in landed)
+                assert sorted(seq for seq, _ in landed) == list(range(1, 601))
+                # b starts after the log is written: it catches up in batches.
+                async with applier(natsd.url, f"{short_tmp}/b", "b") as b:
+                    await until(lambda: a.applied == last and b.applied == last, 15, "both applied")
+                    for copy in (a, b):
+                        for seq, op_id in landed:
+                            assert copy.reader.outcome(op_id)["seq"] == seq
+                    assert store.digest(a.store) == store.digest(b.store)
+                    assert store.dump(a.store) == store.dump(b.store)
+                    # Ids come from the log: every task is T<its seq>.
+                    tasks = a.reader.query("task.list", {"limit": 500})["tasks"]
+                    assert tasks and all(t["id"] == f"T{t['seq']}" for t in tasks)
+                    # The search index caught up with the pages.
+                    assert a.index.indexed() == last
+                    hits = (await a.handle(wire.read_request("page.search", {"query": "deploy"},
+                                                             floor=last)))["answer"]["hits"]
+                    pages = a.reader.query("page.list", {})["pages"]
+                    assert {h["path"] for h in hits} == {p["path"] for p in pages}
+    run(check())
+
+
+def test_a_duplicated_op_id_lands_once_and_both_answers_carry_the_first_outcome(natsd, short_tmp):
+    async def check():
+        async with applier(natsd.url, f"{short_tmp}/a", "a") as a, \
+                connection(natsd.url) as (_, js):
+            await until(lambda: a.log_first is not None, what="the log ensured")
+            # Published twice: the broker stores it once.
+            op = make_op("task.create", {"title": "once"}, node="w")
+            seq1, dup1 = await estate_log.publish(js, op, timeout=2)
+            seq2, dup2 = await estate_log.publish(js, op, timeout=2)
+            assert (dup1, dup2) == (False, True) and seq1 == seq2
+            # Sent twice through the applier: published once, the same outcome twice.
+            op2 = make_op("task.create", {"title": "twice"}, node="w")
+            first = await a.handle(wire.write_request(op2, wait=5))
+            second = await a.handle(wire.write_request(op2, wait=5))
+            assert first["status"] == second["status"] == "ok"
+            assert first["answer"] == second["answer"]
+            assert first["answer"]["ok"] and first["answer"]["result"]["task"]["title"] == "twice"
+            assert first["seq"] == second["seq"] == first["answer"]["seq"]
+            # Past the broker's window the op may land in the log again: the
+            # copy's op table makes it a no-op with the first outcome.
+            await js.publish(estate_log.SUBJECT, op2.encode(), headers={"Nats-Msg-Id": "late-resend"})
+            info = await js.stream_info(estate_log.STREAM)
+            await until(lambda: a.applied == info.state.last_seq, what="the resend applied")
+            third = await a.handle(wire.write_request(op2, wait=5))
+            assert third["answer"] == first["answer"]
+            titles = [t["title"] for t in a.reader.query("task.list", {})["tasks"]]
+            assert sorted(titles) == ["once", "twice"]
+            assert info.state.messages == 3
+    run(check())
+
+
+def test_a_stale_fencing_token_is_refused_and_the_refusal_is_the_outcome(natsd, short_tmp):
+    async def check():
+        async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+            fence = make_op("seat.fence", {}, node="n2", seat="cto", token=9)
+            got = await a.handle(wire.write_request(fence, wait=5))
+            assert got["status"] == "ok" and got["answer"]["ok"]
+            stale = make_op("task.create", {"title": "late"}, node="n1", seat="cto", token=5)
+            got = await a.handle(wire.write_request(stale, wait=5))
+            assert got["status"] == "ok"
+            assert got["answer"]["ok"] is False
+            assert got["answer"]["error"] == "stale fencing token 5 for seat cto: the seat is at 9"
+            # The refusal is kept: asked again, the same answer, nothing published.
+            again = await a.handle(wire.write_request(stale, wait=5))
+            assert again["answer"] == got["answer"]
+            assert a.reader.query("task.list", {})["tasks"] == []
+    run(check())
+
+
+def test_a_read_waits_for_its_floor_or_answers_behind(natsd, short_tmp):
+    async def check():
+        async with applier(natsd.url, f"{short_tmp}/a", "a") as a, \
+                connection(natsd.url) as (_, js):
+            await until(lambda: a.log_first is not None, what="the log ensured")
+            # A floor the log has not reached yet: the read waits for it...
+            pending = asyncio.create_task(a.handle(wire.read_request("task.get", {"id": "T1"},
+                                                                     floor=1, wait=10)))
+            await asyncio.sleep(0)  # let it start waiting before the op exists
+            assert not pending.done()
+            await publish_all(js, [make_op("task.create", {"title": "first"}, node="w")])
+            got = await pending
+            assert got["status"] == "ok" and got["applied"] >= 1
+            assert got["answer"]["task"]["title"] == "first"
+            # ...and says it is behind when the floor is not reached in the wait.
+            t0 = time.monotonic()
+            got = await a.handle(wire.read_request("task.list", {}, floor=50, wait=0.5))
+            assert got == {"status": "behind", "node": "a", "applied": 1, "floor": 50}
+            assert 0.4 < time.monotonic() - t0 < 3
+            # Never past the deadline, whatever the wait says.
+            t0 = time.monotonic()
+            got = await a.handle(wire.read_request("task.list", {}, floor=50, wait=10,
+                                                   deadline=time.time() + 0.3))
+            assert got["status"] == "behind" and time.monotonic() - t0 < 2
+            # A bad request says which field and why.
+            bad = await a.handle(wire.read_request("task.get", {"id": "nope"}))
+            assert bad["status"] == "bad_request" and "task.get: id" in bad["reason"]
+            bad = await a.handle({"kind": "write", "op": {"id": "x"}, "wait": 1})
+            assert bad["status"] == "bad_request" and "'kind'" in bad["reason"]
+    run(check())
+
+
+def test_a_request_past_its_deadline_is_not_run(natsd, short_tmp):
+    async def check():
+        async with applier(natsd.url, f"{short_tmp}/a", "a") as a, \
+                connection(natsd.url) as (_, js):
+            await until(lambda: a.log_first is not None, what="the log ensured")
+            op = make_op("task.create", {"title": "too late"}, node="w")
+            got = await a.handle(wire.write_request(op, wait=5, deadline=time.time() - 0.01))
+            assert got is None  # dropped: no answer, nothing ran
+            info = await js.stream_info(estate_log.STREAM)
+            assert info.state.messages == 0
+            assert a.reader.outcome(op.id) is None
+            assert a.stats["dropped"] == 1
+    run(check())
+
+
+def test_the_applier_follows_the_log_across_a_stream_leader_change(nats_cluster, short_tmp):
+    """R3: the member leading ESTATE, which the applier is connected to, is
+    SIGKILLed mid-stream; the copy still reaches every op the log holds."""
+    urls = [s.url for s in nats_cluster]
+
+    async def check():
+        async with connection(urls[0]) as (nc, js):
+            deadline = time.monotonic() + 10
+            while True:  # a fresh cluster may refuse its first stream a moment
+                try:
+                    leader = (await estate_log.ensure_stream(js, 3)).cluster.leader
+                    break
+                except nats.errors.Error:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+        first = next(s for s in nats_cluster if s.name == leader)
+        others = [s.url for s in nats_cluster if s is not first]
+        nc = await nats.connect(servers=[first.url, *others], dont_randomize=True, error_cb=_quiet,
+                                reconnect_time_wait=0.2, max_reconnect_attempts=-1)
+        pnc = await nats.connect(servers=others, reconnect_time_wait=0.2, max_reconnect_attempts=-1,
+                                 error_cb=_quiet)
+        a = Applier(nc, nc.jetstream(timeout=2), "a", f"{short_tmp}/a", replicas=3)
+        a.start()
+        try:
+            pjs = pnc.jetstream(timeout=2)
+            rng = random.Random(7)
+            await publish_all(pjs, [mixed_op(rng, "w", i) for i in range(200)])
+            first.kill()
+            await publish_all(pjs, [mixed_op(rng, "w", 200 + i) for i in range(200)])
+            last = (await pjs.stream_info(estate_log.STREAM)).state.last_seq
+            assert last == 400
+            await until(lambda: a.applied == last, 15, "every op applied after the change")
+            assert a.in_service
+        finally:
+            await a.stop()
+            await nc.close()
+            await pnc.close()
+    run(check())
+
+
+# ------------------------------------------------------------------ out of service
+
+def test_rows_below_the_logs_first_sequence_put_the_copy_out_of_service(natsd, short_tmp):
+    async def check():
+        async with connection(natsd.url) as (nc, js):
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                await until(lambda: a.log_first is not None, what="the log ensured")
+                await publish_all(js, [make_op("task.create", {"title": f"t{i}"}, node="w")
+                                       for i in range(10)])
+                await until(lambda: a.applied == 10, what="ten applied")
+            # Stopped: the log grows and is trimmed past what this copy applied.
+            await publish_all(js, [make_op("task.create", {"title": f"u{i}"}, node="w")
+                                   for i in range(10)])
+            await js.purge_stream(estate_log.STREAM, seq=15)
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                reason = rows_below(10, 15)
+                assert reason == "rows below the log's first sequence (applied 10, the log starts at 15)"
+                await until(lambda: a.reason == reason, what="out of service")
+                assert not a.in_service and a.applied == 10
+                got = await a.handle(wire.read_request("task.list", {}))
+                assert got == {"status": "out_of_service", "node": "a", "reason": reason}
+                op = make_op("task.create", {"title": "nope"}, node="w")
+                got = await a.handle(wire.write_request(op, wait=2))
+                assert got["status"] == "out_of_service"
+                kv = await js.key_value("status")
+                await until(lambda: a.log_first == 15, what="the bounds read")
+                record = json.loads((await kv.get("estate.a")).value)
+                assert record["in_service"] is False and record["reason"] == reason
+                assert (record["applied"], record["log_first"], record["log_last"]) == (10, 15, 20)
+                assert a.applied == 10  # nothing applied past the hole
+    run(check())
+
+
+def test_a_log_made_anew_under_a_copy_puts_it_out_of_service(natsd, short_tmp):
+    async def check():
+        async with connection(natsd.url) as (nc, js):
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                await until(lambda: a.log_first is not None, what="the log ensured")
+                await publish_all(js, [make_op("task.create", {"title": f"t{i}"}, node="w")
+                                       for i in range(5)])
+                await until(lambda: a.applied == 5, what="five applied")
+                await js.delete_stream(estate_log.STREAM)
+                # Noticed, the log ensured again (empty): this copy is not of it.
+                await until(lambda: (a.reason or "").startswith(
+                    "the copy is ahead of the log (applied 5, the log ends at 0)"), 10, "ahead")
+                # Even once the new log grows past the copy, it is another log.
+                await publish_all(js, [make_op("task.create", {"title": f"n{i}"}, node="w")
+                                       for i in range(8)])
+                await until(lambda: (a.reason or "").startswith("the log was made anew"), 10,
+                            "made anew")
+                assert a.applied == 5
+                got = await a.handle(wire.read_request("task.list", {}))
+                assert got["status"] == "out_of_service"
+    run(check())
+
+
+def test_with_the_broker_gone_reads_answer_from_the_copy_and_writes_are_unvouched(
+        natsd, short_tmp):
+    async def check():
+        async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+            op = make_op("task.create", {"title": "kept"}, node="w")
+            got = await a.handle(wire.write_request(op, wait=5))
+            assert got["status"] == "ok"
+            natsd.stop()
+            got = await a.handle(wire.read_request("task.list", {}, floor=got["seq"]))
+            assert got["status"] == "ok" and [t["title"] for t in got["answer"]["tasks"]] == ["kept"]
+            for kind, args in (("task.create", {"title": "lost?"}),
+                               ("page.write", {"path": "kb/x", "title": "x", "body": "x"})):
+                t0 = time.monotonic()
+                got = await a.handle(wire.write_request(make_op(kind, args, node="w"), wait=1))
+                assert got["status"] == "unvouched", got
+                assert "may be in it" in got["reason"] or "not published" in got["reason"]
+                assert time.monotonic() - t0 < 2.5  # never past the wait
+    run(check())
+
+
+def test_eviction_takes_the_copy_out_of_service_and_its_removal_brings_it_back(natsd, short_tmp):
+    async def check():
+        async with connection(natsd.url) as (nc, js):
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                await until(lambda: a.log_first is not None, what="the log ensured")
+                kv = await until_bucket(js)
+                await kv.put("evicted.a", json.dumps({"reason": "disk failing", "at": 1}).encode())
+                await until(lambda: a.reason == "node evicted: disk failing", what="evicted")
+                got = await a.handle(wire.read_request("task.list", {}))
+                assert got == {"status": "out_of_service", "node": "a",
+                               "reason": "node evicted: disk failing"}
+
+                async def record():
+                    return json.loads((await kv.get("estate.a")).value)
+                await until_async(lambda: record(), lambda r: r["in_service"] is False, "status")
+                await kv.delete("evicted.a")
+                await until(lambda: a.in_service, what="back in service")
+                got = await a.handle(wire.read_request("task.list", {}))
+                assert got["status"] == "ok"
+                await until_async(lambda: record(), lambda r: r["in_service"] is True, "status")
+            # A clean stop leaves one last record saying so.
+            final = json.loads((await kv.get("estate.a")).value)
+            assert final["in_service"] is False and final["reason"] == "applier stopped"
+    run(check())
+
+
+async def until_bucket(js):
+    """The ``status`` bucket, once the applier made it."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return await js.key_value("status")
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+async def until_async(get, ok, what: str, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = await get()
+            if ok(value):
+                return value
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+# ------------------------------------------------------------------ custody
+
+def test_each_event_is_kept_by_exactly_one_data_node(natsd, short_tmp):
+    async def check():
+        async with connection(natsd.url) as (nc, js):
+            # crewletd's fleet makes EVENTS (with the mailboxes); here the test does.
+            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100,
+                                                           mail_days=1)
+            # A node without data may not attach: refused by name.
+            refused = Custody(nc, js, None, None, roles=("seats", "workers"))
+            with pytest.raises(GroupRefused, match="custody"):
+                await refused.run()
+            async with applier(natsd.url, f"{short_tmp}/a", "a", custody=True) as a, \
+                    applier(natsd.url, f"{short_tmp}/b", "b", custody=True) as b:
+                for i in range(200):
+                    data = json.dumps({"n": i}).encode() if i % 2 else f"plain {i}".encode()
+                    await js.publish("events.turn.x", data)
+
+                def kept(copy):
+                    with copy.store.env.begin() as txn:
+                        return {store.key_seq(k): store.unpack(v)
+                                for k, v in txn.cursor(db=copy.store.dbs["events"])}
+                await until(lambda: len(kept(a)) + len(kept(b)) >= 200, 15, "every event kept")
+                ka, kb = kept(a), kept(b)
+                assert not set(ka) & set(kb), "an event kept twice"
+                assert set(ka) | set(kb) == set(range(1, 201)), "an event lost"
+                both = {**ka, **kb}
+                assert both[2] == {"subject": "events.turn.x", "data": {"n": 1},
+                                   "at": both[2]["at"]}
+                assert both[1]["data"] == "plain 0"
+                # Acked: nothing waits on the consumer.
+                info = await until_async(lambda: js.consumer_info("EVENTS", "custody"),
+                                         lambda i: i.num_ack_pending == 0 and i.num_pending == 0,
+                                         "every event acked")
+                assert info.config.ack_wait == 30
+                # The node-local table is not part of the copy's digest.
+                got = await a.handle(wire.read_request("event.list", {"limit": 500}))
+                assert len(got["answer"]["events"]) == len(ka)
+    run(check())
+
+
+# ------------------------------------------------------------------ a real node
+
+def test_a_killed_applier_converges_to_an_uninterrupted_copy(make_node, short_tmp):
+    node = make_node(node={"id": "t1", "roles": ["data"]},
+                     supervisor={"intensity": 20, "backoff_min": 0.05, "backoff_max": 0.2})
+    node.start()
+    url = f"nats://{node.config['stream']['listen']}"
+    kills = 4
+    chunk = 500
+    started = [threading.Event() for _ in range(kills)]
+    restarted = [threading.Event() for _ in range(kills)]
+    landed: list[tuple[int, str]] = []
+    failed: list[BaseException] = []
+
+    async def publisher():
+        async with connection(url) as (_, js):
+            await estate_log.ensure_stream(js, 1)
+            rng = random.Random(5)
+            for k in range(kills):
+                ops = [mixed_op(rng, "w", k * chunk + i) for i in range(chunk)]
+                landed.extend(await publish_all(js, ops[:chunk // 5]))
+                started[k].set()  # the kill lands while the rest is published
+                landed.extend(await publish_all(js, ops[chunk // 5:]))
+                # The next chunk goes to the next incarnation.
+                await asyncio.wait_for(asyncio.to_thread(restarted[k].wait), 20)
+
+    def publish_in_thread():
+        try:
+            run(publisher())
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=publish_in_thread)
+    thread.start()
+    try:
+        for k in range(kills):
+            assert started[k].wait(20), failed
+            pid = node.children()["data_applier"]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            node.wait_running(timeout=15, exclude={"data_applier": pid})
+            restarted[k].set()
+    finally:
+        for event in restarted:
+            event.set()
+        thread.join(30)
+    assert not failed, failed
+    assert node.children()["data_applier"]["restarts"] >= kills
+    last = max(seq for seq, _ in landed)
+    assert last == kills * chunk
+
+    async def converge():
+        async with applier(url, f"{short_tmp}/ref", "ref") as ref:
+            await until(lambda: ref.applied == last, 20, "the uninterrupted copy")
+            reference = store.digest(ref.store)
+        async with connection(url) as (nc, js):
+            kv = await js.key_value("status")
+            await until_async(lambda: kv.get("estate.t1"),
+                              lambda e: json.loads(e.value)["applied"] == last, "the node applied")
+            record = json.loads((await kv.get("estate.t1")).value)
+            assert record["in_service"] is True and record["log_last"] == last
+            # Asked over NATS (any node's way in): answered from its copy.
+            seq, op_id = landed[-1]
+            reply = await nc.request(wire.subject("t1"), wire.encode(wire.read_request(
+                "op.outcome", {"id": op_id}, floor=last)), timeout=5)
+            got = wire.decode(reply.data)
+            assert got["status"] == "ok" and got["answer"]["outcome"]["seq"] == seq
+        return reference
+
+    reference = run(converge())
+    copy = copy_of(node.config["data_dir"])
+    try:
+        assert copy.applied() == last
+        assert store.digest(copy) == reference
+    finally:
+        store.close_env(copy)
+    # The node's own roles' way in: the estate ROUTER, and the applied PUB.
+    ctx = zmq.Context()
+    dealer, sub = ctx.socket(zmq.DEALER), ctx.socket(zmq.SUB)
+    try:
+        for sock in (dealer, sub):
+            sock.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, wire.APPLIED_TOPIC)
+        sub.connect(ipc.endpoint(node.run_dir, "applied"))
+        dealer.connect(ipc.endpoint(node.run_dir, "estate"))
+        dealer.send_multipart([b"", wire.encode({"id": "r1", **wire.read_request("task.list", {})})])
+        assert dealer.poll(5000)
+        got = wire.decode(dealer.recv_multipart()[-1])
+        assert got["id"] == "r1" and got["status"] == "ok" and got["applied"] == last
+        assert sub.poll(5000)
+        topic, payload = sub.recv_multipart()
+        heard = wire.decode(payload)
+        assert heard["node"] == "t1" and heard["seq"] == last and heard["in_service"] is True
+    finally:
+        dealer.close()
+        sub.close()
+        ctx.term()
+    # Each incarnation followed the log from its own copy's applied + 1.
+    starts = [e["start"] for e in node.events() if e.get("event") == "estate_log_following"]
+    assert len(starts) >= kills + 1 and starts == sorted(starts) and starts[-1] > 1, starts
+    # crewletctl status shows the child's stats.
+    stats = wait_for(lambda: node.children()["data_applier"].get("stats"), 5, what="stats")
+    assert stats["applied"] == last and stats["in_service"] is True
