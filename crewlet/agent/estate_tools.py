@@ -11,7 +11,13 @@ page_read      one page
 page_search    full-text search of the knowledge base
 page_list      pages, by path prefix
 file_register  record a file a seat stored (project, path, size, sha256)
+note_write     write to this seat's own notes (its diary, kept across turns)
+notes_read     this seat's newest notes
 =============  ==============================================================
+
+The notes are the seat's **diary** in the estate: only the seat writes and
+reads its own (an op for another seat's diary is refused), and the same text
+written twice is kept once.
 
 Every tool reaches the estate through the node's router
 (:class:`crewlet.estate.router.Router`): it answers from this node's own copy
@@ -57,10 +63,15 @@ _DIGEST_CHARS = 64
 # (a page can be 200,000 characters: more than a model's turn should swallow whole).
 SNIPPET_CHARS = 300
 PAGE_SHOWN = 50_000
+# A diary entry's key (the call key that wrote it) is kept when it fits the op's limit.
+DIARY_KEY_MAX = ops.KINDS["diary.write"].schema["properties"]["key"]["maxLength"]
 TASK_LIST_DEFAULT = 50  # a screenful for a model; the query allows up to ops.LIST_MAX
 
+NOTES_READ_DEFAULT = 20
+
 ESTATE_TOOL_NAMES = ("task_create", "task_update", "task_comment", "task_list", "task_get",
-                     "page_write", "page_read", "page_search", "page_list", "file_register")
+                     "page_write", "page_read", "page_search", "page_list", "file_register",
+                     "note_write", "notes_read")
 
 
 # ------------------------------------------------------------------ text
@@ -251,6 +262,22 @@ async def _file_register(ctx: ToolContext, args: dict[str, Any]) -> str:
             f"({f.get('size')} bytes, version {f.get('version')})")
 
 
+async def _note_write(ctx: ToolContext, args: dict[str, Any]) -> str:
+    note = {"seat": ctx.seat, "text": args["text"]}
+    if len(ctx.call_key) <= DIARY_KEY_MAX:
+        note["key"] = ctx.call_key
+    result = await write(ctx, "diary.write", note, check="read your notes with notes_read first")
+    return "already noted" if result.get("collapsed") else "noted"
+
+
+async def _notes_read(ctx: ToolContext, args: dict[str, Any]) -> str:
+    answer = await read(ctx, "diary.list", {"seat": ctx.seat, "limit": args.get("limit", NOTES_READ_DEFAULT)})
+    entries = answer.get("entries") or []
+    if not entries:
+        return "no notes yet"
+    return "\n".join(f"{when(e.get('at'))} {e.get('text', '')}" for e in entries)
+
+
 def _schema(base: dict[str, Any], **described: str) -> dict[str, Any]:
     """*base* (an op's or a query's argument schema, so the limits stay in one
     place) with a description for the model on each property named."""
@@ -316,4 +343,15 @@ def _made() -> tuple[Tool, ...]:
                      path="its path in the project", size="its size in bytes",
                      sha256="its SHA-256, 64 lowercase hex digits", content_type="e.g. text/csv"),
              _file_register),
+        Tool("note_write", "Write a note to your own private notes, kept across turns.",
+             {"type": "object",
+              "properties": {"text": copy.deepcopy(kind["diary.write"].schema["properties"]["text"])},
+              "required": ["text"], "additionalProperties": False},
+             _note_write),
+        Tool("notes_read", "Read your newest private notes, oldest first.",
+             {"type": "object",
+              "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": ops.LIST_MAX,
+                                       "description": f"how many (default {NOTES_READ_DEFAULT})"}},
+              "additionalProperties": False},
+             _notes_read),
     )

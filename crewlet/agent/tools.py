@@ -1,11 +1,12 @@
-"""Tools: the registry a provider sees as schemas, and the built-in tools.
+"""Tools: the registry a provider sees as schemas, and the built-in tool.
 
 A :class:`Tool` is a name, a description, a JSON schema of its arguments and
 a coroutine that does the work. A seat's :class:`Registry` holds its tools —
-the built-ins (:func:`builtin_tools`), its MCP servers' (``mcp:<server>``,
-added and removed as the servers come and go) and, later, the tracker,
-knowledge-base and file tools — and offers them to the provider as
-:class:`~crewlet.agent.types.ToolSpec`.
+the built-in ``send`` (:func:`builtin_tools`), the estate's (tracker,
+knowledge base, files and the seat's own notes:
+:mod:`crewlet.agent.estate_tools`) and its MCP servers' (``mcp:<server>``,
+added and removed as the servers come and go) — and offers them to the
+provider as :class:`~crewlet.agent.types.ToolSpec`.
 
 :meth:`Registry.call` is the one way a turn calls a tool. Whatever goes wrong
 — an unknown name, arguments the schema refuses, a tool's own refusal
@@ -16,22 +17,12 @@ badly is a normal event in a turn, not a crash of it.
 Every call carries a :class:`ToolContext` with a ``call_key`` that is the same
 when a turn is redone (``<trigger>.<round>.<index>``): side effects key on it,
 so a redone turn does not do them twice — the ``send`` tool's key is the
-message's ``Nats-Msg-Id`` (the broker drops the duplicate), ``note_write``'s
-is kept in the note.
-
-Built-ins:
+message's ``Nats-Msg-Id`` (the broker drops the duplicate), an estate
+write's is its op id.
 
 =============  ============================================================
 send           mail another seat of the company (``Crewlet-From`` names us)
-note_write     append to this seat's private notes
-notes_read     the newest of this seat's notes
 =============  ============================================================
-
-:class:`Notes` keeps a seat's private notes fleet-wide in the ``notes`` KV
-bucket, one key per seat holding its newest entries. Writes are
-compare-and-set publishes (``Nats-Expected-Last-Subject-Sequence``) to
-:func:`crewlet.bus.kv_subject`, so they work from a leaf too, and two turns
-writing at once both land.
 """
 
 from __future__ import annotations
@@ -39,22 +30,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import random
 import re
-import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js import JetStreamContext
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from crewlet import log
 from crewlet.agent.types import TOOL_NAME_MAX, ToolSpec
-from crewlet.bus import kv_subject
-from crewlet.coord.buckets import NOTES
 
 # What every provider accepts as a tool name (OpenAI's rule is the narrowest).
 TOOL_NAME = re.compile(rf"^[A-Za-z0-9_-]{{1,{TOOL_NAME_MAX}}}$")
@@ -63,32 +47,14 @@ TOOL_NAME = re.compile(rf"^[A-Za-z0-9_-]{{1,{TOOL_NAME_MAX}}}$")
 # a real one without a company of thousands flooding its context.
 _SEATS_LISTED = 20
 
-# A note is a thought, not a document: this keeps a seat's whole history
-# (NOTES_KEPT of them) well below the broker's 1 MiB message limit.
-NOTE_MAX_CHARS = 4000
-NOTES_KEPT = 200
-# The notes value is trimmed (oldest first) to stay under this many bytes.
-_NOTES_MAX_BYTES = 900_000
-NOTES_READ_DEFAULT = 20
-NOTES_READ_MAX = 100
-
-_NOTES_STREAM = f"KV_{NOTES.name}"
-_NOTES_SUBJECT = f"$KV.{NOTES.name}."  # the stream's subjects (reads); writes: Notes._put
-_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
-_WRONG_LAST_SEQUENCE = (10071, 10164)
-# A compare-and-set lost to another writer is read again and retried; each
-# round lets at least one writer through, so this bounds concurrent writers
-# of one seat's notes (a seat runs one turn at a time: it is rarely above 2).
-_NOTES_ATTEMPTS = 10
-_NOTES_PAUSE = 0.02  # seconds, up to double this with jitter, before a retry
-
 
 @dataclass(frozen=True)
 class ToolContext:
     """Who is calling and what the built-ins need.
 
     ``services`` carries ``.mailboxes`` (:class:`crewlet.queue.base.Mailboxes`),
-    ``.seats`` (the company's seat names) and ``.notes`` (:class:`Notes`).
+    ``.seats`` (the company's seat names), ``.estate`` (the node's
+    :class:`~crewlet.estate.router.Router`) and ``.node`` (this node's id).
     """
 
     seat: str
@@ -184,90 +150,6 @@ class Registry:
         return (result if isinstance(result, str) else str(result)), False
 
 
-# ------------------------------------------------------------------ notes
-
-class NotesError(Exception):
-    """The notes could not be written (the broker kept refusing or not answering)."""
-
-
-class Notes:
-    """A seat's private notes, fleet-wide, in the KV bucket ``notes``.
-
-    One key per seat holds a JSON list of ``{at, text, key}``, oldest first,
-    at most *keep* long. The bucket is created by the lead
-    (:data:`crewlet.coord.buckets.NOTES`).
-    """
-
-    def __init__(self, js: JetStreamContext, *, keep: int = NOTES_KEPT):
-        self.js = js
-        self.keep = keep
-        self._put = kv_subject(js, NOTES.name)  # through a leaf's domain when there is one
-
-    async def _last(self, seat: str) -> tuple[int, list[dict[str, Any]]]:
-        """The key's last sequence (0: never written) and its entries.
-
-        Read from the stream's leader, not a direct get from any replica: a
-        compare-and-set against a follower's stale copy would only lose.
-        """
-        try:
-            msg = await self.js.get_msg(_NOTES_STREAM, subject=_NOTES_SUBJECT + seat, direct=False)
-        except NotFoundError:
-            return 0, []
-        headers = msg.headers or {}
-        if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
-            return msg.seq, []
-        try:
-            entries = json.loads(msg.data)
-        except ValueError:
-            entries = None
-        if not isinstance(entries, list):
-            # Not ours to interpret; overwriting it loses nothing a reader could use.
-            log.event("notes_unreadable", "warning", seat=seat, seq=msg.seq)
-            return msg.seq, []
-        return msg.seq, [e for e in entries if isinstance(e, dict)]
-
-    def _encode(self, entries: list[dict[str, Any]]) -> bytes:
-        entries = entries[-self.keep:]
-        data = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
-        while len(data) > _NOTES_MAX_BYTES and len(entries) > 1:
-            entries = entries[len(entries) // 4 or 1:]
-            data = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
-        return data
-
-    async def write(self, seat: str, text: str, key: str) -> bool:
-        """Append a note; False if one with *key* is already there (a redone turn).
-
-        A publish that got no answer may have been stored: the retry reads
-        the key again, and finding its own note there counts as written.
-        """
-        entry = {"at": round(time.time(), 3), "text": text[:NOTE_MAX_CHARS], "key": key}
-        unanswered = False
-        last_error = "conflicting writers"
-        for attempt in range(_NOTES_ATTEMPTS):
-            seq, entries = await self._last(seat)
-            if any(e.get("key") == key for e in entries):
-                return unanswered
-            try:
-                await self.js.publish(self._put + seat, self._encode([*entries, entry]),
-                                      headers={_EXPECTED_LAST: str(seq)})
-                return True
-            except APIError as exc:
-                if exc.err_code not in _WRONG_LAST_SEQUENCE:
-                    raise NotesError(f"writing notes of {seat}: {exc}") from exc
-            except (NoStreamResponseError, NatsTimeoutError) as exc:
-                unanswered = True
-                last_error = type(exc).__name__
-            await asyncio.sleep(_NOTES_PAUSE * (1 + random.random()) * (attempt + 1))
-        raise NotesError(f"writing notes of {seat}: gave up after {_NOTES_ATTEMPTS} attempts "
-                         f"({last_error})")
-
-    async def read(self, seat: str, limit: int = NOTES_READ_DEFAULT) -> list[dict[str, Any]]:
-        """The newest *limit* notes of *seat*, newest last."""
-        if limit <= 0:
-            return []
-        return (await self._last(seat))[1][-limit:]
-
-
 # ------------------------------------------------------------------ built-ins
 
 async def _send(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -286,21 +168,8 @@ async def _send(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"sent to {seat}"
 
 
-async def _note_write(ctx: ToolContext, args: dict[str, Any]) -> str:
-    wrote = await ctx.services.notes.write(ctx.seat, args["text"], key=ctx.call_key)
-    return "noted" if wrote else "already noted"
-
-
-async def _notes_read(ctx: ToolContext, args: dict[str, Any]) -> str:
-    notes = await ctx.services.notes.read(ctx.seat, args.get("limit", NOTES_READ_DEFAULT))
-    if not notes:
-        return "no notes yet"
-    return "\n".join(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(n.get('at', 0)))}Z {n.get('text', '')}"
-                     for n in notes)
-
-
 def builtin_tools() -> list[Tool]:
-    """The tools every seat has: send, note_write, notes_read."""
+    """The tools every seat has without the estate: send."""
     return [
         Tool("send", "Send a message to another seat's mailbox. It is worked as a turn of that seat, "
                      "which sees who sent it.",
@@ -309,15 +178,4 @@ def builtin_tools() -> list[Tool]:
                              "text": {"type": "string", "minLength": 1, "description": "the message"}},
               "required": ["seat", "text"], "additionalProperties": False},
              _send),
-        Tool("note_write", "Write a note to your own private notes, kept across turns.",
-             {"type": "object",
-              "properties": {"text": {"type": "string", "minLength": 1, "maxLength": NOTE_MAX_CHARS}},
-              "required": ["text"], "additionalProperties": False},
-             _note_write),
-        Tool("notes_read", "Read your newest private notes, oldest first.",
-             {"type": "object",
-              "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": NOTES_READ_MAX,
-                                       "description": f"how many (default {NOTES_READ_DEFAULT})"}},
-              "additionalProperties": False},
-             _notes_read),
     ]

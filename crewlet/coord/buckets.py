@@ -11,18 +11,14 @@ bucket     keys                                            answers
 =========  ==============================================  =========================
 leases     node.<id>, seat.<id>, duty.<name>, conv.<id>    who is alive, who runs what
 config     rev.<n>, active                                 company revisions, the epoch
-status     node.<id>                                       revision reached per node
+status     node.<id>, estate.<id>, evicted.<id>            revision reached, estate copy, eviction
 ledger     <trigger id>                                    has a trigger been worked
 claims     <integration>.<delivery id>                     inbound delivery dedupe
 cooldowns  <provider>.<key id>                             provider key cooling
 rate       <valve>                                         the notification valve
 budgets    org, seat.<id>                                  token spend against caps
 objects    store                                           which file store is used
-notes      <seat>                                          a seat's private notes
 =========  ==============================================  =========================
-
-``notes`` is not in DESIGN §4's table: a seat's private notes live here until
-the estate (the seat diary) takes them over.
 """
 
 from __future__ import annotations
@@ -51,9 +47,8 @@ COOLDOWNS = Bucket("cooldowns")
 RATE = Bucket("rate")
 BUDGETS = Bucket("budgets")
 OBJECTS = Bucket("objects")
-NOTES = Bucket("notes")
 
-ALL = (LEASES, CONFIG, STATUS, LEDGER, CLAIMS, COOLDOWNS, RATE, BUDGETS, OBJECTS, NOTES)
+ALL = (LEASES, CONFIG, STATUS, LEDGER, CLAIMS, COOLDOWNS, RATE, BUDGETS, OBJECTS)
 
 
 async def ensure(js: JetStreamContext, bucket: Bucket, replicas: int) -> KeyValue:

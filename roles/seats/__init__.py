@@ -20,7 +20,6 @@ import sys
 
 from crewlet import log
 from crewlet.agent.janitor import kill_marked
-from crewlet.agent.tools import Notes
 from crewlet.company import Company
 from crewlet.coord.buckets import LEASES
 from crewlet.coord.counters import Budgets, Cooldowns, Ledger
@@ -104,7 +103,7 @@ async def main(ctx: RoleContext) -> None:
     estate = EstateAccess(ctx.config, ctx.nats, js, ctx.zmq).start()
     engine = TurnEngine(node=ctx.node_id, run_dir=ctx.run_dir, mark=mark, mailboxes=mailboxes,
                         ledger=Ledger(js, ttl=86400 * 15), budgets=Budgets(js),
-                        cooldowns=Cooldowns(js), notes=Notes(js), sweeper=sweeper,
+                        cooldowns=Cooldowns(js), sweeper=sweeper,
                         max_concurrent=ctx.config.node.max_concurrent, events_js=js,
                         estate=estate.router)
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release

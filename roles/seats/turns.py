@@ -58,7 +58,7 @@ from crewlet import log
 from crewlet.bus import JETSTREAM_TIMEOUT
 from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
 from crewlet.agent.estate_tools import estate_tools
-from crewlet.agent.tools import Notes, Registry, builtin_tools
+from crewlet.agent.tools import Registry, builtin_tools
 from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
 from crewlet.company import Company, Seat
 from crewlet.coord.counters import Budgets, Cooldowns, Ledger
@@ -115,7 +115,6 @@ class Services:
     """What the built-in tools reach (see :class:`crewlet.agent.tools.ToolContext`)."""
 
     mailboxes: Mailboxes
-    notes: Notes
     seats: frozenset[str]
     estate: "Router | None" = None  # the tracker, knowledge base and file tools' way in
     node: str = ""                  # this node's id: ops name the node that issued them
@@ -130,7 +129,7 @@ class TurnEngine:
     """
 
     def __init__(self, *, node: str, run_dir: str, mark: str, mailboxes: Mailboxes, ledger: Ledger,
-                 budgets: Budgets, cooldowns: Cooldowns, notes: Notes, sweeper: SeatSweeper,
+                 budgets: Budgets, cooldowns: Cooldowns, sweeper: SeatSweeper,
                  max_concurrent: int, events_js, estate: "Router | None" = None):
         self.node = node
         self.estate = estate
@@ -141,7 +140,6 @@ class TurnEngine:
         self.ledger = ledger
         self.budgets = budgets
         self.cooldowns = cooldowns
-        self.notes = notes
         self.sweeper = sweeper
         self.js = events_js
         self.max_concurrent = max_concurrent
@@ -163,7 +161,7 @@ class TurnEngine:
     def set_company(self, company: Company) -> None:
         self.company = company
         self.seat_cfgs = {seat.name: seat for seat in company.seats}
-        self.services = Services(self.mailboxes, self.notes, frozenset(s.name for s in company.seats),
+        self.services = Services(self.mailboxes, frozenset(s.name for s in company.seats),
                                  self.estate, self.node)
         specs = {name: p.model_dump() for name, p in company.providers.items()}
         for name in list(self.providers):
