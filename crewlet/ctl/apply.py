@@ -21,6 +21,7 @@ from typing import TypeVar
 import click
 import nats
 
+from crewlet import bus
 from crewlet.bus import servers_of
 from crewlet.company import load_company
 from crewlet.config import ConfigError, NodeConfig, load_node_config
@@ -68,7 +69,9 @@ def with_control_plane(ctl: Ctl, work: Callable[[ControlPlane], Awaitable[T]]) -
             raise ControlPlaneError(f"cannot reach NATS at {where}: {type(why).__name__}"
                                     + (f": {text}" if text else "")) from exc
         try:
-            plane = await ControlPlane.open(nc.jetstream(timeout=JS_TIMEOUT), cfg.stream.replicas)
+            # Through the domain from a leaf (a node without data), as every role does.
+            plane = await ControlPlane.open(bus.jetstream(nc, cfg.stream, timeout=JS_TIMEOUT),
+                                            cfg.stream.replicas)
             return await work(plane)
         except ControlPlaneError as exc:
             raise ControlPlaneError(f"{exc} (NATS at {where})") from exc

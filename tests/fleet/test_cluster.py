@@ -29,14 +29,15 @@ def url(node) -> str:
     return f"nats://{node.config['stream']['listen']}"
 
 
-def make_members(make_node, ids=("fa", "fb", "fc"), cluster="crewtest"):
+def make_members(make_node, ids=("fa", "fb", "fc"), cluster="crewtest", **overrides):
     """Three data nodes (config only) whose brokers are members of one cluster,
-    each accepting leaves; returns (nodes, their leaf URLs)."""
+    each accepting leaves; returns (nodes, their leaf URLs). *overrides* go to
+    every node's config."""
     cports = [free_port() for _ in ids]
     lports = [free_port() for _ in ids]
     nodes = []
     for i, node_id in enumerate(ids):
-        nodes.append(make_node(node={"id": node_id}, stream={"replicas": 3, "cluster": {
+        nodes.append(make_node(node={"id": node_id}, **overrides, stream={"replicas": 3, "cluster": {
             "name": cluster,
             "listen": f"127.0.0.1:{cports[i]}",
             "routes": [f"nats-route://127.0.0.1:{p}" for j, p in enumerate(cports) if j != i],

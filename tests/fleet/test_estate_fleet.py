@@ -278,3 +278,38 @@ def test_nobody_answering_is_an_error_naming_every_data_node(natsd, make_node):
         assert "node a:" in search.stderr
     finally:
         a.kill_all()
+
+
+@pytest.mark.timeout(180)
+def test_a_seat_on_a_leaf_node_works_the_estate_of_an_embedded_r3_cluster(make_node, short_tmp):
+    """The production shape: three data nodes whose brokers are one R3
+    cluster, and a node without data on a leaf of them (no JetStream of its
+    own: it reaches the log and the appliers through the domain and the leaf
+    connection). Its seat's writes land on all three copies."""
+    from tests.fleet.test_cluster import make_members, start_alone
+
+    fast = {"heartbeat": 1, "lease_ttl": 5, "sweep": 0.5}
+    members, leaf_urls = make_members(make_node, fleet=fast)
+    edge = make_node(node={"id": "fd", "roles": ["seats"], "labels": {"zone": "edge"}}, fleet=fast,
+                     stream={"replicas": 3, "leaf": {"remotes": leaf_urls}})
+    for node in members:
+        start_alone(node)
+    for node in members:
+        node.wait_running(timeout=60)
+    edge.start()
+    wait_for(lambda: len((members[0].status()["fleet"] or {}).get("nodes", [])) == 4, 60,
+             what="four nodes present")
+    apply(edge, write_company(short_tmp, STATELESS_COMPANY, "leaf.yaml"))
+    wait_for(lambda: held(edge).get("w") == "fd", 60, what="the leaf node holds w")
+
+    task_id = turn(edge, "w", "create a task from the edge")["reply"].split()[1]
+    turn(edge, "w", "write a page edge/notes: written beyond the leaf")
+    assert "edge/notes" in turn(edge, "w", "search beyond")["reply"]
+    assert [t["id"] for t in ctl_json(edge, "tasks")["tasks"]] == [task_id]
+
+    def at_end() -> bool:
+        lasts = [applied(n) for n in members]
+        return min(lasts) > 0 and len(set(lasts)) == 1 and all(
+            query(n, "task.get", id=task_id)["task"] is not None for n in members)
+    wait_for(at_end, 30, what="the three copies at the same place, holding the task")
+    assert len(digests(members)) == 1
