@@ -9,7 +9,18 @@ promises.
 The ``fleet`` key is the fleet as this node sees it (``Fleet.view()`` in
 supervisor/fleet.py), null while the node is not in one. The ``stats`` of
 the child named ``seats`` is its turn engine's last report (running turns,
-slots, per seat its last turn), null until it sent one.
+slots, per seat its last turn), null until it sent one; that of the child
+named ``data_applier`` is this node's applier's (its copy of the estate:
+applied, in service or why not, the log's bounds, ops/s, requests, events
+kept).
+
+Each fleet node carries ``estate``, its applier's last record in the
+``status`` bucket (``applied``, ``in_service``, ``reason``, ``log_first``,
+``log_last``, ``at``; null before the first), and ``evicted`` (``reason``,
+``at``; null unless an operator evicted it). The table's COPY column and the
+lines under it judge them as the estate's router does
+(:mod:`crewlet.estate.view`): a record older than its staleness limit is an
+applier stopped, an eviction wins over the record.
 
 A turn record is what one seat's turn did (``TurnRecord`` in
 crewlet/agent/turn.py); the stats keep a short form of each seat's last one
@@ -22,9 +33,12 @@ import time
 from typing import Any
 
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+
+from crewlet.estate.view import DATA_ROLE, LAG_OPS, NO_RECORD, STATUS_STALE, STOPPED
 
 # Keys every node / child / last_exit has in --json output (None when unknown).
 NODE_KEYS = ("id", "roles", "pid", "uptime_s", "version", "broker", "data_dir", "config")
@@ -34,7 +48,9 @@ EXIT_KEYS = ("code", "signal", "reason", "at")
 # Keys of ``fleet`` (when not null) and of its nodes / seats / duties in --json output.
 FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties")
 FLEET_NODE_KEYS = ("id", "roles", "broker", "labels", "version", "rev", "renewed_at", "applied",
-                   "status_error", "seats", "duties")
+                   "status_error", "estate", "evicted", "seats", "duties")
+# Keys of a fleet node's ``estate`` record (its applier's, in ``status``) when not null.
+COPY_KEYS = ("node", "applied", "in_service", "reason", "log_first", "log_last", "at")
 FLEET_LEASE_KEYS = ("name", "node", "token")  # a seat or a duty and who holds it
 # Keys of a row of ``seats`` and of a dead letter in --json output.
 SEAT_KEYS = ("seat", "owner", "token", "pending", "in_flight", "redelivered", "ack_floor", "dead_letters",
@@ -58,6 +74,8 @@ NAMES_SHOWN = 12
 RECENT_TURNS = 5
 # Characters of a dead letter's text in its row (one line of a wide table).
 LETTER_TEXT = 60
+# A width no table reaches: what a table is measured in to learn its natural width.
+UNBOUNDED = 10_000
 
 
 def normalize(status: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +102,10 @@ def normalize_fleet(fleet: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     out = {**dict.fromkeys(FLEET_KEYS), **fleet}
     out["nodes"] = [{**dict.fromkeys(FLEET_NODE_KEYS), **n, "seats": n.get("seats") or [],
-                     "duties": n.get("duties") or []} for n in fleet.get("nodes") or []]
+                     "duties": n.get("duties") or [],
+                     "estate": {**dict.fromkeys(COPY_KEYS), **n["estate"]}
+                     if isinstance(n.get("estate"), dict) else None}
+                    for n in fleet.get("nodes") or []]
     for key in ("seats", "duties"):
         out[key] = [{**dict.fromkeys(FLEET_LEASE_KEYS), **x} for x in fleet.get(key) or []]
     return out
@@ -283,24 +304,165 @@ def renewed_text(renewed_at: Any, now: float) -> str:
     return ago_text(renewed_at, now)
 
 
-def fleet_nodes_table(nodes: list[dict[str, Any]], here_id: str | None, here_rev: Any, now: float) -> Table:
+# ------------------------------------------------------------------ the estate's copies
+
+def number(n: Any) -> str:
+    """1,234; '-' for anything not a number."""
+    return f"{n:,}" if isinstance(n, int) and not isinstance(n, bool) else NONE
+
+
+def has_copy(node: dict[str, Any]) -> bool:
+    """Whether a fleet node holds a copy of the estate: its presence names the data role."""
+    return DATA_ROLE in (node.get("roles") or ())
+
+
+def copy_applied(node: dict[str, Any]) -> int | None:
+    """The applied seq of the node's copy, by its applier's last record; None without one."""
+    record = node.get("estate")
+    applied = record.get("applied") if isinstance(record, dict) else None
+    return applied if isinstance(applied, int) else None
+
+
+def copy_out(node: dict[str, Any], now: float) -> str | None:
+    """Why a data node's copy is out of service (None: it is in service),
+    judged as the router judges it: evicted, then no record, a record older
+    than STATUS_STALE (the applier stopped writing it), the record's reason."""
+    evicted = node.get("evicted")
+    if isinstance(evicted, dict):
+        return f"node evicted: {evicted.get('reason') or 'no reason given'}"
+    record = node.get("estate")
+    if not isinstance(record, dict):
+        return NO_RECORD
+    at = record.get("at")
+    if not isinstance(at, (int, float)) or now - at > STATUS_STALE:
+        return f"{STOPPED} (last record {ago_text(at, now)})" if isinstance(at, (int, float)) else STOPPED
+    if not record.get("in_service"):
+        return str(record.get("reason") or "out of service")
+    return None
+
+
+def furthest_copy(nodes: list[dict[str, Any]]) -> int | None:
+    """The highest applied seq among the data nodes' records (what lag is counted from)."""
+    seqs = [a for a in (copy_applied(n) for n in nodes if has_copy(n)) if a is not None]
+    return max(seqs) if seqs else None
+
+
+def copies(n: int) -> str:
+    return f"{n} {'copy' if n == 1 else 'copies'}"
+
+
+def copy_text(node: dict[str, Any], furthest: int | None, now: float) -> Text:
+    """A node's copy in a few characters: 'no copy' (no data role),
+    'evicted', 'no record', '1,234 out' (out of service; why is under the
+    table), '1,234 (6 behind)' (in service, behind the furthest copy; yellow
+    past LAG_OPS, where the router asks it last), or '1,240'."""
+    if not has_copy(node):
+        return Text("no copy", style="dim")
+    if isinstance(node.get("evicted"), dict):
+        return Text("evicted", style="yellow")
+    if not isinstance(node.get("estate"), dict):
+        return Text("no record", style="yellow")
+    applied = copy_applied(node)
+    if copy_out(node, now) is not None:
+        return Text(f"{number(applied)} out", style="yellow")
+    behind = (furthest or 0) - (applied or 0)
+    if behind <= 0:
+        return Text(number(applied))
+    return Text(f"{number(applied)} ({behind:,} behind)", style="yellow" if behind > LAG_OPS else "")
+
+
+def copies_line(nodes: list[dict[str, Any]], now: float) -> Text:
+    """'copies  n0 1,240 · n1 1,234 (6 behind) · n2 no copy': the COPY column
+    as one line, for a terminal too narrow for the column."""
+    furthest = furthest_copy(nodes)
+    line = Text("copies  ", style="bold")
+    for i, n in enumerate(nodes):
+        if i:
+            line.append(" · ", style="dim")
+        line.append(f"{n.get('id') or '?'} ")
+        line.append_text(copy_text(n, furthest, now))
+    return line
+
+
+def copy_problems(nodes: list[dict[str, Any]], now: float) -> list[Text]:
+    """A line per data node whose copy is not serving as it should: out of
+    service and why, evicted and how to undo it, lagging past LAG_OPS."""
+    furthest = furthest_copy(nodes)
+    lines: list[Text] = []
+    for n in nodes:
+        if not has_copy(n):
+            continue
+        nid = str(n.get("id") or "?")
+        why = copy_out(n, now)
+        if isinstance(n.get("evicted"), dict):
+            lines.append(Text(f"{nid} evicted: {n['evicted'].get('reason') or 'no reason given'} "
+                              f"(`crewletctl evict {nid} --undo` puts its copy back)", style="yellow"))
+        elif why is not None:
+            lines.append(Text(f"{nid} copy out of service: {why}", style="yellow"))
+        elif (furthest or 0) - (copy_applied(n) or 0) > LAG_OPS:
+            lines.append(Text(f"{nid} copy {(furthest or 0) - (copy_applied(n) or 0):,} ops behind the "
+                              "furthest: the router asks it after the others", style="yellow"))
+    return lines
+
+
+def copies_summary(nodes: list[dict[str, Any]], now: float) -> Text:
+    """'3 copies, 2 in service'; red when no copy serves (nothing can read or
+    write the estate) or no node holds one."""
+    data = [n for n in nodes if has_copy(n)]
+    serving = sum(1 for n in data if copy_out(n, now) is None)
+    if not data:
+        return Text("no data node: the fleet holds no copy of the estate", style="red")
+    if not serving:
+        return Text(f"{copies(len(data))}, none in service: the estate can be neither read nor written",
+                    style="bold red")
+    return Text(f"{copies(len(data))}, {serving} in service")
+
+
+class WideOrNarrow:
+    """Renders *wide* when its natural width fits where it is drawn, else
+    *narrow*: the fleet's table keeps its COPY column on a wide terminal
+    and gives it up for a line on an 80-column one."""
+
+    def __init__(self, wide: RenderableType, narrow: RenderableType):
+        self.wide, self.narrow = wide, narrow
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        natural = Measurement.get(console, options.update_width(UNBOUNDED), self.wide).maximum
+        yield self.wide if natural <= options.max_width else self.narrow
+
+
+def fleet_nodes_table(nodes: list[dict[str, Any]], here_id: str | None, here_rev: Any, now: float,
+                      copy: bool = True) -> Table:
+    """One row per node; with *copy* a COPY column (:func:`copy_text`)."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for header, justify in (("NODE", "left"), ("ROLES", "left"), ("BROKER", "left"), ("LABELS", "left"),
-                            ("REV", "left"), ("SEATS", "right"), ("DUTIES", "left"), ("RENEWED", "right")):
+    columns = [("NODE", "left"), ("ROLES", "left"), ("BROKER", "left"), ("LABELS", "left"), ("REV", "left"),
+               ("SEATS", "right"), ("DUTIES", "left"), ("COPY", "left"), ("RENEWED", "right")]
+    for header, justify in columns if copy else [c for c in columns if c[0] != "COPY"]:
         wraps = header in ("ROLES", "LABELS", "DUTIES")  # narrow terminals: these give way, whole
         table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
+    furthest = furthest_copy(nodes)
     for n in nodes:
         name = Text(str(n.get("id") or "?"))
         if here_id is not None and n.get("id") == here_id:
             name.stylize("bold cyan")
             name.append(" (here)", style="dim")
-        table.add_row(
-            name, ", ".join(n.get("roles") or []) or NONE, str(n.get("broker") or NONE),
-            ", ".join(f"{k}={v}" for k, v in (n.get("labels") or {}).items()) or NONE,
-            rev_text(n, here_rev), str(len(n.get("seats") or [])),
-            ", ".join(n.get("duties") or []) or NONE, renewed_text(n.get("renewed_at"), now),
-        )
+        cells = [name, ", ".join(n.get("roles") or []) or NONE, str(n.get("broker") or NONE),
+                 ", ".join(f"{k}={v}" for k, v in (n.get("labels") or {}).items()) or NONE,
+                 rev_text(n, here_rev), str(len(n.get("seats") or [])),
+                 ", ".join(n.get("duties") or []) or NONE, copy_text(n, furthest, now),
+                 renewed_text(n.get("renewed_at"), now)]
+        if not copy:
+            del cells[7]
+        table.add_row(*cells)
     return table
+
+
+def fleet_nodes(nodes: list[dict[str, Any]], here_id: str | None, here_rev: Any, now: float) -> WideOrNarrow:
+    """The nodes table with its COPY column, or (too narrow for it) without,
+    and the copies as a line under it."""
+    return WideOrNarrow(fleet_nodes_table(nodes, here_id, here_rev, now),
+                        Group(fleet_nodes_table(nodes, here_id, here_rev, now, copy=False),
+                              copies_line(nodes, now)))
 
 
 def seats_line(seats: list[dict[str, Any]]) -> Text:
@@ -324,7 +486,8 @@ def duties_line(duties: list[dict[str, Any]]) -> Text:
 
 def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) -> RenderableType:
     """The fleet as this node sees it: the company in force here, why the
-    last revision was refused, the nodes, who holds the seats and duties."""
+    last revision was refused, the nodes with their copies of the estate
+    (and why a copy is out of service), who holds the seats and duties."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -339,18 +502,24 @@ def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) ->
         grid.add_row("", Text("not connected to NATS: this is the fleet as last seen", style="bold yellow"))
     here_rev = (company or {}).get("rev")
     nodes = fleet.get("nodes") or []
-    return Group(grid, Text(""), fleet_nodes_table(nodes, here_id, here_rev, now), *refusals_lines(nodes),
-                 seats_line(fleet.get("seats") or []), duties_line(fleet.get("duties") or []))
+    return Group(grid, Text(""), fleet_nodes(nodes, here_id, here_rev, now), *refusals_lines(nodes),
+                 *copy_problems(nodes, now), copies_summary(nodes, now), seats_line(fleet.get("seats") or []),
+                 duties_line(fleet.get("duties") or []))
 
 
 # ------------------------------------------------------------------ turns
 
-def seats_stats(children: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The turn engine's last report: the ``stats`` of the child named seats, if it sent one."""
+def child_stats(children: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """The last report of the child named *name*: its ``stats``, if it sent one."""
     for c in children:
-        if c.get("name") == "seats" and isinstance(c.get("stats"), dict):
+        if c.get("name") == name and isinstance(c.get("stats"), dict):
             return c["stats"]
     return None
+
+
+def seats_stats(children: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The turn engine's last report: the ``stats`` of the child named seats, if it sent one."""
+    return child_stats(children, "seats")
 
 
 def finished_at(turn: dict[str, Any]) -> float | None:
@@ -410,13 +579,53 @@ def turns_view(stats: dict[str, Any], now: float, recent: bool = False) -> Rende
     return Group(turns_line(stats), Text(""), Text("recent turns", style="bold"), table)
 
 
+# ------------------------------------------------------------------ this node's applier
+
+def rate_text(per_s: Any) -> str:
+    """350, 1,204 or 0.4 (ops a second); '-' for anything not a number."""
+    if not isinstance(per_s, (int, float)):
+        return NONE
+    return f"{per_s:.1f}" if 0 < per_s < 10 else f"{per_s:,.0f}"
+
+
+def log_text(first: Any, last: Any) -> str:
+    """' of log 1,240', or ' of log 1,001–1,240' once the log no longer starts at 1."""
+    if not isinstance(last, int):
+        return " (the log not read yet)"
+    if isinstance(first, int) and first > 1:
+        return f" of log {first:,}–{last:,}"
+    return f" of log {last:,}"
+
+
+def estate_line(stats: dict[str, Any]) -> Text:
+    """'estate  applied 1,234 of log 1,240 · in service · 350 ops/s · 12 requests · 3 events kept':
+    the data_applier child's last report. Out of service: why, in yellow;
+    requests dropped past their deadline and log resubscriptions when any."""
+    line = Text("estate  ", style="bold")
+    line.append(f"applied {number(stats.get('applied'))}")
+    line.append(log_text(stats.get("log_first"), stats.get("log_last")))
+    if stats.get("in_service"):
+        line.append(" · in service")
+    else:
+        line.append(f" · out of service: {stats.get('reason') or 'no reason given'}", style="yellow")
+    line.append(f" · {rate_text(stats.get('ops_per_s'))} ops/s")
+    line.append(f" · {plural(stats.get('requests') or 0, 'request')}")
+    if stats.get("dropped"):
+        line.append(f" · {number(stats['dropped'])} dropped past their deadline", style="yellow")
+    if stats.get("resubscribed"):
+        line.append(f" · log resubscribed {plural(stats['resubscribed'], 'time')}", style="yellow")
+    line.append(f" · {plural(stats.get('events_kept') or 0, 'event')} kept")
+    return line
+
+
 # ------------------------------------------------------------------ status
 
 def status_view(status: dict[str, Any], now: float | None = None, fleet: bool = True,
                 recent: bool = False) -> RenderableType:
     """The node header, the children table, the supervisors line, the turns
     line (when the seats child reported its stats; with *recent* the last
-    finished turns too) and (unless *fleet* is false) the fleet section."""
+    finished turns too), the estate line (when the data_applier child
+    reported its stats) and (unless *fleet* is false) the fleet section."""
     now = time.time() if now is None else now
     node = status.get("node") or {}
     children = status.get("children") or []
@@ -426,6 +635,9 @@ def status_view(status: dict[str, Any], now: float | None = None, fleet: bool = 
     stats = seats_stats(children)
     if stats is not None:
         parts.append(turns_view(stats, now, recent))
+    applier = child_stats(children, "data_applier")
+    if applier is not None:
+        parts.append(estate_line(applier))
     if fleet:
         parts += [Text(""), fleet_view(status.get("fleet"), node.get("id"), now)]
     return Group(*parts)

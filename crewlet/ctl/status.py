@@ -1,4 +1,12 @@
-"""``crewletctl status``: the node, its children and the fleet, once, as JSON, or live."""
+"""``crewletctl status``: the node, its children and the fleet, once, as JSON, or live.
+
+On a data node the status has an ``estate`` line: this node's applier's
+last report (how far its copy applied the log, in service or why not, ops
+applied per second, requests answered, events kept). The fleet's table has
+a COPY column, each node's copy as the fleet last heard of it (on a
+terminal too narrow for the column, a ``copies`` line under the table), and
+under it the copies out of service, evicted or lagging, and why.
+"""
 
 from __future__ import annotations
 
@@ -38,10 +46,16 @@ def exit_code(status: dict[str, Any]) -> int:
 def status(ctl: Ctl, as_json: bool, watch: bool, interval: float, no_fleet: bool) -> None:
     """Show the node, its children, its supervisors and the fleet.
 
+    On a data node, the `estate` line is this node's copy of the estate:
+    applied of the log, in service or why not, ops/s, requests, events kept.
+
     The fleet section is the fleet as this node sees it: the company
     revision in force here (and why it refused a newer one), the live nodes
-    with the revision each applied, the seats and duties they hold. In
-    --json it is `fleet`, null while the node is in no fleet.
+    with the revision each applied and their copy of the estate (COPY:
+    applied, `out`, `evicted`, how far behind the furthest copy, `no copy`
+    without the data role; why under the table), the seats and duties they
+    hold. In --json it is `fleet`, null while the node is in no fleet; each
+    node's `estate` is its applier's record, `evicted` the eviction if any.
 
     Exits 0 when every child is running, 3 when one is not, 69 when no node
     answers; the fleet does not change the exit code. With --watch, exits 0

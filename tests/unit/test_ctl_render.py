@@ -2,6 +2,7 @@
 
 import io
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -36,8 +37,8 @@ def sample(*children):
     }
 
 
-def text(renderable) -> str:
-    console = Console(file=io.StringIO(), width=200, color_system=None)
+def text(renderable, width=200) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
     console.print(renderable)
     return console.file.getvalue()
 
@@ -239,12 +240,19 @@ def test_watch_keeps_going_when_unreachable_and_exits_0_on_ctrl_c(node, tmp_path
 
 # ------------------------------------------------------------------ the fleet
 
+def copy_record(nid, applied=1240, in_service=True, reason=None, log_first=1, log_last=1240, ago=1.5):
+    """A data node's applier record in ``status`` (``estate.<id>``)."""
+    return {"node": nid, "applied": applied, "in_service": in_service, "reason": reason,
+            "log_first": log_first, "log_last": log_last, "at": NOW - ago}
+
+
 def fleet_node(nid, rev=2, seats=(), duties=(), **kw):
     n = {"id": nid, "roles": ["data", "seats", "workers"], "broker": "member", "labels": {"zone": "eu"},
          "version": "0.1.0", "protocol": 1, "boot": "0b65adc15b87", "max_concurrent": 32,
          "started_at": NOW - 60, "rev": rev, "host": "vm", "data_dir": f"/tmp/{nid}", "pid": 19977,
          "renewed_at": NOW - 2.4, "applied": {"rev": rev, "epoch": rev, "at": NOW - 30},
-         "status_error": None, "seats": list(seats), "duties": list(duties)}
+         "status_error": None, "estate": copy_record(nid), "evicted": None, "seats": list(seats),
+         "duties": list(duties)}
     return {**n, **kw}
 
 
@@ -283,13 +291,14 @@ def test_fleet_null_says_not_in_a_fleet():
 def test_fleet_with_three_nodes():
     out = text(render.status_view(with_fleet(three_nodes()), NOW))
     assert "company rev 2 (epoch 2, digest 0fbb3459f9f04620)" in line_of(out, "fleet ")
-    for header in ("NODE", "ROLES", "BROKER", "LABELS", "REV", "SEATS", "DUTIES", "RENEWED"):
+    for header in ("NODE", "ROLES", "BROKER", "LABELS", "REV", "SEATS", "DUTIES", "COPY", "RENEWED"):
         assert header in out, header
     assert line_of(out, "n0").split() == ["n0", "data,", "seats,", "workers", "member", "zone=eu", "2", "10",
-                                          "fleet_shape", "2s", "ago"]
+                                          "fleet_shape", "1,240", "2s", "ago"]
     assert line_of(out, "n1").split()[:2] == ["n1", "(here)"]  # the sample's node id
     assert "(here)" not in line_of(out, "n0") + line_of(out, "n2")
-    assert line_of(out, "n2").split()[-4:] == ["10", "-", "2s", "ago"]
+    assert line_of(out, "n2").split()[-5:] == ["10", "-", "1,240", "2s", "ago"]
+    assert "3 copies, 3 in service" in out and "out of service" not in out
     assert "30 seats held by 3 nodes (n0 10, n1 10, n2 10)" in out
     assert "duties: fleet_shape@n0" in out
     assert "refused" not in out and "not connected" not in out
@@ -309,8 +318,9 @@ def test_fleet_with_an_error_and_a_node_on_another_revision():
     assert line_of(out, "n2").split()[6] == "1"
     assert "20 seats held by 2 nodes (n0 10, n1 10)" in out
     # colors: the refusal red, the node on another revision yellow, n1 plain
-    grid, _, table, *_ = render.fleet_view(render.normalize(status)["fleet"], "n1", NOW).renderables
+    grid, _, nodes, *_ = render.fleet_view(render.normalize(status)["fleet"], "n1", NOW).renderables
     assert any("red" in str(cell.style) for cell in grid.columns[1].cells if "refused" in cell.plain)
+    table = nodes.wide
     revs = {row: cell for row, cell in zip(["n0", "n1", "n2"], table.columns[4].cells)}
     assert revs["n0"].style == "red" and revs["n2"].style == "yellow" and revs["n1"].style == ""
     # a node that applied nothing yet, or a company not applied here
@@ -387,6 +397,197 @@ def test_watch_with_no_fleet(node, tmp_path, monkeypatch):
     assert result.exit_code == 0 and "duties: fleet_shape@n0" in result.stdout
     result = run(tmp_path, "status", "--watch", "--no-fleet")
     assert result.exit_code == 0 and "n1" in result.stdout and "duties:" not in result.stdout
+
+
+# ------------------------------------------------------------------ the estate in the status
+
+def copies_fleet(*nodes):
+    return with_fleet(fleet(*nodes))
+
+
+def copy_cells(status, nodes=("n0", "n1", "n2")):
+    """Each node's COPY cell as rendered (Text: plain and style)."""
+    f = render.normalize(status)["fleet"]
+    furthest = render.furthest_copy(f["nodes"])
+    return {n["id"]: render.copy_text(n, furthest, NOW) for n in f["nodes"] if n["id"] in nodes}
+
+
+def test_copies_in_service_and_behind():
+    status = copies_fleet(fleet_node("n0"), fleet_node("n1", estate=copy_record("n1", applied=1234)),
+                          fleet_node("n2", estate=copy_record("n2", applied=200)))
+    out = text(render.status_view(status, NOW))
+    assert "COPY" in out
+    assert line_of(out, "n0").split()[-3:] == ["1,240", "2s", "ago"]
+    assert line_of(out, "n1").split()[-5:] == ["1,234", "(6", "behind)", "2s", "ago"]
+    assert line_of(out, "n2").split()[-5:] == ["200", "(1,040", "behind)", "2s", "ago"]
+    # a few ops behind is the normal gap between records; past LAG_OPS the router asks it last
+    cells = copy_cells(status)
+    assert cells["n0"].style == "" and cells["n1"].style == "" and cells["n2"].style == "yellow"
+    assert "n2 copy 1,040 ops behind the furthest: the router asks it after the others" in out
+    assert "n1 copy" not in out and "out of service" not in out
+    assert "3 copies, 3 in service" in out
+
+
+def test_copy_out_of_service_with_its_reason():
+    below = "rows below the log's first sequence (applied 120, the log starts at 400)"
+    status = copies_fleet(
+        fleet_node("n0"),
+        fleet_node("n1", estate=copy_record("n1", applied=120, in_service=False, reason=below,
+                                            log_first=400)),
+        fleet_node("n2", estate=copy_record("n2", ago=45)))  # no record for 45 s: its applier stopped
+    out = text(render.status_view(status, NOW))
+    assert line_of(out, "n1").split()[-4:] == ["120", "out", "2s", "ago"]
+    assert line_of(out, "n2").split()[-4:] == ["1,240", "out", "2s", "ago"]
+    assert f"n1 copy out of service: {below}" in out
+    assert "n2 copy out of service: applier stopped (last record 45s ago)" in out
+    assert "3 copies, 1 in service" in out
+    cells = copy_cells(status)
+    assert cells["n1"].style == "yellow" and cells["n2"].style == "yellow"
+    # the out-of-service lines are yellow, as the estate line's reason is
+    _, _, _, *lines = render.fleet_view(render.normalize(status)["fleet"], "n1", NOW).renderables
+    assert [t.style for t in lines if "out of service" in t.plain] == ["yellow", "yellow"]
+    # a record just inside the staleness limit is still in service
+    fresh = copies_fleet(fleet_node("n0", estate=copy_record("n0", ago=render.STATUS_STALE - 1)))
+    assert "1 copy, 1 in service" in text(render.status_view(fresh, NOW))
+
+
+def test_copy_evicted_and_without_a_record():
+    evicted = {"reason": "disk failed", "at": NOW - 60}
+    status = copies_fleet(fleet_node("n0"), fleet_node("n1", evicted=evicted),
+                          fleet_node("n2", estate=None))
+    out = text(render.status_view(status, NOW))
+    assert line_of(out, "n1").split()[-3:] == ["evicted", "2s", "ago"]  # the eviction wins over the record
+    assert "n1 evicted: disk failed (`crewletctl evict n1 --undo` puts its copy back)" in out
+    assert line_of(out, "n2").split()[-4:] == ["no", "record", "2s", "ago"]
+    assert "n2 copy out of service: no applier record" in out
+    assert "3 copies, 1 in service" in out
+    assert "n1 copy out of service" not in out  # said once, as evicted
+    assert render.copy_out(fleet_node("n1", evicted={"at": NOW}), NOW) == "node evicted: no reason given"
+
+
+def test_nodes_without_data_have_no_copy():
+    leaf = fleet_node("n3", roles=["seats"], broker="leaf", estate=None)
+    status = copies_fleet(fleet_node("n0"), leaf)
+    out = text(render.status_view(status, NOW))
+    assert line_of(out, "n3").split()[-4:] == ["no", "copy", "2s", "ago"]
+    assert copy_cells(status, ("n3",))["n3"].style == "dim"
+    assert "1 copy, 1 in service" in out and "n3 copy" not in out  # not counted, not a problem
+    # a stale record of a node that no longer has the data role is no copy either
+    assert render.copy_text(fleet_node("n3", roles=["seats"]), 1240, NOW).plain == "no copy"
+    out = text(render.status_view(copies_fleet(leaf), NOW))
+    assert "no data node: the fleet holds no copy of the estate" in out
+    down = copies_fleet(fleet_node("n0", estate=copy_record("n0", ago=60)),
+                        fleet_node("n1", evicted={"reason": "x", "at": NOW}))
+    summary = render.copies_summary(render.normalize(down)["fleet"]["nodes"], NOW)
+    assert summary.plain == "2 copies, none in service: the estate can be neither read nor written"
+    assert "red" in summary.style
+
+
+def test_copies_give_way_to_a_line_on_a_narrow_terminal():
+    status = copies_fleet(fleet_node("n0"), fleet_node("n1", estate=copy_record("n1", applied=1234)),
+                          fleet_node("n2", roles=["seats"], broker="leaf", estate=None))
+    wide = text(render.status_view(status, NOW), width=120)
+    assert "COPY" in wide and "copies  " not in wide
+    narrow = text(render.status_view(status, NOW), width=80)
+    assert "COPY" not in narrow and "NODE" in narrow
+    assert "copies  n0 1,240 · n1 1,234 (6 behind) · n2 no copy" in narrow
+    assert "2 copies, 2 in service" in narrow
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+
+
+def test_normalize_fleet_gives_copy_records_their_keys():
+    status = copies_fleet(fleet_node("n0", estate={"applied": 3, "in_service": True}),
+                          fleet_node("n1", estate=None, evicted={"reason": "x", "at": NOW}))
+    n0, n1 = render.normalize(status)["fleet"]["nodes"]
+    assert n0["estate"] == {**dict.fromkeys(render.COPY_KEYS), "applied": 3, "in_service": True}
+    assert n1["estate"] is None and n1["evicted"] == {"reason": "x", "at": NOW}
+    bare = render.normalize(with_fleet({"nodes": [{"id": "n0"}]}))["fleet"]["nodes"][0]
+    assert bare["estate"] is None and bare["evicted"] is None
+
+
+def applier_stats(**kw):
+    st = {"applied": 1234, "in_service": True, "reason": None, "ops_per_s": 350.2, "log_first": 1,
+          "log_last": 1240, "requests": 12, "dropped": 0, "resubscribed": 0, "events_kept": 3}
+    return {**st, **kw}
+
+
+def with_applier(stats, fleet_value=None):
+    status = sample(child("broker"), child("data_applier", stats=stats),
+                    child("seats", stats=engine_stats(alice=seat_stats())))
+    if fleet_value is not None:
+        status["fleet"] = fleet_value
+    return status
+
+
+def test_estate_line_in_service():
+    out = text(render.status_view(with_applier(applier_stats()), NOW))
+    assert line_of(out, "estate").split("  ", 1)[1] == \
+        "applied 1,234 of log 1,240 · in service · 350 ops/s · 12 requests · 3 events kept"
+    # after the turns line, before the fleet
+    assert out.index("turns  ") < out.index("estate  ") < out.index("fleet ")
+    line = render.estate_line(applier_stats(applied=1, requests=1, events_kept=1, ops_per_s=0.4))
+    assert line.plain == ("estate  applied 1 of log 1,240 · in service · 0.4 ops/s · 1 request · "
+                          "1 event kept")
+    assert "dropped" not in line.plain and "resubscribed" not in line.plain
+    assert not [span for span in line.spans if span.style == "yellow"]
+
+
+def test_estate_line_out_of_service():
+    below = "rows below the log's first sequence (applied 120, the log starts at 400)"
+    line = render.estate_line(applier_stats(applied=120, in_service=False, reason=below, log_first=400,
+                                            ops_per_s=0.0, dropped=2, resubscribed=1))
+    assert line.plain == (f"estate  applied 120 of log 400–1,240 · out of service: {below} · 0 ops/s · "
+                          "12 requests · 2 dropped past their deadline · log resubscribed 1 time · "
+                          "3 events kept")
+    yellow = [line.plain[span.start:span.end] for span in line.spans if span.style == "yellow"]
+    assert yellow[0] == f" · out of service: {below}"
+    stopped = render.estate_line(applier_stats(in_service=False, reason="applier stopped", log_last=None))
+    assert stopped.plain.startswith("estate  applied 1,234 (the log not read yet) · "
+                                    "out of service: applier stopped")
+    assert "no reason given" in render.estate_line({"in_service": False}).plain
+
+
+def test_estate_line_only_with_the_appliers_stats():
+    assert "estate  " not in text(render.status_view(sample(), NOW))  # no data_applier child (no data role)
+    no_report = sample(child("broker"), child("data_applier"))  # its first report not in yet
+    assert "estate  " not in text(render.status_view(no_report, NOW))
+    assert render.child_stats(with_applier(applier_stats())["children"], "data_applier") == applier_stats()
+
+
+def test_status_json_carries_the_estate(node, tmp_path):
+    f = fleet(fleet_node("n0"), fleet_node("n1", evicted={"reason": "disk failed", "at": NOW}),
+              fleet_node("n2", roles=["seats"], estate=None))
+    node.replies["status"] = with_applier(applier_stats(), f)
+    out = json.loads(run(tmp_path, "status", "--json").stdout)
+    applier = next(c for c in out["children"] if c["name"] == "data_applier")
+    assert applier["stats"] == applier_stats()
+    n0, n1, n2 = out["fleet"]["nodes"]
+    assert n0["estate"] == copy_record("n0") and n0["evicted"] is None
+    assert n1["evicted"] == {"reason": "disk failed", "at": NOW}
+    assert n2["estate"] is None and n2["roles"] == ["seats"]
+
+
+def test_status_and_watch_show_the_estate(node, tmp_path, monkeypatch):
+    now = time.time()  # the command judges records by the real clock
+    f = fleet(fleet_node("n0", estate={**copy_record("n0"), "at": now - 1}),
+              fleet_node("n1", estate={**copy_record("n1"), "at": now - 120}))
+    node.replies["status"] = with_applier(applier_stats(in_service=False, reason="applier stopped"), f)
+    monkeypatch.setenv("COLUMNS", "150")
+    result = run(tmp_path, "status")
+    assert result.exit_code == 0  # the estate does not change the exit code
+    assert "out of service: applier stopped" in line_of(result.stdout, "estate")
+    assert "n1 copy out of service: applier stopped" in result.stdout
+    assert "2 copies, 1 in service" in result.stdout
+
+    def sleep(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("crewlet.ctl.status.time.sleep", sleep)
+    result = run(tmp_path, "status", "--watch")
+    assert result.exit_code == 0 and "estate  applied 1,234 of log 1,240" in result.stdout
+    assert "2 copies, 1 in service" in result.stdout
+    result = run(tmp_path, "status", "--watch", "--no-fleet")
+    assert "estate  applied" in result.stdout and "copies" not in result.stdout
 
 
 # ------------------------------------------------------------------ turns, seats, dead letters, send

@@ -1,13 +1,22 @@
-"""The README's config reference and quick start stay true to the code."""
+"""The README's config reference, commands, quick start, seat tools and
+benchmarks stay true to the code."""
 
 from __future__ import annotations
 
+import glob
 import os
 import re
+import shlex
 
+import click
 from pydantic import BaseModel
 
+import crewlet.ctl as ctl
+from crewlet.agent.estate_tools import ESTATE_TOOL_NAMES
+from crewlet.company.load import load_company
 from crewlet.config.model import NodeConfig
+from crewlet.estate import view
+from roles.data_applier import applier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -51,3 +60,95 @@ def test_quick_start_test_command_is_what_ci_runs():
         ci = f.read()
     assert "python -m pytest -q" in _readme()
     assert re.search(r"^python -m pytest -q", ci, re.M)
+
+
+# ------------------------------------------------------------------ crewletctl
+
+def _options(command: click.Command) -> set[str]:
+    """Every option of *command* and of its subcommands (``dlq requeue``)."""
+    opts = {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
+    for sub in getattr(command, "commands", {}).values():
+        opts |= _options(sub)
+    return opts
+
+
+def _commands_table() -> dict[str, str]:
+    """The 'Operating a node' rows: command name -> the row's first cell."""
+    rows = {}
+    for line in _readme().splitlines():
+        if line.startswith("| `crewletctl "):
+            cell = line.replace("\\|", "").split("|")[1]  # an escaped | is not a cell's end
+            rows[cell.split()[1].rstrip("`")] = cell
+    return rows
+
+
+def _quick_start_calls() -> list[list[str]]:
+    """Each crewletctl command line of the quick start, split as a shell would (comments dropped)."""
+    return [shlex.split(line, comments=True)[1:] for line in _readme().splitlines()
+            if line.startswith(".venv/bin/crewletctl ")]
+
+
+def test_every_crewletctl_command_is_in_the_table_and_every_one_named_exists():
+    commands = set(ctl.cli.commands)
+    rows = _commands_table()
+    assert set(rows) == commands, f"table rows {sorted(rows)} != commands {sorted(commands)}"
+    named = set(re.findall(r"(?:`|bin/)crewletctl ([a-z][a-z-]*)", _readme()))
+    assert named <= commands, f"the README names commands that do not exist: {named - commands}"
+
+
+def test_the_options_the_readme_gives_exist():
+    common = {o for p in ctl.cli.params for o in p.opts}  # crewletctl's own: --config, --data-dir
+    for name, row in _commands_table().items():
+        given = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", row))
+        missing = given - _options(ctl.cli.commands[name]) - common
+        assert not missing, f"crewletctl {name}: the README gives {missing}, which it does not take"
+    for args in _quick_start_calls():
+        command = ctl.cli.commands[args[0]]
+        missing = {a for a in args[1:] if a.startswith("--")} - _options(command) - common
+        assert not missing, f"quick start: crewletctl {' '.join(args)}: no {missing}"
+
+
+# ------------------------------------------------------------------ the sample company
+
+def test_quick_start_mail_meets_a_rule_of_the_sample_company():
+    """Each `send SEAT TEXT` goes to a seat of etc/company.yaml whose scripted
+    provider has a rule for TEXT other than the catch-all, calling tools the seat has."""
+    company = load_company(os.path.join(ROOT, "etc", "company.yaml"))
+    seats = {seat.name: seat for seat in company.seats}
+    sends = [args for args in _quick_start_calls() if args[0] == "send"]
+    assert any("task" in args[2] for args in sends) and any("page" in args[2] for args in sends)
+    for _, name, text, *_ in sends:
+        assert name in seats, f"quick start mails {name}, not a seat of the sample company"
+        seat = seats[name]
+        rule = next(r for r in company.providers[seat.provider].rules if re.search(r.match, text))
+        assert rule.match != ".*", f"{text!r} meets only the catch-all rule"
+        servers = {f"{m.name}__" for m in seat.mcp}
+        for tool in rule.tools:
+            known = (tool.name == "send" or tool.name in ESTATE_TOOL_NAMES
+                     or tool.name.startswith(tuple(servers)))
+            assert known, f"{text!r}: the rule calls {tool.name}, which {name} does not have"
+
+
+# ------------------------------------------------------------------ the estate
+
+def test_every_estate_seat_tool_is_named():
+    readme = _readme()
+    missing = [name for name in ESTATE_TOOL_NAMES if f"`{name}`" not in readme]
+    assert not missing, f"the README does not name the seat tools {missing}"
+
+
+def test_out_of_service_reasons_are_the_appliers():
+    readme = _readme()
+    reasons = (view.STOPPED, "node evicted: <reason>", applier.rows_below(1, 3),
+               applier.log_made_anew(1, "x", "y"), applier.ahead_of_log(3, 1))
+    for reason in (r.split(" (")[0] for r in reasons):  # the words, not the numbers
+        assert f"`{reason}" in readme, f"the README's out-of-service table lacks {reason!r}"
+
+
+# ------------------------------------------------------------------ benchmarks
+
+def test_every_benchmark_is_listed_and_every_one_listed_exists():
+    listed = set(re.findall(r"^python (bench/[a-z_]+\.py)", _readme(), re.M))
+    present = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "bench", "*.py"))}
+    assert listed <= present, f"the README lists benchmarks that do not exist: {listed - present}"
+    assert present - {"bench/common.py"} <= listed, f"benchmarks the README does not list: {present - listed}"
