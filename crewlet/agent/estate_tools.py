@@ -27,7 +27,7 @@ role puts two more attributes on the :class:`~crewlet.agent.tools.ToolContext`'s
 node's id, which every op names as its issuer).
 
 **Writes** are ops (:func:`crewlet.estate.ops.make_op`) issued by the seat
-under its fencing token, with the id ``<seat>:<call key>`` — the same when a
+under its fencing token, with the id ``<seat>:<kind>:<call key>`` — the same when a
 turn is redone, so a redone write lands once and answers the first outcome.
 A refused write (no such task, a version that moved on, a stale fencing
 token) comes back as ``refused: <why>``. A write whose outcome nobody could
@@ -48,17 +48,12 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import time
 from typing import Any
 
 from crewlet.agent.tools import Tool, ToolContext, ToolError
 from crewlet.estate import ops
 
-# An op id is at most ops.OP_ID_MAX characters: a seat name and a call key
-# longer than that together are named by the key's digest (still the same
-# when the turn is redone).
-_DIGEST_CHARS = 64
 # Characters of a search hit's snippet, and of a page body shown by page_read
 # (a page can be 200,000 characters: more than a model's turn should swallow whole).
 SNIPPET_CHARS = 300
@@ -127,14 +122,6 @@ def page_text(page: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------ the router
 
-def op_id(seat: str, call_key: str) -> str:
-    """``<seat>:<call key>``, or with the key's digest when that is too long for an op id."""
-    plain = f"{seat}:{call_key}"
-    if len(plain) <= ops.OP_ID_MAX:
-        return plain
-    return f"{seat}:{hashlib.sha256(call_key.encode()).hexdigest()[:_DIGEST_CHARS]}"
-
-
 def _router(ctx: ToolContext):
     router = getattr(ctx.services, "estate", None)
     if router is None:
@@ -148,8 +135,10 @@ async def write(ctx: ToolContext, kind: str, args: dict[str, Any], *, check: str
     from crewlet.estate.router import EstateError, NobodyAnswered, OutcomeUnknown, describe
 
     try:
+        # The kind is in the id: a redone turn whose model chose another
+        # tool at the same call is another write, not the first one's echo.
         op = ops.make_op(kind, args, node=ctx.services.node, seat=ctx.seat, token=ctx.token,
-                         id=op_id(ctx.seat, ctx.call_key))
+                         id=ops.op_id(ctx.seat, kind, ctx.call_key))
     except ops.OpError as exc:
         raise ToolError(f"invalid arguments: {exc}") from None
     try:

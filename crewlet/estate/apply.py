@@ -20,10 +20,17 @@ Before anything is written, in order:
 3. **the fence** — ``fences`` keeps each seat's highest token seen in an
    applied op; a lower token is refused. Tokens only grow from one owner to
    the next, so once the new owner has written (``seat.fence``, on claiming)
-   its predecessor's writes are refused on every copy alike;
-4. **the kind's own checks** (:class:`Refused`), all made before its writes.
+   its predecessor's writes are refused on every copy alike. That refusal is
+   kept under the op id *and its token* (:func:`~crewlet.estate.store.fenced_key`),
+   so the new owner redoing the same write under its own token is not
+   refused for its predecessor's;
+4. **the kind's own checks** (:class:`Refused`).
 
-Then the kind's writes and its outcome, kept in ``ops`` under the op id.
+Then the kind's writes, in a nested transaction of their own — a refusal or
+a bug half way leaves none of its rows — and its outcome, kept in ``ops``
+under the op id. A key too long for LMDB refuses the op (the same on every
+copy); any other LMDB error is this node's (a full disk) and fails the
+batch, which is applied again.
 """
 
 from __future__ import annotations
@@ -31,9 +38,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Callable
 
+import lmdb
+
 from crewlet import log
-from crewlet.estate.ops import KINDS, Op, OpError
-from crewlet.estate.store import APPLIED, Store, join, pack, seq_key, unpack
+from crewlet.estate.ops import KINDS, OP_ID, Op, OpError
+from crewlet.estate.store import APPLIED, Store, fenced_key, join, pack, seq_key, unpack
 
 
 class Refused(Exception):
@@ -45,7 +54,11 @@ Outcome = dict[str, Any]
 
 def apply_batch(store: Store, entries: list[tuple[int, bytes]]) -> list[tuple[str | None, Outcome]]:
     """Apply log entries in order in one transaction; ``[(op id, outcome)]``
-    for the entries applied now (those at or below ``applied`` are skipped)."""
+    for the entries applied now (those at or below ``applied`` are skipped).
+
+    Raises what LMDB raised for a reason of this node's own (a full map, a
+    disk error): nothing of the batch is committed, and the applier tries
+    again — never an outcome that would differ from another copy's."""
     out: list[tuple[str | None, Outcome]] = []
     dbs = store.dbs
     with store.env.begin(write=True) as txn:
@@ -54,13 +67,13 @@ def apply_batch(store: Store, entries: list[tuple[int, bytes]]) -> list[tuple[st
         for seq, data in entries:
             if seq <= applied:
                 continue
-            out.append(_apply_one(txn, dbs, seq, data))
+            out.append(_apply_one(store.env, txn, dbs, seq, data))
             applied = seq
         txn.put(APPLIED, seq_key(applied), db=dbs["meta"])
     return out
 
 
-def _apply_one(txn, dbs, seq: int, data: bytes) -> tuple[str | None, Outcome]:
+def _apply_one(env, txn, dbs, seq: int, data: bytes) -> tuple[str | None, Outcome]:
     try:
         op = Op.decode(data)
     except OpError as exc:
@@ -75,14 +88,31 @@ def _apply_one(txn, dbs, seq: int, data: bytes) -> tuple[str | None, Outcome]:
         return op.id, {**unpack(first), "duplicate": True}
     try:
         _fence(txn, dbs, op)
-        result = KIND_APPLY[op.kind](txn, dbs, op, seq)
+    except Refused as exc:
+        # Kept under the id *and token*: a resend of this op gets the same
+        # refusal, while the seat's next owner redoing the same write under
+        # its own, higher token is not refused for its predecessor's.
+        outcome = {"ok": False, "seq": seq, "error": str(exc)}
+        fenced = fenced_key(op.id, op.token)
+        if txn.get(fenced, db=dbs["ops"]) is None:
+            txn.put(fenced, pack(outcome), db=dbs["ops"])
+        return op.id, outcome
+    try:
+        # Each op in a transaction of its own inside the batch's: a refusal
+        # or a bug half way leaves none of its rows behind (~2 µs an op).
+        with env.begin(write=True, parent=txn) as child:
+            result = KIND_APPLY[op.kind](child, dbs, op, seq)
         outcome = {"ok": True, "seq": seq, "result": result}
     except Refused as exc:
         outcome = {"ok": False, "seq": seq, "error": str(exc)}
+    except lmdb.BadValsizeError:
+        # A key of this op is too long for LMDB (511 bytes): the same on every copy.
+        outcome = {"ok": False, "seq": seq, "error": f"{op.kind}: a name or path is too long to keep"}
+    except lmdb.Error:
+        raise  # the node's own trouble (a full map, the disk): not the op's outcome
     except Exception as exc:
         # A bug in an apply function. It is the same bug on every copy (the
-        # code is deterministic), so refusing the op keeps the copies equal;
-        # a half-written op would be equal too, but say it loudly.
+        # code is deterministic), so refusing the op keeps the copies equal.
         log.event("estate_apply_failed", "error", seq=seq, op=op.id, kind=op.kind,
                   error=f"{type(exc).__name__}: {exc}")
         outcome = {"ok": False, "seq": seq, "error": f"internal error applying {op.kind}: {exc}"}
@@ -91,11 +121,12 @@ def _apply_one(txn, dbs, seq: int, data: bytes) -> tuple[str | None, Outcome]:
 
 
 def _id_of(data: bytes) -> str | None:
+    """The id of an entry that is not a well-formed op, if it has a usable one."""
     try:
         op_id = unpack(data).get("id")
     except Exception:
         return None
-    return op_id if isinstance(op_id, str) and 0 < len(op_id) <= 200 else None
+    return op_id if isinstance(op_id, str) and OP_ID.match(op_id) else None
 
 
 def _fence(txn, dbs, op: Op) -> None:
@@ -234,9 +265,8 @@ def _file_register(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
 def _turn_record(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
     record = {**op.args["record"], "seq": seq}
     txn.put(seq_key(seq), pack(record), db=dbs["turns"])
-    seat = record.get("seat") or op.seat
-    if isinstance(seat, str) and seat:
-        txn.put(join("turn", "seat", seat, seq_key(seq)), seq_key(seq), db=dbs["index"])
+    if op.seat is not None:  # indexed by the seat that issued it, whatever the record says
+        txn.put(join("turn", "seat", op.seat, seq_key(seq)), seq_key(seq), db=dbs["index"])
     return {"turn": seq}
 
 

@@ -84,7 +84,8 @@ async def bounds(js: JetStreamContext) -> tuple[int, int]:
 
 
 async def publish(js: JetStreamContext, op: Op, *, timeout: float) -> tuple[int, bool]:
-    """Publish *op* once, with its id as ``Nats-Msg-Id``: ``(seq, duplicate)``.
+    """Publish *op* once, under :attr:`Op.msg_id <crewlet.estate.ops.Op.msg_id>`
+    as ``Nats-Msg-Id``: ``(seq, duplicate)``.
 
     ``duplicate`` is the broker saying the id was already in the log within
     the window; ``seq`` is then the first one's. Raises what nats-py raises:
@@ -93,5 +94,5 @@ async def publish(js: JetStreamContext, op: Op, *, timeout: float) -> tuple[int,
     ``APIError`` (refused).
     """
     ack = await js.publish(SUBJECT, op.encode(), timeout=timeout, stream=STREAM,
-                           headers={MSG_ID: op.id})
+                           headers={MSG_ID: op.msg_id})
     return ack.seq, bool(ack.duplicate)

@@ -26,6 +26,7 @@ so a bad op is refused with the field and the reason, never half applied.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import uuid
@@ -35,10 +36,16 @@ from typing import Any
 import fastjsonschema
 import msgpack
 
-# Ids and names: an op id is a Nats-Msg-Id, a page path a key and a URL part.
+# Ids and names: an op id is a Nats-Msg-Id and a key of every copy (LMDB keys
+# are at most 511 bytes), so it is printable ASCII; a page path is a key and a
+# URL part; seat names are the company's (crewlet.company.model).
 OP_ID_MAX = 200
-_OP_ID = re.compile(rf"^\S{{1,{OP_ID_MAX}}}$")
+OP_ID = re.compile(rf"^[\x21-\x7e]{{1,{OP_ID_MAX}}}$")
 PAGE_PATH = r"^[a-z0-9][a-z0-9/_.-]{0,199}$"
+SEAT_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+_SEAT = re.compile(SEAT_NAME)
+PROJECT = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+FILE_PATH_MAX = 300
 TASK_ID = r"^T[0-9]+$"
 TASK_STATUSES = ("open", "doing", "blocked", "done", "cancelled")
 TITLE_MAX = 300
@@ -77,7 +84,7 @@ def _str(lo: int = 1, hi: int | None = None, **extra: Any) -> dict[str, Any]:
     return s
 
 
-_NAME = _str(1, 200)
+_NAME = _str(pattern=SEAT_NAME)  # a seat
 _LABELS = {"type": "array", "items": _str(1, 100), "maxItems": 50}
 _REV = {"type": "integer", "minimum": 1}
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": LIST_MAX}
@@ -91,7 +98,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("task.update", "tracker", "move_on", _obj(
         ("id",), id=_TASK, title=_str(1, TITLE_MAX), body=_str(0, TASK_BODY_MAX),
         status={"enum": list(TASK_STATUSES)},
-        assignee={"anyOf": [_str(0, 200), {"type": "null"}]}, labels=_LABELS, expect_rev=_REV)),
+        assignee={"anyOf": [_NAME, {"const": ""}, {"type": "null"}]}, labels=_LABELS, expect_rev=_REV)),
     Kind("task.comment", "tracker", "move_on", _obj(
         ("id", "body"), id=_TASK, body=_str(1, COMMENT_MAX))),
     Kind("page.write", "kb", "once", _obj(
@@ -99,7 +106,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         body=_str(0, PAGE_BODY_MAX), expect_version=_REV)),
     Kind("page.delete", "kb", "once", _obj(("path",), path=_PATH, expect_version=_REV)),
     Kind("file.register", "files", "move_on", _obj(
-        ("project", "path", "size", "sha256"), project=_NAME, path=_str(1, 1000),
+        ("project", "path", "size", "sha256"), project=_str(pattern=PROJECT), path=_str(1, FILE_PATH_MAX),
         size={"type": "integer", "minimum": 0}, sha256=_str(64, 64, pattern=r"^[0-9a-f]{64}$"),
         content_type=_str(1, 200))),
     Kind("turn.record", "turns", "move_on", _obj(("record",), record={"type": "object"})),
@@ -120,7 +127,7 @@ QUERIES: dict[str, dict[str, Any]] = {
     "page.list": _obj(prefix=_str(0, 200), limit=_LIMIT),
     "page.search": _obj(("query",), query=_str(1, 500),
                         limit={"type": "integer", "minimum": 1, "maximum": SEARCH_MAX}),
-    "file.list": _obj(project=_NAME, limit=_LIMIT),
+    "file.list": _obj(project=_str(pattern=PROJECT), limit=_LIMIT),
     "turn.list": _obj(seat=_NAME, limit=_LIMIT),
     "diary.list": _obj(("seat",), seat=_NAME, limit=_LIMIT),
     "episode.list": _obj(("seat",), seat=_NAME, limit=_LIMIT),
@@ -164,14 +171,15 @@ class Op:
 
     def check(self) -> None:
         """OpError unless this op is well formed (what the applier refuses otherwise)."""
-        if not isinstance(self.id, str) or not _OP_ID.match(self.id):
-            raise OpError(f"op id must be 1-{OP_ID_MAX} characters without whitespace, got {self.id!r}")
+        if not isinstance(self.id, str) or not OP_ID.match(self.id):
+            raise OpError(f"op id must be 1-{OP_ID_MAX} printable ASCII characters without spaces, "
+                          f"got {self.id!r}")
         if self.kind not in KINDS:
             raise OpError(f"unknown op kind {self.kind!r}; kinds: {', '.join(KINDS)}")
         if (self.seat is None) != (self.token is None):
             raise OpError("an op carries a seat and its fencing token together, or neither")
-        if self.seat is not None and (not isinstance(self.seat, str) or not self.seat):
-            raise OpError(f"seat must be a non-empty string, got {self.seat!r}")
+        if self.seat is not None and (not isinstance(self.seat, str) or not _SEAT.match(self.seat)):
+            raise OpError(f"seat must be a seat's name (1-63 of a-z, 0-9, '_', '-'), got {self.seat!r}")
         if self.token is not None and (not isinstance(self.token, int) or self.token < 1):
             raise OpError(f"token must be a positive integer, got {self.token!r}")
         if self.kind == "seat.fence" and self.seat is None:
@@ -187,6 +195,15 @@ class Op:
     @property
     def retry(self) -> str:
         return KINDS[self.kind].retry
+
+    @property
+    def msg_id(self) -> str:
+        """The ``Nats-Msg-Id`` it is published under: its id, and its token when
+        a seat issued it. The broker then drops a resend of the same op, but
+        not the same write redone by the seat's next owner (a higher token)
+        after the first was refused for its stale token; the copies' outcome
+        table still makes a redo of a write that *landed* a no-op."""
+        return self.id if self.token is None else f"{self.id}@{self.token}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,6 +230,17 @@ class Op:
         except Exception as exc:
             raise OpError(f"not an encoded op: {type(exc).__name__}: {exc}") from None
         return cls.from_dict(d)
+
+
+def op_id(*parts: str) -> str:
+    """A stable op id from *parts* (``seat``, ``kind``, ``call key``…), joined
+    by ``:``; past :data:`OP_ID_MAX`, everything after the first part is
+    named by its digest (still the same when the write is made again)."""
+    plain = ":".join(parts)
+    if len(plain) <= OP_ID_MAX and OP_ID.match(plain):
+        return plain
+    rest = hashlib.sha256(":".join(parts[1:]).encode()).hexdigest()
+    return f"{parts[0][:OP_ID_MAX - 65]}:{rest}"
 
 
 def make_op(kind: str, args: dict[str, Any], *, node: str, seat: str | None = None,

@@ -406,6 +406,8 @@ class Router:
         if status == wire.UNVOUCHED:
             seq = answer.get("seq")
             at = f" (published at seq {seq})" if seq is not None else ""
+            # It is in the log at that seq: whatever answers later must have applied it.
+            self._raise_floor(seq)
             self._pass_over(answers, node, f"unvouched{at}: {answer.get('reason')}", what)
             return self._may_have_run(op, answers)
         # An answer we cannot read: as good as none (it may have run a write).

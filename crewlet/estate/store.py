@@ -80,6 +80,12 @@ def join(*parts: str | bytes) -> bytes:
     return SEP.join([p.encode() if p.__class__ is str else p for p in parts])
 
 
+def fenced_key(op_id: str, token: int) -> bytes:
+    """Where ``ops`` keeps an op's refusal for a stale fencing token: beside,
+    not under, its id (an op id is printable ASCII, so it holds no NUL)."""
+    return op_id.encode() + SEP + str(token).encode()
+
+
 def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
@@ -107,7 +113,7 @@ class Store:
         return _U64.unpack(raw)[0] if raw else 0
 
 
-_open: dict[tuple[int, str, bool], Store] = {}
+_open: dict[tuple[int, str], Store] = {}
 _open_lock = threading.Lock()
 
 
@@ -118,11 +124,14 @@ def open_env(path: str, *, readonly: bool = False) -> Store:
     A reader gets :class:`StoreUnavailable` while no writer has made them.
     """
     path = os.path.abspath(path)
-    key = (os.getpid(), path, readonly)
+    key = (os.getpid(), path)
     with _open_lock:
         store = _open.get(key)
-        if store is not None:
-            return store
+        if store is not None and (readonly or not store.readonly):
+            return store  # a writer's handle reads as well
+        if store is not None:  # a reader's, and now this process writes: one handle, the writer's
+            store.env.close()
+            del _open[key]
         if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
             raise StoreUnavailable(f"no estate copy at {path} (the applier has not made one)")
         if not readonly:
@@ -145,7 +154,8 @@ def open_env(path: str, *, readonly: bool = False) -> Store:
 
 def close_env(store: Store) -> None:
     with _open_lock:
-        _open.pop((os.getpid(), store.path, store.readonly), None)
+        if _open.get((os.getpid(), store.path)) is store:
+            del _open[(os.getpid(), store.path)]
     store.env.close()
 
 
@@ -179,9 +189,13 @@ class Reader:
     def applied(self) -> int:
         return self.store.applied()
 
-    def outcome(self, op_id: str) -> dict[str, Any] | None:
+    def outcome(self, op_id: str, token: int | None = None) -> dict[str, Any] | None:
+        """Op *op_id*'s outcome; with *token*, also its refusal for that stale
+        token (kept apart: :func:`fenced_key`)."""
         with self.store.env.begin() as txn:
             raw = txn.get(op_id.encode(), db=self.dbs["ops"])
+            if raw is None and token is not None:
+                raw = txn.get(fenced_key(op_id, token), db=self.dbs["ops"])
         return unpack(raw) if raw else None
 
     def query(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -197,10 +211,10 @@ class Reader:
         raw = txn.get(key, db=self.dbs[table])
         return unpack(raw) if raw is not None else None
 
-    def _newest(self, txn, table: str, prefix: bytes, limit: int,
+    def _newest(self, txn, table: str, prefix: bytes, limit: int | None,
                 before: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """Up to *limit* rows of *table* whose key starts with *prefix*, newest
-        (highest key) first, starting below *before* if given."""
+        """Up to *limit* (None: all) rows of *table* whose key starts with
+        *prefix*, newest (highest key) first, starting below *before* if given."""
         cur = txn.cursor(db=self.dbs[table])
         start = before if before is not None else prefix + b"\xff" * 9
         if not cur.set_range(start):
@@ -209,7 +223,7 @@ class Reader:
         elif cur.key() >= start and not cur.prev():
             return
         n = 0
-        while n < limit:
+        while limit is None or n < limit:
             k = cur.key()
             if not k.startswith(prefix):
                 return
@@ -241,13 +255,17 @@ class Reader:
         else:
             prefix = join("task", "all", b"")
         before = prefix + seq_key(int(args["after"][1:])) if "after" in args else None
+        # Both given: the status index, filtered by assignee until enough matched.
+        wanted = args.get("assignee") if "status" in args else None
         tasks = []
-        for _, task_id in self._newest(txn, "index", prefix, limit, before):
+        for _, task_id in self._newest(txn, "index", prefix, None, before):
             row = self._get(txn, "tasks", task_id)
-            if row is not None:
-                if "assignee" in args and "status" in args and row.get("status") != args["status"]:
-                    continue
-                tasks.append(row)
+            if row is None or (wanted is not None and row.get("assignee") != wanted):
+                continue
+            row.pop("body", None)  # a list is lines: task.get has the body
+            tasks.append(row)
+            if len(tasks) >= limit:
+                break
         return {"tasks": tasks}
 
     def _q_page_read(self, txn, args):

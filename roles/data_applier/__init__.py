@@ -105,16 +105,19 @@ async def answer(applier: Applier, request: Any) -> dict[str, Any] | None:
                            reason=f"internal error: {type(exc).__name__}: {exc}")
 
 
-def _spawn(tasks: set, coro) -> None:
+# The requests being answered, in this process: cancelled (and awaited) when
+# the role stops, before the copy they read is closed.
+_requests: set[asyncio.Task] = set()
+
+
+def _spawn(coro) -> None:
     task = asyncio.create_task(coro)
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
+    _requests.add(task)
+    task.add_done_callback(_requests.discard)
 
 
 async def serve_zmq(sock, applier: Applier) -> None:
     """Answer the ``estate`` ROUTER's requests, each in its own task."""
-    tasks: set[asyncio.Task] = set()
-
     async def one(frames: list[bytes]) -> None:
         try:
             request = wire.decode(frames[-1])
@@ -131,13 +134,11 @@ async def serve_zmq(sock, applier: Applier) -> None:
             events.event("estate_reply_failed", "warning", error=f"{type(exc).__name__}: {exc}")
 
     while True:
-        _spawn(tasks, one(await sock.recv_multipart()))
+        _spawn(one(await sock.recv_multipart()))
 
 
 async def serve_nats(nc, applier: Applier):
     """Answer ``estate.req.<node>`` (a plain subscription: one applier per node)."""
-    tasks: set[asyncio.Task] = set()
-
     async def one(msg) -> None:
         try:
             request = wire.decode(msg.data)
@@ -147,13 +148,20 @@ async def serve_nats(nc, applier: Applier):
             reply = await answer(applier, request)
         if reply is None or not msg.reply:
             return
+        data = wire.encode(reply)
+        if len(data) > nc.max_payload:
+            # Silence would cost the asker its whole wait, then a "nobody answered".
+            data = wire.encode(wire.answer(
+                wire.BAD_REQUEST, applier.node,
+                reason=f"the answer is {len(data)} bytes, more than the broker carries "
+                       f"({nc.max_payload}): ask for fewer (limit) or page (after)"))
         try:
-            await msg.respond(wire.encode(reply))
+            await msg.respond(data)
         except Exception as exc:
             events.event("estate_reply_failed", "warning", error=f"{type(exc).__name__}: {exc}")
 
     async def on_request(msg) -> None:
-        _spawn(tasks, one(msg))  # never block the subscription's dispatch
+        _spawn(one(msg))  # never block the subscription's dispatch
 
     return await nc.subscribe(wire.subject(applier.node), cb=on_request)
 
@@ -207,6 +215,7 @@ async def main(ctx: RoleContext) -> None:
         except Exception:
             pass
         await cancel_all(tasks)
+        await cancel_all(list(_requests))
         await applier.stop()
         await applied.send_multipart([wire.APPLIED_TOPIC, wire.encode(applied_message(applier))])
         estate.close()

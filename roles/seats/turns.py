@@ -63,7 +63,7 @@ from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
 from crewlet.company import Company, Seat
 from crewlet.coord.counters import Budgets, Cooldowns, Ledger
 from crewlet.estate import log as estate_log
-from crewlet.estate.ops import make_op
+from crewlet.estate.ops import make_op, op_id
 from crewlet.queue.base import Delivery, Mailbox, MailboxError, Mailboxes
 from roles.seats.sweeper import SeatSweeper
 
@@ -213,8 +213,9 @@ class TurnEngine:
     async def _fence(self, seat: str, token: int) -> None:
         """Raise the seat's fence on every copy to our token (best effort: our
         own first write would raise it too; this closes the gap before it)."""
-        op = make_op("seat.fence", {}, node=self.node, seat=seat, token=token, id=f"fence:{seat}:{token}")
         try:
+            op = make_op("seat.fence", {}, node=self.node, seat=seat, token=token,
+                         id=op_id("fence", seat, str(token)))
             await estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT)
         except Exception as exc:
             log.event("seat_fence_failed", "warning", seat=seat, token=token,
@@ -300,16 +301,20 @@ class TurnEngine:
     def inflight_path(self, seat: str) -> str:
         return os.path.join(self.inflight_dir, seat)
 
+    async def _durable_record(self, record: TurnRecord, body: dict[str, Any]) -> None:
+        # One row per delivery worked; a resend of the same one lands once.
+        op = make_op("turn.record", {"record": body}, node=self.node, seat=record.seat,
+                     token=record.token,
+                     id=op_id(record.seat, "turn", record.trigger, str(record.deliveries)))
+        await estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT)
+
     async def publish_record(self, record: TurnRecord) -> None:
         """The live feed and the durable row, at once. Both are best effort
         here: the turn is done and acked whatever becomes of its record."""
         body = record.as_dict()
         published = [self.js.publish(f"events.turn.{record.seat}", json.dumps(body).encode())]
-        if self.estate is not None:
-            # One row per delivery worked; a resend of the same one lands once.
-            op = make_op("turn.record", {"record": body}, node=self.node, seat=record.seat,
-                         token=record.token, id=f"turn:{record.seat}:{record.trigger}:{record.deliveries}")
-            published.append(estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT))
+        if self.estate is not None and record.trigger:  # a deferral is news, not a turn worked
+            published.append(self._durable_record(record, body))
         for result in await asyncio.gather(*published, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.event("turn_record_failed", "warning", seat=record.seat, trigger=record.trigger,
