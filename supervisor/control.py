@@ -125,7 +125,7 @@ async def send(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
 async def seats(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     """Every seat of the company: owner, mailbox pending and in flight, last turn, dead letters."""
     fleet, mailboxes, company = _mail(node)
-    js = fleet._js
+    js = fleet.js
     owners = {s["name"].removeprefix("seat."): s for s in fleet.view()["seats"]}
     limit = asyncio.Semaphore(SEATS_PARALLEL)
 
@@ -182,9 +182,6 @@ async def dlq(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ the estate
 
-# Seconds an estate read or search may take when the caller names no timeout
-# (the router asks the data nodes in turn; crewletctl waits a little longer).
-ESTATE_TIMEOUT = 15.0
 EVICTED_KEY = "evicted."  # + node id, in the status bucket: present = evicted
 
 
@@ -197,9 +194,11 @@ def _router(node: "Node"):
 
 
 def _wait(args: dict[str, Any]) -> float:
-    """The ``wait`` a request gives the router (not "timeout": the word
-    crewlet.ipc.call takes for its own wait, so no argument can be named so)."""
-    wait = args.get("wait", ESTATE_TIMEOUT)
+    """The ``wait`` a request gives the router: the caller's, who knows how
+    long it waits for the answer (crewletctl's crewlet.ctl.tasks.ESTATE_TIMEOUT).
+    Not "timeout": the word crewlet.ipc.call takes for its own wait, so no
+    argument can be named so."""
+    wait = args.get("wait")
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait <= 0:
         raise CommandError(f"wait must be a positive number of seconds, got {wait!r}")
     return float(wait)
@@ -222,19 +221,20 @@ async def estate_read(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def estate_search(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
-    """Search the knowledge base for ``query`` (``limit`` hits, within ``wait``
-    seconds): ``hits``,
-    ``searched`` (false: nobody could), ``node`` (who did) and ``answers``
-    (each data node's answer when nobody could)."""
+    """Search the knowledge base for ``query`` (``limit`` hits, page.search's
+    default if not given, within ``wait`` seconds): ``hits``, ``searched``
+    (false: nobody could), ``node`` (who did) and ``answers`` (each data
+    node's answer when nobody could)."""
     router = _router(node)
-    from crewlet.estate.ops import OpError  # the estate's modules load when the estate is first asked
+    # The estate's modules load when the estate is first asked.
+    from crewlet.estate.ops import SEARCH_DEFAULT, SEARCH_MAX, OpError
     from crewlet.estate.router import EstateError
 
-    query, limit = args.get("query"), args.get("limit", 10)
+    query, limit = args.get("query"), args.get("limit", SEARCH_DEFAULT)
     if not isinstance(query, str) or not query.strip():
         raise CommandError("query must be a non-empty string")
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
-        raise CommandError(f"limit must be 1..100, got {limit!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= SEARCH_MAX:
+        raise CommandError(f"limit must be 1..{SEARCH_MAX}, got {limit!r}")
     try:
         answer = await router.search(query, limit, timeout=_wait(args))
     except (OpError, EstateError) as exc:
@@ -246,8 +246,7 @@ async def estate_search(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
 async def evict(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     """Evict data node ``node``'s copy of the estate (``reason``), or with
     ``undo`` end its eviction: the ``status`` key ``evicted.<node>``."""
-    fleet = node.fleet
-    js = getattr(fleet, "_js", None) if fleet is not None else None
+    js = node.fleet.js if node.fleet is not None else None
     if js is None:
         raise CommandError("this node has not joined the fleet yet")
     target = args.get("node")

@@ -104,6 +104,11 @@ class Fleet:
         self._estate_view: dict[str, dict[str, Any]] = {}
         self._evicted_view: dict[str, dict[str, Any]] = {}
 
+    @property
+    def js(self):
+        """The fleet's JetStream context over crewletd's connection (None until joined)."""
+        return self._js
+
     def describe(self) -> dict[str, Any]:
         """What this node is, as its presence tells the fleet."""
         node = self.cfg.node

@@ -19,16 +19,16 @@ import click
 from crewlet.ctl import EXIT_REFUSED, Ctl, fail
 from crewlet.ctl.render import normalize_page, normalize_pages, page_view, pages_view
 from crewlet.ctl.status import _console  # the same width rules as `status` when piped
-from crewlet.ctl.tasks import ask_estate
+from crewlet.ctl.tasks import LIST_DEFAULT, LIST_MAX, ask_estate
 
-# Pages listed by default.
-LIMIT = 100
+# Pages listed by default: the estate's default.
+LIMIT = LIST_DEFAULT
 
 
 @click.command()
 @click.argument("path", required=False)
 @click.option("--prefix", metavar="P", help="Only pages whose path starts with P.")
-@click.option("--limit", type=click.IntRange(1, 500), metavar="N",
+@click.option("--limit", type=click.IntRange(1, LIST_MAX), metavar="N",
               help=f"List at most N, in path order (default {LIMIT}).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON: `pages`, a list of objects with the keys path, title, version, "

@@ -16,16 +16,16 @@ import click
 from crewlet.ctl import CALL_TIMEOUT, EXIT_REFUSED, Ctl, fail
 from crewlet.ctl.render import answers_text, normalize_search, search_view
 from crewlet.ctl.status import _console  # the same width rules as `status` when piped
-from crewlet.ctl.tasks import ESTATE_TIMEOUT
+from crewlet.ctl.tasks import ESTATE_TIMEOUT, SEARCH_DEFAULT, SEARCH_MAX
 
-# Hits shown by default, best first (the estate allows up to 100).
-LIMIT = 10
+# Hits shown by default, best first: page.search's default.
+LIMIT = SEARCH_DEFAULT
 
 
 @click.command()
 @click.argument("query")
-@click.option("--limit", default=LIMIT, show_default=True, type=click.IntRange(1, 100), metavar="N",
-              help="Show at most N hits, the best.")
+@click.option("--limit", default=LIMIT, show_default=True, type=click.IntRange(1, SEARCH_MAX),
+              metavar="N", help="Show at most N hits, the best.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON: searched (false: nobody could), node (who searched), answers (each "
                    "data node's answer when nobody could), hits (path, title, snippet, score).")

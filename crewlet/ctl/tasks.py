@@ -24,15 +24,21 @@ from crewlet.ctl import CALL_TIMEOUT, EXIT_REFUSED, Ctl, fail
 from crewlet.ctl.render import normalize_task, normalize_tasks, task_view, tasks_view
 from crewlet.ctl.status import _console  # the same width rules as `status` when piped
 
-# Seconds crewletd's router may take for one read (it asks the data nodes in
-# turn, each up to its read wait); the control request waits CALL_TIMEOUT more.
+# Seconds crewletd's router may take for one read or search (it asks the data
+# nodes in turn, each up to its read wait): sent as the request's ``wait``,
+# and the control request waits CALL_TIMEOUT more. The one place it is set.
 ESTATE_TIMEOUT = 15.0
-# Tasks listed by default: a screenful of the newest.
-LIMIT = 100
-# The task statuses (crewlet.estate.ops.TASK_STATUSES, held against it by a
-# test): not imported, since that module compiles its schemas when imported
-# and every crewletctl run would pay for it.
+# crewlet.estate.ops's TASK_STATUSES, LIST_DEFAULT / LIST_MAX and
+# SEARCH_DEFAULT / SEARCH_MAX, held equal to them by tests: not imported,
+# since that module compiles its schemas when imported and every crewletctl
+# run would pay for it (~25 ms).
 STATUSES = ("open", "doing", "blocked", "done", "cancelled")
+LIST_DEFAULT = 100
+LIST_MAX = 500
+SEARCH_DEFAULT = 10
+SEARCH_MAX = 100
+# Tasks listed by default: the estate's default, a screenful of the newest.
+LIMIT = LIST_DEFAULT
 TASK_ID = re.compile(r"^[Tt]?([0-9]+)$")
 
 
@@ -56,7 +62,7 @@ def task_id(ctx: click.Context, param: click.Parameter, value: str | None) -> st
 @click.argument("id", required=False, callback=task_id)
 @click.option("--status", type=click.Choice(STATUSES), help="Only tasks with this status.")
 @click.option("--assignee", metavar="SEAT", help="Only tasks assigned to SEAT.")
-@click.option("--limit", type=click.IntRange(1, 500), metavar="N",
+@click.option("--limit", type=click.IntRange(1, LIST_MAX), metavar="N",
               help=f"List at most N, the newest (default {LIMIT}).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON: `tasks`, a list of objects with the keys id, title, status, assignee, "

@@ -84,6 +84,9 @@ def _apply_one(env, txn, dbs, seq: int, data: bytes) -> tuple[str | None, Outcom
         return op_id, outcome
     key = op.id.encode()
     first = txn.get(key, db=dbs["ops"])
+    if first is None and op.token is not None:
+        fenced = fenced_key(op.id, op.token)
+        first = txn.get(fenced, db=dbs["ops"])
     if first is not None:
         return op.id, {**unpack(first), "duplicate": True}
     try:
@@ -93,9 +96,7 @@ def _apply_one(env, txn, dbs, seq: int, data: bytes) -> tuple[str | None, Outcom
         # refusal, while the seat's next owner redoing the same write under
         # its own, higher token is not refused for its predecessor's.
         outcome = {"ok": False, "seq": seq, "error": str(exc)}
-        fenced = fenced_key(op.id, op.token)
-        if txn.get(fenced, db=dbs["ops"]) is None:
-            txn.put(fenced, pack(outcome), db=dbs["ops"])
+        txn.put(fenced, pack(outcome), db=dbs["ops"])
         return op.id, outcome
     try:
         # Each op in a transaction of its own inside the batch's: a refusal

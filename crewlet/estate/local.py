@@ -24,6 +24,11 @@ messages, and re-reading LMDB's own ``applied`` (which is the truth; a PUB
 message may be lost) at least every :data:`FLOOR_POLL` seconds. A search
 waits for the index to reach the floor, since it is the index that answers.
 
+The search index is a file the applier may replace: it drops and rebuilds
+one SQLite cannot read (:mod:`crewlet.estate.search`). A reader holding the
+old file open would go on reading the deleted inode, so before each use the
+path is stat'ed, and the index opened again when its inode changed.
+
 A write nobody answered within the wait raises :class:`TimeoutError`: the
 caller (the router) decides what that means for the op.
 """
@@ -42,7 +47,8 @@ import zmq.asyncio
 from crewlet import ipc, log
 from crewlet.estate import store as estate_store
 from crewlet.estate import wire
-from crewlet.estate.ops import OpError, check_query
+from crewlet.estate.ops import SEARCH_DEFAULT, OpError, check_query
+from crewlet.estate.view import STOPPED
 
 # In service iff the applier said so within this many seconds: it publishes
 # every second, so three missed messages mean it is stopped or stuck.
@@ -59,7 +65,6 @@ REPLY_MARGIN = 1.0
 ESTATE_DIR = "estate"
 SEARCH_FILE = "estate-search.sqlite"
 APPLIED_TOPIC = wire.APPLIED_TOPIC
-STOPPED = "applier stopped"
 
 
 def estate_path(data_dir: str) -> str:
@@ -94,6 +99,7 @@ class LocalCopy:
         self._store: estate_store.Store | None = None
         self._reader: estate_store.Reader | None = None
         self._index = None
+        self._index_ino: int | None = None          # the inode the index was opened at
 
     # ---------------------------------------------------------- lifecycle
 
@@ -130,6 +136,7 @@ class LocalCopy:
         if self._index is not None:
             self._index.close()
             self._index = None
+        self._index_ino = None
 
     async def _listen(self) -> None:
         """Follow the applier's ``applied`` messages."""
@@ -191,9 +198,23 @@ class LocalCopy:
         return self._store
 
     def _search_index(self):
+        """The applier's search index, read-only; opened again when the file
+        at its path is not the one open (the applier rebuilt it). Raises
+        SearchUnavailable when there is none to read."""
+        path = search_path(self.data_dir)
+        try:
+            # Before opening: a file replaced in between is then seen next time.
+            ino: int | None = os.stat(path).st_ino
+        except FileNotFoundError:
+            ino = None
+        if self._index is not None and ino != self._index_ino:
+            # Rare (a rebuild); closing waits for a search running in a worker thread.
+            self._index.close()
+            self._index = None
         if self._index is None:
             from crewlet.estate.search import SearchIndex
-            self._index = SearchIndex(search_path(self.data_dir), readonly=True)
+            self._index = SearchIndex(path, readonly=True)
+            self._index_ino = ino
         return self._index
 
     # --------------------------------------------------------------- ask
@@ -242,8 +263,11 @@ class LocalCopy:
         search = query == "page.search"
         if search:
             from crewlet.estate.search import SearchUnavailable
+
+            def reached() -> int:  # through _search_index each time: the file may be rebuilt
+                return self._search_index().indexed()
             try:
-                reached = self._search_index().indexed
+                reached()
             except SearchUnavailable as exc:
                 return self._answer(wire.OUT_OF_SERVICE, reason=f"search index: {exc}")
         else:
@@ -254,7 +278,7 @@ class LocalCopy:
                 return self._answer(wire.BEHIND, applied=reached(), floor=floor)
             if search:
                 hits = await asyncio.to_thread(self._search_index().search, args["query"],
-                                               args.get("limit", 10))
+                                               args.get("limit", SEARCH_DEFAULT))
                 answer: Any = {"hits": hits}
             else:
                 assert self._reader is not None
@@ -293,8 +317,9 @@ class LocalCopy:
         fut = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            await self._dealer.send_multipart([b"", wire.encode({**request, "id": rid})])
+            # The send too: a DEALER with no ROUTER to hand it to waits for one.
             async with asyncio.timeout(max(timeout, 0.0)):  # raises TimeoutError
+                await self._dealer.send_multipart([b"", wire.encode({**request, "id": rid})])
                 reply = await fut
         finally:
             self._pending.pop(rid, None)

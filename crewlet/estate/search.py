@@ -84,7 +84,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import struct
 import threading
 import unicodedata
 from contextlib import contextmanager
@@ -95,6 +94,7 @@ import lmdb
 import msgpack
 
 from crewlet.estate.ops import SEARCH_MAX
+from crewlet.estate.store import APPLIED, key_seq, seq_key
 
 # Bump when the tables change: a writer finding another version rebuilds.
 SCHEMA_VERSION = 1
@@ -119,9 +119,6 @@ WAL_SIZE_LIMIT = 32 << 20
 # What SQLite says of a file that is not (or no longer) a database: the
 # writer drops such a file and rebuilds it. Nothing else is a reason to.
 UNREADABLE = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
-
-_U64 = struct.Struct(">Q")
-_APPLIED = b"applied"
 
 _SCHEMA = (
     "CREATE TABLE docs (id INTEGER PRIMARY KEY, path TEXT NOT NULL UNIQUE)",
@@ -447,12 +444,12 @@ def _changes(env: lmdb.Environment, dbs, after: int, limit: int | None) -> _Chan
     paths: dict[bytes, None] = {}  # each path once, in log order
     reached, taken = after, 0
     with env.begin() as txn:
-        raw = txn.get(_APPLIED, db=meta)
-        applied = _U64.unpack(raw)[0] if raw is not None else None
+        raw = txn.get(APPLIED, db=meta)
+        applied = key_seq(raw) if raw is not None else None  # the seq, packed as keys are
         cursor = txn.cursor(db=by_seq)
-        more = cursor.set_range(_U64.pack(after + 1))
+        more = cursor.set_range(seq_key(after + 1))
         while more and (limit is None or taken < limit):
-            reached = _U64.unpack(cursor.key())[0]
+            reached = key_seq(cursor.key())
             paths[bytes(cursor.value())] = None
             taken += 1
             more = cursor.next()

@@ -58,6 +58,8 @@ ESTATE_KEYS = "estate.*"
 EVICTED_KEYS = "evicted.*"
 
 NO_RECORD = "no applier record"
+# A copy whose applier is not running: the one spelling of it (the local copy
+# and the applier say it too, crewletctl shows it).
 STOPPED = "applier stopped"
 
 

@@ -99,6 +99,7 @@ from crewlet.estate import apply, store, wire
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import SEARCH_DEFAULT, Op, OpError, check_query
 from crewlet.estate.search import SearchIndex, SearchUnavailable
+from crewlet.estate.view import STOPPED  # the reason, in the words the router and crewletctl show
 from roles.data_applier.custody import Custody
 
 # ----------------------------------------------------------------- constants
@@ -129,7 +130,6 @@ PUBLISH_PAUSE = 0.05
 # queued, the ended ones are dropped.
 WAITERS_PRUNED_AT = 1000
 
-STOPPED = "applier stopped"
 _CAUSES = ("stopped", "evicted", "log", "anew")  # the order reasons are given in
 
 

@@ -8,23 +8,32 @@ without data would (tests/estate.py).
 
 from __future__ import annotations
 
-import json
 import os
+import random
 import signal
+import threading
 import time
 
+import nats
 import pytest
 
 from crewlet import groups
 from crewlet.estate import store
 from tests.conftest import wait_for
-from tests.estate import applied, copy_of, log_last, op, publish_all, query, random_log, routed, run
+from tests.estate import (applied, copy_of, log_last, op, publish_all, publish_to, query, random_log,
+                          random_ops, routed, run)
 from tests.fleet.test_fleet import apply, fleet_node
-from tests.seats import ctl, ctl_json, held, read_nats, write_company
+from tests.seats import ctl, ctl_json, held, write_company
 
 pytestmark = pytest.mark.fleet
 
 DATA_ONLY = {"roles": ["data"]}
+# Ops in flight at once while the appliers are killed: few, so the log grows
+# in many small steps (and the kills land between them, not after them).
+PUBLISH_WINDOW = 10
+# Seconds the publisher goes on past the mix while kills are still to come
+# (the mix alone takes well under a second here; six kills and restarts, more).
+PUBLISH_MORE_FOR = 40.0
 
 
 def data_node(make_node, natsd, node_id: str, **overrides):
@@ -47,22 +56,53 @@ def kill_applier(node) -> None:
 
 
 def test_three_data_nodes_converge_with_their_appliers_killed_mid_stream(natsd, make_node):
-    """A random mix of ops (refusals, duplicated ids, stale tokens among them),
-    published while b's and c's appliers are SIGKILLed again and again: all
-    three copies end identical, row for row."""
+    """A random mix of ops (refusals, duplicated ids, stale tokens among them)
+    is published from a thread of its own, a few at a time, while b's and
+    c's appliers are SIGKILLed in turn, six times: each kill lands while the
+    log grows, and all three copies end identical, row for row."""
     nodes = [data_node(make_node, natsd, n).start() for n in "abc"]
     a, b, c = nodes
     wait_for(lambda: all(copy_of(n) is not None for n in nodes), 20, what="three copies made")
     items = random_log(11, 1600)
-    chunks = [items[i:i + 100] for i in range(0, len(items), 100)]
-    kills = 0
-    for i, chunk in enumerate(chunks):
-        run(publish_all(natsd.url, chunk))
-        if i % 2 == 0 and kills < 6:
-            kill_applier(b if kills % 2 == 0 else c)  # while it is applying what just came
-            kills += 1
+    kills = 6
+    killed = threading.Event()  # set once every kill is done
+    failed: list[BaseException] = []
+
+    async def publish() -> None:
+        nc = await nats.connect(natsd.url)
+        try:
+            js = nc.jetstream(timeout=5)
+            await publish_all(js, items, window=PUBLISH_WINDOW)
+            # Slower kills (a loaded machine) must still land mid-stream:
+            # more of the mix until they are done, within a bound.
+            more, stop_by = random.Random(12), time.monotonic() + PUBLISH_MORE_FOR
+            while not killed.is_set() and time.monotonic() < stop_by:
+                await publish_all(js, random_ops(more, PUBLISH_WINDOW), window=PUBLISH_WINDOW)
+        finally:
+            await nc.close()
+
+    def publisher() -> None:
+        try:
+            run(publish(), 90)
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=publisher, name="publisher")
+    thread.start()
+    try:
+        for k in range(kills):
+            before = run(log_last(natsd.url))
+            assert thread.is_alive(), f"kill {k + 1}: the publisher was done ({failed})"
+            kill_applier(b if k % 2 == 0 else c)  # and its restart
+            after = run(log_last(natsd.url))
+            assert after > before, f"kill {k + 1}: the log did not grow across it ({before})"
+    finally:
+        killed.set()
+        thread.join(60)
+    assert not thread.is_alive() and not failed, failed
     last = run(log_last(natsd.url))
-    wait_for(lambda: converged(nodes, last), 60, what=f"every copy at {last}")
+    assert last >= len(items)
+    wait_for(lambda: converged(nodes, last), 30, what=f"every copy at {last}")
     assert len(digests(nodes)) == 1
     assert store.dump(copy_of(a)) == store.dump(copy_of(b)) == store.dump(copy_of(c))
     # Refusals and duplicates were among them, and are the same everywhere.
@@ -216,14 +256,24 @@ def test_a_data_node_with_its_applier_stopped_keeps_its_seats_served_by_a_peer(n
     old_token = first["token"]
     apply(a, write_company(short_tmp, ZONED_COMPANY.replace("ZONE", "b"), "b.yaml"))
     wait_for(lambda: held(b).get("w") == "b", 30, what="b took w")
+    # b's claim raised w's fence to its token on every copy, before any turn of b's.
+    token = next(s["token"] for s in b.status()["fleet"]["seats"] if s["name"] == "w")
+    fence = f"fence:w:{token}"
+
+    def fenced(node):
+        return store.Reader(copy_of(node)).outcome(fence)
+    wait_for(lambda: fenced(a) and fenced(b), 20, what=f"{fence} applied on both copies")
+    assert fenced(a) == fenced(b) and fenced(a)["ok"]
+    assert fenced(a)["result"] == {"seat": "w", "token": token}
     turn(b, "w", "create a task on b")
     zombie = op("task.create", {"title": "zombie"}, seat="w", token=old_token, id="zombie-1", node="a")
-    run(publish_all(natsd.url, [zombie]))
+    run(publish_to(natsd.url, [zombie]))
     last = run(log_last(natsd.url))
     wait_for(lambda: converged([a, b], last), 20, what="both copies at the log's end")
     for node in (a, b):
-        outcome = store.Reader(copy_of(node)).outcome("zombie-1")
-        assert not outcome["ok"] and outcome["error"].startswith(f"stale fencing token {old_token} for seat w")
+        outcome = store.Reader(copy_of(node)).outcome("zombie-1", old_token)  # kept beside its token
+        assert not outcome["ok"]
+        assert outcome["error"].startswith(f"stale fencing token {old_token} for seat w")
 
 
 def test_the_fleet_answers_while_a_data_node_is_down_and_it_catches_up(natsd, make_node):
@@ -259,18 +309,28 @@ def test_the_fleet_answers_while_a_data_node_is_down_and_it_catches_up(natsd, ma
 
 
 def test_nobody_answering_is_an_error_naming_every_data_node(natsd, make_node):
-    """With its only data node gone, a node without data says so — never an
-    empty list — and a search says it could not be searched."""
+    """With its only data node evicted, or gone, a node without data says so —
+    never an empty list — and a search says it could not be searched."""
     # A long grace: crewletd must not end (and restart) the stopped applier.
     a = data_node(make_node, natsd, "a", supervisor={"heartbeat_grace": 120, "wedge_after": 120}).start()
     s = fleet_node(make_node, natsd, "s", node={"roles": ["seats"]}).start()
     wait_for(lambda: copy_of(a) is not None, 20, what="a's copy made")
     assert ctl_json(s, "tasks")["tasks"] == []  # answered: the company has none
+
+    def refused():
+        out = ctl(s, "tasks")
+        return out if out.returncode == 1 else None
+
+    # Evicted (from a node without data: any node may say so), then back.
+    evict = ctl(s, "evict", "a", "--reason", "disk failing")
+    assert evict.returncode == 0 and evict.stdout.strip() == "evicted a: disk failing", evict.stderr
+    out = wait_for(refused, 20, what="crewletctl tasks refused while a is evicted")
+    assert "node a: out of service: node evicted: disk failing" in out.stderr
+    assert ctl(s, "evict", "a", "--undo").returncode == 0
+    wait_for(lambda: ctl(s, "tasks").returncode == 0, 20, what="a back in service")
+
     os.kill(a.process_pids()["data_applier"], signal.SIGSTOP)  # a still present, its applier not
     try:
-        def refused():
-            out = ctl(s, "tasks")
-            return out if out.returncode == 1 else None
         out = wait_for(refused, 30, what="crewletctl tasks refused")
         assert "no data node answered" in out.stderr and "node a:" in out.stderr
         search = ctl(s, "search", "anything")

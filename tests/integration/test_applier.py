@@ -17,7 +17,6 @@ import signal
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Any, Callable
 
 import nats
 import pytest
@@ -32,24 +31,9 @@ from crewlet.queue import JetStreamMailboxes
 from roles.data_applier.applier import Applier, rows_below
 from roles.data_applier.custody import Custody
 from tests.conftest import wait_for
+from tests.estate import copy_of, publish_all, run, until
 
-DEADLINE = 30.0  # s for one whole check
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, DEADLINE))
-
-
-async def until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """The async form of :func:`tests.conftest.wait_for`: poll until truthy, else fail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
+DEADLINE = 30.0  # s for one whole check (tests.estate.run's cap)
 
 
 async def _quiet(exc: Exception) -> None:
@@ -111,27 +95,6 @@ def mixed_op(rng: random.Random, writer: str, i: int):
     return make_op("seat.fence", {}, node=writer, seat=seat, token=rng.randint(1, 6))
 
 
-async def publish_all(js, ops) -> list[tuple[int, str]]:
-    """Publish *ops* in order (retrying under the same id): ``[(seq, op id)]``."""
-    out = []
-    for op in ops:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                seq, _ = await estate_log.publish(js, op, timeout=2)
-                break
-            except nats.errors.Error:  # unanswered or no leader yet: the same id again
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
-        out.append((seq, op.id))
-    return out
-
-
-def copy_of(data_dir: str) -> store.Store:
-    return store.open_env(os.path.join(data_dir, "estate"), readonly=True)
-
-
 # ------------------------------------------------------------------ the log
 
 def test_two_writers_land_in_order_and_identically_in_two_copies(natsd, short_tmp):
@@ -153,9 +116,10 @@ def test_two_writers_land_in_order_and_identically_in_two_copies(natsd, short_tm
                 # b starts after the log is written: it catches up in batches.
                 async with applier(natsd.url, f"{short_tmp}/b", "b") as b:
                     await until(lambda: a.applied == last and b.applied == last, 15, "both applied")
+                    tokens = {op.id: op.token for op in ops1 + ops2}  # stale refusals are kept by token
                     for copy in (a, b):
                         for seq, op_id in landed:
-                            assert copy.reader.outcome(op_id)["seq"] == seq
+                            assert copy.reader.outcome(op_id, tokens[op_id])["seq"] == seq
                     assert store.digest(a.store) == store.digest(b.store)
                     assert store.dump(a.store) == store.dump(b.store)
                     # Ids come from the log: every task is T<its seq>.
@@ -167,7 +131,7 @@ def test_two_writers_land_in_order_and_identically_in_two_copies(natsd, short_tm
                                                              floor=last)))["answer"]["hits"]
                     pages = a.reader.query("page.list", {})["pages"]
                     assert {h["path"] for h in hits} == {p["path"] for p in pages}
-    run(check())
+    run(check(), DEADLINE)
 
 
 def test_a_duplicated_op_id_lands_once_and_both_answers_carry_the_first_outcome(natsd, short_tmp):
@@ -198,7 +162,7 @@ def test_a_duplicated_op_id_lands_once_and_both_answers_carry_the_first_outcome(
             titles = [t["title"] for t in a.reader.query("task.list", {})["tasks"]]
             assert sorted(titles) == ["once", "twice"]
             assert info.state.messages == 3
-    run(check())
+    run(check(), DEADLINE)
 
 
 def test_a_stale_fencing_token_is_refused_and_the_refusal_is_the_outcome(natsd, short_tmp):
@@ -216,7 +180,7 @@ def test_a_stale_fencing_token_is_refused_and_the_refusal_is_the_outcome(natsd, 
             again = await a.handle(wire.write_request(stale, wait=5))
             assert again["answer"] == got["answer"]
             assert a.reader.query("task.list", {})["tasks"] == []
-    run(check())
+    run(check(), DEADLINE)
 
 
 def test_a_read_waits_for_its_floor_or_answers_behind(natsd, short_tmp):
@@ -248,7 +212,7 @@ def test_a_read_waits_for_its_floor_or_answers_behind(natsd, short_tmp):
             assert bad["status"] == "bad_request" and "task.get: id" in bad["reason"]
             bad = await a.handle({"kind": "write", "op": {"id": "x"}, "wait": 1})
             assert bad["status"] == "bad_request" and "'kind'" in bad["reason"]
-    run(check())
+    run(check(), DEADLINE)
 
 
 def test_a_request_past_its_deadline_is_not_run(natsd, short_tmp):
@@ -263,7 +227,7 @@ def test_a_request_past_its_deadline_is_not_run(natsd, short_tmp):
             assert info.state.messages == 0
             assert a.reader.outcome(op.id) is None
             assert a.stats["dropped"] == 1
-    run(check())
+    run(check(), DEADLINE)
 
 
 def test_the_applier_follows_the_log_across_a_stream_leader_change(nats_cluster, short_tmp):
@@ -303,7 +267,7 @@ def test_the_applier_follows_the_log_across_a_stream_leader_change(nats_cluster,
             await a.stop()
             await nc.close()
             await pnc.close()
-    run(check())
+    run(check(), DEADLINE)
 
 
 # ------------------------------------------------------------------ out of service
@@ -336,7 +300,7 @@ def test_rows_below_the_logs_first_sequence_put_the_copy_out_of_service(natsd, s
                 assert record["in_service"] is False and record["reason"] == reason
                 assert (record["applied"], record["log_first"], record["log_last"]) == (10, 15, 20)
                 assert a.applied == 10  # nothing applied past the hole
-    run(check())
+    run(check(), DEADLINE)
 
 
 def test_a_log_made_anew_under_a_copy_puts_it_out_of_service(natsd, short_tmp):
@@ -359,7 +323,7 @@ def test_a_log_made_anew_under_a_copy_puts_it_out_of_service(natsd, short_tmp):
                 assert a.applied == 5
                 got = await a.handle(wire.read_request("task.list", {}))
                 assert got["status"] == "out_of_service"
-    run(check())
+    run(check(), DEADLINE)
 
 
 def test_with_the_broker_gone_reads_answer_from_the_copy_and_writes_are_unvouched(
@@ -379,7 +343,7 @@ def test_with_the_broker_gone_reads_answer_from_the_copy_and_writes_are_unvouche
                 assert got["status"] == "unvouched", got
                 assert "may be in it" in got["reason"] or "not published" in got["reason"]
                 assert time.monotonic() - t0 < 2.5  # never past the wait
-    run(check())
+    run(check(), DEADLINE)
 
 
 def test_eviction_takes_the_copy_out_of_service_and_its_removal_brings_it_back(natsd, short_tmp):
@@ -387,51 +351,28 @@ def test_eviction_takes_the_copy_out_of_service_and_its_removal_brings_it_back(n
         async with connection(natsd.url) as (nc, js):
             async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
                 await until(lambda: a.log_first is not None, what="the log ensured")
-                kv = await until_bucket(js)
+                kv = await until(lambda: js.key_value("status"), what="the status bucket",
+                                 ignoring=(nats.errors.Error,))
                 await kv.put("evicted.a", json.dumps({"reason": "disk failing", "at": 1}).encode())
                 await until(lambda: a.reason == "node evicted: disk failing", what="evicted")
                 got = await a.handle(wire.read_request("task.list", {}))
                 assert got == {"status": "out_of_service", "node": "a",
                                "reason": "node evicted: disk failing"}
 
-                async def record():
-                    return json.loads((await kv.get("estate.a")).value)
-                await until_async(lambda: record(), lambda r: r["in_service"] is False, "status")
+                async def recorded(in_service: bool) -> bool:
+                    return json.loads((await kv.get("estate.a")).value)["in_service"] is in_service
+                await until(lambda: recorded(False), what="the record out of service",
+                            ignoring=(nats.errors.Error,))
                 await kv.delete("evicted.a")
                 await until(lambda: a.in_service, what="back in service")
                 got = await a.handle(wire.read_request("task.list", {}))
                 assert got["status"] == "ok"
-                await until_async(lambda: record(), lambda r: r["in_service"] is True, "status")
+                await until(lambda: recorded(True), what="the record in service",
+                            ignoring=(nats.errors.Error,))
             # A clean stop leaves one last record saying so.
             final = json.loads((await kv.get("estate.a")).value)
             assert final["in_service"] is False and final["reason"] == "applier stopped"
-    run(check())
-
-
-async def until_bucket(js):
-    """The ``status`` bucket, once the applier made it."""
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            return await js.key_value("status")
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
-
-
-async def until_async(get, ok, what: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = await get()
-            if ok(value):
-                return value
-        except Exception:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    run(check(), DEADLINE)
 
 
 # ------------------------------------------------------------------ custody
@@ -465,14 +406,15 @@ def test_each_event_is_kept_by_exactly_one_data_node(natsd, short_tmp):
                                    "at": both[2]["at"]}
                 assert both[1]["data"] == "plain 0"
                 # Acked: nothing waits on the consumer.
-                info = await until_async(lambda: js.consumer_info("EVENTS", "custody"),
-                                         lambda i: i.num_ack_pending == 0 and i.num_pending == 0,
-                                         "every event acked")
+                async def all_acked():
+                    info = await js.consumer_info("EVENTS", "custody")
+                    return info if info.num_ack_pending == 0 and info.num_pending == 0 else None
+                info = await until(all_acked, what="every event acked", ignoring=(nats.errors.Error,))
                 assert info.config.ack_wait == 30
                 # The node-local table is not part of the copy's digest.
                 got = await a.handle(wire.read_request("event.list", {"limit": 500}))
                 assert len(got["answer"]["events"]) == len(ka)
-    run(check())
+    run(check(), DEADLINE)
 
 
 # ------------------------------------------------------------------ a real node
@@ -503,7 +445,7 @@ def test_a_killed_applier_converges_to_an_uninterrupted_copy(make_node, short_tm
 
     def publish_in_thread():
         try:
-            run(publisher())
+            run(publisher(), DEADLINE)
         except BaseException as exc:
             failed.append(exc)
 
@@ -531,8 +473,9 @@ def test_a_killed_applier_converges_to_an_uninterrupted_copy(make_node, short_tm
             reference = store.digest(ref.store)
         async with connection(url) as (nc, js):
             kv = await js.key_value("status")
-            await until_async(lambda: kv.get("estate.t1"),
-                              lambda e: json.loads(e.value)["applied"] == last, "the node applied")
+            async def node_applied() -> bool:
+                return json.loads((await kv.get("estate.t1")).value)["applied"] == last
+            await until(node_applied, what="the node applied", ignoring=(nats.errors.Error,))
             record = json.loads((await kv.get("estate.t1")).value)
             assert record["in_service"] is True and record["log_last"] == last
             # Asked over NATS (any node's way in): answered from its copy.
@@ -543,8 +486,8 @@ def test_a_killed_applier_converges_to_an_uninterrupted_copy(make_node, short_tm
             assert got["status"] == "ok" and got["answer"]["outcome"]["seq"] == seq
         return reference
 
-    reference = run(converge())
-    copy = copy_of(node.config["data_dir"])
+    reference = run(converge(), DEADLINE)
+    copy = copy_of(node)
     try:
         assert copy.applied() == last
         assert store.digest(copy) == reference

@@ -22,13 +22,14 @@ is a pure function, so the choice is deterministic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import nats
 import pytest
@@ -40,35 +41,18 @@ from crewlet.coord import buckets
 from crewlet.estate import log as estate_log
 from crewlet.estate import store, wire
 from crewlet.estate.floor import NodeFloor
-from crewlet.estate.local import LocalCopy
+from crewlet.estate.local import LocalCopy, search_path
 from crewlet.estate.ops import make_op
 from crewlet.estate.router import NobodyAnswered, OutcomeUnknown, Router, order
 from crewlet.estate.view import EstateView, NodeState
 from roles.data_applier import serve_nats
 from roles.data_applier.applier import Applier
+from tests.estate import run, until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Short per-node waits: a silent node costs a test this long, not 10 or 60 s.
 READ_WAIT = 1.0
 WRITE_WAIT = 2.0
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 100))
-
-
-async def until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition"):
-    """Poll *predicate* (sync or async) until truthy; fail after *timeout*."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def asker_with_first(node: str, among: list[str], *, not_first: bool = False) -> str:
@@ -92,22 +76,6 @@ def pause_log(applier: Applier) -> None:
 
 def resume_log(applier: Applier) -> None:
     applier._spawn(applier._log_loop(), "log")
-
-
-async def stop_applier(applier: Applier) -> None:
-    """``applier.stop()``, cancelling its tasks again while it waits for them.
-
-    Its status loop waits with ``asyncio.wait_for``, which on Python 3.11
-    loses a cancellation that arrives as the awaited event is set — and
-    ``stop()`` sets that event just before it cancels — so the first cancel
-    may not end the loop (reported to the applier's author).
-    """
-    stopping = asyncio.create_task(applier.stop())
-    while not stopping.done():
-        for task in list(applier._tasks):
-            task.cancel()
-        await asyncio.wait([stopping], timeout=0.05)
-    stopping.result()
 
 
 class Fleet:
@@ -234,7 +202,7 @@ class Fleet:
                 pass
         for applier in self.appliers.values():
             if applier._tasks:
-                await stop_applier(applier)
+                await applier.stop()
         for proc in self.procs.values():
             stop_process(proc)
         for nc in self.conns:
@@ -333,7 +301,7 @@ async def test_the_router_passes_over_a_stopped_applier_without_asking_it(fleet)
     await fleet.add("b")
     router = await fleet.router(asker_with_first("a", ["a", "b"]))
     await fleet.in_service(router.view, "a", "b")
-    await stop_applier(a)  # its last record: out of service, "applier stopped"
+    await a.stop()  # its last record: out of service, "applier stopped"
     await until(lambda: not router.view.state("a").in_service, 5, "a's record read")
     before = fleet.requests()["a"]
 
@@ -533,7 +501,7 @@ async def test_nobody_answering_names_every_node_and_what_it_said(fleet):
         await fleet.add(n)
     router = await fleet.router("stateless")
     await fleet.in_service(router.view, "a", "b", "c")
-    await stop_applier(a)
+    await a.stop()
     await fleet.unlisten("b")
     await fleet.kv_status.put("evicted.c", json.dumps({"reason": "disk failing"}).encode())
     await until(lambda: not router.view.state("a").in_service
@@ -596,6 +564,36 @@ async def test_a_data_node_answers_from_its_own_copy_and_from_peers_when_it_is_o
     assert found.answers == {"s": "out of service: applier stopped"}
     task = await router.read("task.get", {"id": f"T{outcome['seq']}"})
     assert task["task"]["title"] == "from s's own roles" and router.last_answered == "b"
+
+
+@fleet_test
+async def test_a_data_nodes_own_copy_searches_the_index_its_applier_made_anew(fleet):
+    """The search index is derived: deleted, the applier makes it anew from
+    the copy (as it does one SQLite cannot read). The node's roles, which
+    held the old file open, search the new one."""
+    proc = await fleet.spawn("s")
+    await fleet.add("b")
+    local = fleet.local("s")
+    router = await fleet.router("s", local=local)
+    await fleet.in_service(router.view, "s", "b")
+    await until(local.in_service, 10, "s's copy in service")
+    assert (await router.write(page_op("kb/old", "old words")))["ok"]
+    assert (await router.search("old")).node == "s"  # the index file is open here now
+
+    proc.terminate()
+    assert proc.wait(10) == 0
+    path = search_path(fleet.data_dir("s"))
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path + suffix)
+    await fleet.spawn("s")  # its applier indexes the copy into a new file
+    await until(local.in_service, 15, "s's copy back in service")
+
+    assert (await router.write(page_op("kb/new", "new words")))["ok"]
+    found = await router.search("words")
+    assert found.node == "s", found.answers
+    assert sorted(h["path"] for h in found.hits) == ["kb/new", "kb/old"]
+    assert router.last_answered is None  # nobody else asked
 
 
 @fleet_test
@@ -664,7 +662,7 @@ async def _serve(url: str, node: str, data_dir: str, run_dir: str) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    await stop_applier(applier)
+    await applier.stop()
     await applied.send_multipart([wire.APPLIED_TOPIC, wire.encode(applied_message(applier))])
     estate.close()
     applied.close()

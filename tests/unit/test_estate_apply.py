@@ -8,6 +8,7 @@ import pytest
 
 from crewlet.estate import apply, ops, store
 from crewlet.estate.ops import OpError, make_op
+from tests.estate import op, random_log
 
 
 @pytest.fixture
@@ -18,10 +19,6 @@ def copy(tmp_path):
     yield lambda name="a": made.append(make(name)) or made[-1]
     for s in made:
         store.close_env(s)
-
-
-def op(kind, args, id=None, seat=None, token=None, at=1000.0):
-    return make_op(kind, args, node="n1", seat=seat, token=token, id=id, at=at)
 
 
 def run(s, *ops_, start=None):
@@ -151,39 +148,8 @@ def test_entries_at_or_below_applied_are_skipped(copy):
     assert len(q(s, "task.list")["tasks"]) == 1
 
 
-def _random_ops(rnd: random.Random, n: int) -> list[ops.Op]:
-    made = []
-    for i in range(n):
-        kind = rnd.choice(["task.create", "task.update", "task.comment", "page.write", "page.delete",
-                           "diary.write", "dup", "fence"])
-        seat, token = rnd.choice([(None, None), ("cto", rnd.randint(1, 5)), ("ceo", rnd.randint(1, 5))])
-        at = 1000.0 + i
-        if kind == "dup" and made:
-            made.append(rnd.choice(made))
-            continue
-        if kind == "fence":
-            made.append(op("seat.fence", {}, seat=seat or "cto", token=token or 3, at=at))
-        elif kind == "task.create":
-            made.append(op(kind, {"title": f"t{i}", "assignee": rnd.choice(["cto", "ceo"])}, seat=seat, token=token, at=at))
-        elif kind == "task.update":
-            made.append(op(kind, {"id": f"T{rnd.randint(1, i + 1)}", "status": rnd.choice(ops.TASK_STATUSES)},
-                           seat=seat, token=token, at=at))
-        elif kind == "task.comment":
-            made.append(op(kind, {"id": f"T{rnd.randint(1, i + 1)}", "body": f"c{i}"}, seat=seat, token=token, at=at))
-        elif kind == "page.write":
-            made.append(op(kind, {"path": f"p/{rnd.randint(0, 9)}", "title": "t", "body": f"b{i}"},
-                           seat=seat, token=token, at=at))
-        elif kind == "page.delete":
-            made.append(op(kind, {"path": f"p/{rnd.randint(0, 9)}"}, seat=seat, token=token, at=at))
-        else:
-            who = seat or "cto"
-            made.append(op(kind, {"seat": who, "text": f"note {rnd.randint(0, 20)}"}, seat=who,
-                           token=token or 1, at=at))
-    return made
-
-
 def test_two_copies_applying_the_same_log_in_different_batches_hold_the_same_bytes(copy):
-    log = [o.encode() for o in _random_ops(random.Random(7), 600)]
+    log = [o.encode() for o in random_log(7, 600)]
     a, b = copy("a"), copy("b")
     apply.apply_batch(a, list(enumerate(log, 1)))
     rnd = random.Random(8)
@@ -219,6 +185,69 @@ def test_ops_and_queries_are_checked_with_the_field_and_the_reason():
     assert ops.KINDS["page.write"].retry == "once" and ops.KINDS["task.update"].retry == "move_on"
 
 
+def test_crewletctls_copies_of_the_estates_limits_are_the_estates():
+    """crewletctl keeps copies so as not to compile the schemas (crewlet/ctl/tasks.py)."""
+    from crewlet.ctl import tasks
+    assert (tasks.LIST_DEFAULT, tasks.LIST_MAX) == (ops.LIST_DEFAULT, ops.LIST_MAX)
+    assert (tasks.SEARCH_DEFAULT, tasks.SEARCH_MAX) == (ops.SEARCH_DEFAULT, ops.SEARCH_MAX)
+
+
 def test_a_reader_waits_for_the_writer_to_make_the_copy(tmp_path):
     with pytest.raises(store.StoreUnavailable):
         store.open_env(str(tmp_path / "none"), readonly=True)
+
+
+def test_a_key_too_long_for_lmdb_refuses_the_op_and_leaves_nothing_half_written(copy):
+    s = copy()
+    path = "é" * 300  # 600 bytes: past LMDB's 511-byte keys
+    long_file = op("file.register", {"project": "p", "path": path, "size": 1, "sha256": "ab" * 32})
+    after = op("task.create", {"title": "the log goes on"})
+    refused, ok = run(s, long_file, after)
+    assert not refused["ok"] and refused["error"] == "file.register: a name or path is too long to keep"
+    assert ok["ok"] and s.applied() == 2
+    assert q(s, "file.list")["files"] == []
+
+
+def test_an_op_that_fails_half_way_writes_none_of_its_rows(copy, monkeypatch):
+    s = copy()
+
+    def half(txn, dbs, op_, seq):  # a bug in an apply function, after a first write
+        txn.put(b"T999", b"half", db=dbs["tasks"])
+        raise RuntimeError("a bug half way")
+    monkeypatch.setitem(apply.KIND_APPLY, "task.create", half)
+    outcome = run(s, op("task.create", {"title": "x"}))[0]
+    assert outcome["error"] == "internal error applying task.create: a bug half way"
+    assert store.dump(s)["tasks"] == [] and s.applied() == 1
+
+
+def test_a_new_owner_redoing_a_write_refused_for_its_predecessors_token_lands_it(copy):
+    s = copy()
+    run(s, op("seat.fence", {}, seat="cto", token=9, id="fence:cto:9"))
+    stale = op("task.create", {"title": "redo me"}, seat="cto", token=5, id="cto:task.create:t1.0.0")
+    redo = op("task.create", {"title": "redo me"}, seat="cto", token=9, id="cto:task.create:t1.0.0")
+    assert stale.msg_id != redo.msg_id  # the broker must not drop the redo as the first's twin
+    refused, again, landed, twice = run(s, stale, stale, redo, redo)
+    assert refused["error"].startswith("stale fencing token 5") and again == {**refused, "duplicate": True}
+    assert landed["ok"] and twice == {**landed, "duplicate": True}
+    reader = store.Reader(s)
+    assert reader.outcome(redo.id, 9) == landed and reader.outcome(stale.id, 5) == landed
+    assert [t["title"] for t in q(s, "task.list")["tasks"]] == ["redo me"]
+
+
+def test_task_list_by_status_and_assignee_matches_both_and_fills_the_limit(copy):
+    s = copy()
+    run(s, *[op("task.create", {"title": f"t{i}", "assignee": "cto" if i % 3 else "ceo"}) for i in range(12)])
+    got = q(s, "task.list", status="open", assignee="ceo", limit=3)["tasks"]
+    assert [t["id"] for t in got] == ["T10", "T7", "T4"]
+    assert all("body" not in t for t in got)  # lists are lines; task.get has the body
+
+
+def test_op_ids_are_printable_ascii_and_long_ones_are_named_by_a_digest():
+    with pytest.raises(OpError, match="printable ASCII"):
+        op("task.create", {"title": "x"}, id="😀" * 10)
+    with pytest.raises(OpError, match="seat's name"):
+        make_op("task.create", {"title": "x"}, node="n", seat="Not A Seat", token=1)
+    long = ops.op_id("cto", "task.create", "t" * 300)
+    assert len(long) <= ops.OP_ID_MAX and long.startswith("cto:")
+    assert long == ops.op_id("cto", "task.create", "t" * 300)  # stable
+    assert ops.op_id("cto", "task.create", "t1.0.0") == "cto:task.create:t1.0.0"

@@ -3,8 +3,11 @@
 Static half (no broker): the code under crewlet/, roles/ and supervisor/ is
 read with :mod:`ast`, not imported.
 
-(a) every row of the table is used somewhere outside crewlet/groups.py: a
-    row nobody names is a group the table claims and the code no longer has;
+(a) every row of the table is used: passed as the group (first argument) of
+    ``groups.durable(ROW, ...)`` — naming a consumer the code makes — or of
+    ``groups.check_attach(ROW, ...)`` — refusing a node that may not attach —
+    somewhere outside crewlet/groups.py. A row only imported or mentioned
+    is a group the table claims and the code no longer has;
 (b) every durable consumer the code creates or binds to is named by
     ``groups.durable(ROW, ...)``: either directly at the call, or through a
     name (or ``self.<attr>``) every assignment of which in that function
@@ -39,6 +42,10 @@ MODULE = "crewlet.groups"
 
 # The row constants of the table: module-level names bound to a Group.
 ROWS = {name: value for name, value in vars(groups).items() if isinstance(value, Group)}
+
+# The table's functions whose group (first argument) is a row in use: the
+# consumer's name is made from it, or a node is refused attaching to it.
+USES = ("durable", "check_attach")
 
 # Calls whose durable name is an argument: method -> (keywords, position).
 NAMED_BY = {
@@ -96,11 +103,17 @@ def dotted(expr: ast.AST) -> str | None:
 
 
 def rows_used(tree: ast.Module) -> set[str]:
+    """The rows *tree* passes as the group of a :data:`USES` call of the table."""
     names = Names(tree)
-    used = {name for name in names.imported.values() if name in ROWS}
+    used: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and names.resolve(node) in ROWS:
-            used.add(node.attr)
+        if not (isinstance(node, ast.Call) and names.resolve(node.func) in USES):
+            continue
+        group = node.args[0] if node.args else next(
+            (k.value for k in node.keywords if k.arg == "group"), None)
+        row = names.resolve(group) if group is not None else None
+        if row in ROWS:
+            used.add(row)
     return used
 
 
@@ -211,8 +224,9 @@ def test_every_row_has_a_constant_and_is_used_in_the_code():
         for name in rows_used(tree):
             used.setdefault(name, []).append(path)
     unused = sorted(set(ROWS) - set(used))
-    assert not unused, (f"rows of crewlet/groups.py no code names: {', '.join(unused)} — a group the "
-                        "table claims but nothing creates; remove the row or use it where the consumer is made")
+    assert not unused, (f"rows of crewlet/groups.py no durable(ROW, ...) or check_attach(ROW, ...) "
+                        f"call uses: {', '.join(unused)} — a group the table claims but nothing creates; "
+                        "remove the row or name the consumer with it where it is made")
 
 
 def test_every_durable_consumer_in_the_code_is_named_by_the_table():
@@ -287,12 +301,21 @@ async def mailbox(js, api, seat, prefix):
         ["self.durable", "name", "f'inbox-{seat}'", "'inbox-x'", "prefix", "both", "groups.other(seat)"])
 
 
-def test_rows_used_sees_every_way_of_naming_a_row():
-    assert rows_used(ast.parse("from crewlet import groups\nx = groups.CUSTODY")) == {"CUSTODY"}
-    assert rows_used(ast.parse("from crewlet.groups import MAILBOX as M")) == {"MAILBOX"}
-    assert rows_used(ast.parse("import crewlet.groups\ncrewlet.groups.MAILBOX")) == {"MAILBOX"}
-    assert rows_used(ast.parse("import crewlet.groups as g\ng.CUSTODY, g.durable")) == {"CUSTODY"}
-    assert rows_used(ast.parse("CUSTODY = 1\nother.CUSTODY")) == set()
+def test_rows_used_are_the_groups_of_durable_and_check_attach_calls():
+    def used(source: str) -> set[str]:
+        return rows_used(ast.parse(source))
+    assert used("from crewlet import groups\nx = groups.durable(groups.CUSTODY)") == {"CUSTODY"}
+    assert used("from crewlet.groups import MAILBOX as M, durable as d\nd(M, seat='x')") == {"MAILBOX"}
+    assert used("import crewlet.groups\n"
+                "crewlet.groups.check_attach(crewlet.groups.MAILBOX, roles)") == {"MAILBOX"}
+    assert used("import crewlet.groups as g\ng.check_attach(roles=r, group=g.CUSTODY)") == {"CUSTODY"}
+    # Imported or mentioned is not used.
+    assert used("from crewlet.groups import MAILBOX, CUSTODY\nx = CUSTODY") == set()
+    assert used("from crewlet import groups\ngroups.may_attach(groups.CUSTODY, r)") == set()
+    assert used("from crewlet import groups\ngroups.durable(seat=groups.MAILBOX)") == set()
+    # Not the table's durable, or not the table's row.
+    assert used("from crewlet.groups import CUSTODY\nother.durable(CUSTODY)") == set()
+    assert used("from crewlet import groups\nCUSTODY = 1\ngroups.durable(CUSTODY)") == set()
 
 
 # ------------------------------------------------------------------ the functions
