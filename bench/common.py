@@ -1,20 +1,25 @@
-"""What the bench scripts share: messages, free ports, statistics, a bare nats-server, CPU meters.
+"""What the bench scripts share: messages, free ports, statistics, a bare nats-server, a crewletd, CPU meters.
 
 A benchmark prints crewlet's figure beside a baseline measured in the same
 run (DESIGN §8); most baselines are bare nats-py on a bare ``nats-server
 -js`` that the script starts itself. This module is that part, written once:
 
 * :func:`say` — progress on stderr, so stdout stays the report (``--json``);
-* :func:`free_ports`, :func:`summary`, :func:`ratio`, :func:`split`;
+* :func:`free_ports`, :func:`summary` (median, p95, p99), :func:`ratio`, :func:`split`;
 * :func:`find_nats_server` — the binary crewlet's embedded broker would use
   (``--nats-server``, ``$CREWLET_NATS_SERVER``, beside this python, the PATH);
 * :class:`NatsServer` — one ``nats-server -js`` on 127.0.0.1 with its store in
   a directory of the caller's, stopped by its pid (SIGTERM, then SIGKILL);
 * :func:`wait_jetstream` — until its JetStream answers;
+* :class:`Crewletd` — one real ``crewletd start`` on loopback ports, its config
+  and log in a directory of the caller's, its log's warnings and errors
+  counted, stopped by its pid (SIGTERM, then SIGKILL of its process group and
+  of anything it left behind); :func:`child_env` — the environment a python
+  child of a bench gets (this checkout first on its path);
 * :class:`CpuMeter` — CPU % of some processes over a window (100 % = one core),
   from their CPU times, so a window may span awaits.
 
-``bench/leases.py`` and ``bench/restart.py`` predate it and keep private copies.
+``bench/leases.py`` predates it and keeps its own nats-server class.
 """
 
 from __future__ import annotations
@@ -24,14 +29,20 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import psutil
+
+from crewlet import ipc
+
+# This checkout: a child python (crewletd among them) imports crewlet from here.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Seconds a SIGTERM'd nats-server gets before SIGKILL: a server holding
 # thousands of consumers takes ~10 s to stop (DESIGN §4).
@@ -61,12 +72,16 @@ def free_ports(n: int) -> list[int]:
 
 
 def summary(values: list[float]) -> dict[str, Any]:
-    """n, median, p95 (nearest rank), min and max of *values*, in the values' unit."""
+    """n, median, p95 and p99 (nearest rank), min and max of *values*, in the values' unit."""
     s = sorted(values)
     if not s:
-        return {"n": 0, "median": None, "p95": None, "min": None, "max": None}
-    return {"n": len(s), "median": statistics.median(s),
-            "p95": s[max(0, math.ceil(0.95 * len(s)) - 1)], "min": s[0], "max": s[-1]}
+        return {"n": 0, "median": None, "p95": None, "p99": None, "min": None, "max": None}
+
+    def rank(q: float) -> float:
+        return s[max(0, math.ceil(q * len(s)) - 1)]
+
+    return {"n": len(s), "median": statistics.median(s), "p95": rank(0.95), "p99": rank(0.99),
+            "min": s[0], "max": s[-1]}
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -96,6 +111,15 @@ def server_version(binary: str) -> str:
         return out.strip().split()[-1].lstrip("v")
     except (OSError, subprocess.SubprocessError, IndexError):
         return "?"
+
+
+def tail(path: str, n: int) -> str:
+    """The last *n* lines of the file at *path* ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
 
 
 class NatsServer:
@@ -138,11 +162,7 @@ class NatsServer:
             time.sleep(0.05)
 
     def log_tail(self, n: int = 15) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return tail(self.log_path, n)
 
     def stop(self, grace: float = SERVER_STOP_GRACE) -> float | None:
         """SIGTERM, wait up to *grace*, then SIGKILL; the seconds it took (None: not running)."""
@@ -184,6 +204,160 @@ async def wait_jetstream(url: str, timeout: float = 15.0) -> None:
             raise BenchError(f"JetStream not answering on {url} within {timeout:g}s: "
                              f"{type(last).__name__}: {last}")
         await asyncio.sleep(0.2)
+
+
+# Seconds a SIGTERM'd crewletd gets before SIGKILL, unless its bench says otherwise.
+NODE_STOP_GRACE = 30.0
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a python child of a bench: this checkout first on its path, and no
+    ``CREWLET_CONFIG`` of the caller's (a crewletd is given its own config)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    env.pop("CREWLET_CONFIG", None)
+    return env
+
+
+class Crewletd:
+    """One real ``crewletd start`` we started on loopback ports, stopped by its pid.
+
+    *base* is its working directory and holds its config (``crewlet.yaml``,
+    written here) and its log (``crewletd.log``, JSON lines); its data dir is
+    ``base/d`` unless *data_dir* names another. *config* is the bench's own
+    part of the config (``node``, ``supervisor``, ``fleet`` ...), laid over
+    what every bench's node has: the data dir, an embedded broker on a free
+    127.0.0.1 port (the nats-server *binary* when given), ingress on another,
+    JSON logs at info. A bench subclasses it for what only it needs, and may
+    change the class attributes.
+    """
+
+    STOP_GRACE = NODE_STOP_GRACE   # s a SIGTERM'd crewletd gets before SIGKILL
+    STATUS_TIMEOUT = 1.0           # s for a status answer
+    TAIL = 20                      # lines of its log that a failure quotes
+
+    def __init__(self, base: str, config: dict[str, Any], *, binary: str | None = None,
+                 data_dir: str | None = None):
+        self.dir = base
+        self.data_dir = data_dir or os.path.join(base, "d")
+        self.run_dir = os.path.join(self.data_dir, "run")
+        self.stream_port, self.ingress_port = free_ports(2)
+        self.url = f"nats://127.0.0.1:{self.stream_port}"
+        self.config_path = os.path.join(base, "crewlet.yaml")
+        self.log_path = os.path.join(base, "crewletd.log")
+        self.proc: subprocess.Popen | None = None
+        os.makedirs(base, exist_ok=True)
+        stream = {"type": "embedded", "listen": f"127.0.0.1:{self.stream_port}"}
+        if binary:
+            stream["binary"] = binary
+        cfg = {  # JSON is YAML; see etc/crewlet.yaml and crewlet/config/model.py
+            "data_dir": self.data_dir, "stream": stream,
+            "ingress": {"listen": f"127.0.0.1:{self.ingress_port}"},
+            "log": {"level": "info", "format": "json"}, **config}
+        with open(self.config_path, "w") as f:
+            json.dump(cfg, f, indent=1)
+
+    def start(self, *args: str) -> None:
+        """``crewletd start -c <config> *args`` in a session of its own, its output to its log."""
+        exe = os.path.join(os.path.dirname(sys.executable), "crewletd")
+        argv = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "supervisor.crewletd"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv + ["start", "-c", self.config_path, *args],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=child_env(), cwd=self.dir, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        """Raise :class:`BenchError` (:meth:`exit_message`) if crewletd has exited."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise BenchError(self.exit_message())
+
+    def exit_message(self) -> str:
+        assert self.proc is not None
+        return f"crewletd exited with {self.proc.returncode}:\n{self.log_tail()}"
+
+    def log_tail(self, n: int | None = None) -> str:
+        return tail(self.log_path, self.TAIL if n is None else n)
+
+    def log_size(self) -> int:
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def status(self) -> dict[str, Any] | None:
+        """Its ``status`` answer over its control socket; None when it does not answer."""
+        try:
+            reply = ipc.call(self.run_dir, "status", timeout=self.STATUS_TIMEOUT)
+        except ipc.NodeUnreachable:
+            return None
+        return reply.get("result") if reply.get("ok") else None
+
+    def warnings(self, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any]]:
+        """The warning and error records in its log's bytes [start, end)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(start)
+                blob = f.read(-1 if end is None else max(0, end - start))
+        except OSError:
+            return
+        for line in blob.decode(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("level") in ("warning", "error"):
+                yield rec
+
+    @staticmethod
+    def problem(rec: dict[str, Any]) -> str:
+        """What a warning or error record is counted as: its level, role and event."""
+        return f"{rec['level']} {rec.get('role', '?')}/{rec.get('event', '?')}"
+
+    def problems(self) -> dict[str, int]:
+        """Warnings and errors in its log, counted by :meth:`problem` (first seen first)."""
+        counts: dict[str, int] = {}
+        for rec in self.warnings():
+            key = self.problem(rec)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def stop(self) -> float | None:
+        """SIGTERM crewletd and wait :attr:`STOP_GRACE`; SIGKILL its process group (by its
+        pid) on timeout, then whatever it left behind. The seconds it took (None: never started)."""
+        if self.proc is None:
+            return None
+        try:
+            family = psutil.Process(self.proc.pid).children(recursive=True) \
+                if self.proc.poll() is None else []
+        except psutil.Error:
+            family = []
+        t0 = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                say(f"crewletd did not stop within {self.STOP_GRACE:g}s: SIGKILL")
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                self.proc.wait(10)
+        took = time.monotonic() - t0
+        leftovers = []
+        for p in family:  # crewletd should leave nothing; whatever it did leave, end it
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    say(f"left behind: pid {p.pid} {p.name()}: SIGKILL")
+                    p.kill()
+                    leftovers.append(p)
+            except psutil.Error:
+                pass
+        psutil.wait_procs(leftovers, timeout=5)
+        return took
 
 
 class CpuMeter:

@@ -77,8 +77,6 @@ import argparse
 import asyncio
 import bisect
 import itertools
-import json
-import math
 import os
 import random
 import shutil
@@ -86,7 +84,6 @@ import signal
 import socket
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -100,14 +97,12 @@ if ROOT not in sys.path:
 
 import lmdb  # noqa: E402
 import nats  # noqa: E402
-import psutil  # noqa: E402
 import zmq.asyncio  # noqa: E402
 from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig  # noqa: E402
 
-from bench.common import (BenchError, emit, find_nats_server, free_ports, ratio, say,  # noqa: E402
+from bench.common import (BenchError, Crewletd, emit, find_nats_server, ratio, say,  # noqa: E402
                           server_version, summary)
-from crewlet import ipc  # noqa: E402
 from crewlet.estate import apply as estate_apply  # noqa: E402
 from crewlet.estate import log as estate_log  # noqa: E402
 from crewlet.estate import store as estate_store  # noqa: E402
@@ -147,7 +142,6 @@ JS_TIMEOUT = 10.0              # s: generous, so a slow server shows as slow, no
 APPLY_WAIT = 120.0             # s the node's copy may take to apply one end-to-end round
 POLL = 0.001                   # s between reads of the copy's applied seq
 NODE_START = 60.0              # s for the node to run its applier and be in service
-NODE_STOP_GRACE = 30.0         # s for crewletd to stop before SIGKILL
 SEARCH_LIMIT = 10
 RAW_FTS = "SELECT rowid, rank FROM pages_fts WHERE pages_fts MATCH ? ORDER BY rank LIMIT ?"
 
@@ -156,17 +150,6 @@ FULL = {"ops": 50_000, "e2e_ops": 20_000, "writes": 500, "reads": 5000, "pages":
         "queries": 1000, "rounds": 3}
 QUICK = {"ops": 5000, "e2e_ops": 2000, "writes": 100, "reads": 1000, "pages": 10_000,
          "queries": 200, "rounds": 3}
-
-
-def pct(values: list[float], q: float) -> float | None:
-    """The *q* quantile (nearest rank) of *values*; common.summary stops at p95."""
-    s = sorted(values)
-    return s[max(0, math.ceil(q * len(s)) - 1)] if s else None
-
-
-def latency(values: list[float]) -> dict[str, Any]:
-    """summary() of *values* plus p99."""
-    return {**summary(values), "p99": pct(values, 0.99)}
 
 
 def per_s(count: int, seconds: float) -> float | None:
@@ -349,112 +332,15 @@ def part_apply(base: str, args: argparse.Namespace, words: Words, out: dict[str,
 # The node
 # --------------------------------------------------------------------------
 
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    env.pop("CREWLET_CONFIG", None)
-    return env
-
-
-class Node:
+class Node(Crewletd):
     """One crewletd we started: the data role only, embedded broker on loopback."""
 
     def __init__(self, base: str, binary: str):
-        self.dir = base
-        self.data_dir = os.path.join(base, "d")
-        self.run_dir = os.path.join(self.data_dir, "run")
-        self.stream_port, self.ingress_port = free_ports(2)
-        self.url = f"nats://127.0.0.1:{self.stream_port}"
-        self.config_path = os.path.join(base, "crewlet.yaml")
-        self.log_path = os.path.join(base, "crewletd.log")
-        self.proc: subprocess.Popen | None = None
-        os.makedirs(base, exist_ok=True)
-        cfg = {  # JSON is YAML; see etc/crewlet.yaml and crewlet/config/model.py
-            "node": {"id": NODE_ID, "roles": ["data"]},
-            "data_dir": self.data_dir,
-            "stream": {"type": "embedded", "listen": f"127.0.0.1:{self.stream_port}", "binary": binary},
-            "ingress": {"listen": f"127.0.0.1:{self.ingress_port}"},
-            "log": {"level": "info", "format": "json"},
-        }
-        with open(self.config_path, "w") as f:
-            json.dump(cfg, f, indent=1)
-
-    def start(self) -> None:
-        exe = os.path.join(os.path.dirname(sys.executable), "crewletd")
-        argv = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "supervisor.crewletd"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv + ["start", "-c", self.config_path], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, env=child_env(),
-                                         cwd=self.dir, start_new_session=True)
-
-    def check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise BenchError(f"crewletd exited with {self.proc.returncode}:\n{self.log_tail()}")
-
-    def log_tail(self, n: int = 20) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def problems(self) -> dict[str, int]:
-        """Warnings and errors in the node's log, counted by role/event."""
-        counts: dict[str, int] = {}
-        try:
-            with open(self.log_path, "rb") as f:
-                lines = f.read().decode(errors="replace").splitlines()
-        except OSError:
-            return counts
-        for line in lines:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("level") in ("warning", "error"):
-                key = f"{rec['level']} {rec.get('role', '?')}/{rec.get('event', '?')}"
-                counts[key] = counts.get(key, 0) + 1
-        return counts
+        super().__init__(base, {"node": {"id": NODE_ID, "roles": ["data"]}}, binary=binary)
 
     def applier_running(self) -> bool:
-        try:
-            reply = ipc.call(self.run_dir, "status", timeout=1.0)
-        except ipc.NodeUnreachable:
-            return False
-        st = reply.get("result") if reply.get("ok") else None
         return any(c.get("name") == "data_applier" and c.get("state") == "running"
-                   for c in (st or {}).get("children", []))
-
-    def stop(self) -> float | None:
-        """SIGTERM crewletd and wait; SIGKILL its group (by its pid) on timeout, then any leftover."""
-        if self.proc is None:
-            return None
-        try:
-            family = psutil.Process(self.proc.pid).children(recursive=True) \
-                if self.proc.poll() is None else []
-        except psutil.Error:
-            family = []
-        t0 = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(NODE_STOP_GRACE)
-            except subprocess.TimeoutExpired:
-                say(f"crewletd did not stop within {NODE_STOP_GRACE:g}s: SIGKILL")
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                self.proc.wait(10)
-        took = time.monotonic() - t0
-        for p in family:  # crewletd should leave nothing; whatever it did leave, end it
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    say(f"left behind: pid {p.pid} {p.name()}: SIGKILL")
-                    p.kill()
-            except psutil.Error:
-                pass
-        return took
+                   for c in (self.status() or {}).get("children", []))
 
 
 async def wait_until(what: str, ok: Callable[[], bool], deadline: float, node: Node) -> None:
@@ -607,7 +493,7 @@ async def part_writes(nc, js, routers: dict[str, Router], args: argparse.Namespa
             say(f"  write round {i + 1}: median ms " + ", ".join(f"{s} {rounds[s][-1]:.2f}" for s in sides))
     finally:
         await sub.unsubscribe()
-    out["write_ms"] = {s: {**latency(ms[s]), "round_medians": rounds[s],
+    out["write_ms"] = {s: {**summary(ms[s]), "round_medians": rounds[s],
                            "to_log_median": statistics.median(to_log[s]) if to_log[s] else None}
                        for s in sides}
 
@@ -676,7 +562,7 @@ async def part_reads(store: estate_store.Store, local: LocalCopy, routers: dict[
             us[side] += got
             rounds[side].append(statistics.median(got))
         say(f"  read round {i + 1}: median µs " + ", ".join(f"{s} {rounds[s][-1]:.1f}" for s in sides))
-    out["read_us"] = {s: {**latency(us[s]), "round_medians": rounds[s]} for s in sides}
+    out["read_us"] = {s: {**summary(us[s]), "round_medians": rounds[s]} for s in sides}
 
 
 # --------------------------------------------------------------------------
@@ -779,7 +665,7 @@ async def part_search(data_dir: str, local: LocalCopy | None, args: argparse.Nam
                 rounds[side].append(statistics.median(got))
             say(f"  search round {i + 1}: median ms "
                 + ", ".join(f"{s} {rounds[s][-1]:.3f}" for s in names))
-        out["search_ms"] = {s: {**latency(ms[s]), "round_medians": rounds[s]} for s in names}
+        out["search_ms"] = {s: {**summary(ms[s]), "round_medians": rounds[s]} for s in names}
     finally:
         index.close()
         raw.close()
@@ -992,6 +878,23 @@ def _mark(t: dict[str, Any]) -> str:
     return "n/a " if t["value"] is None else ("PASS" if t["pass"] else "MISS")
 
 
+def _latencies(sides: dict[str, Any], labels: dict[str, str], raw: str, spec: str, unit: str = "",
+               p99_vs_raw: bool = True) -> None:
+    """A latency table: a row (n, median, p99 in *spec*) for each side of *labels* that was
+    measured, the sides beside the *raw* one with their ratios to it (median, and p99)."""
+    print(f"   {unit:44} {'n':>5} {'median':>8} {'p99':>8}   vs raw: median"
+          + ("    p99" if p99_vs_raw else ""))
+    base = sides.get(raw) or {}
+    for side, label in labels.items():
+        m = sides.get(side)
+        if not m:
+            continue
+        tail = "" if side == raw else f"   {'':7}{_x(ratio(m['median'], base.get('median')))}"
+        if side != raw and p99_vs_raw:
+            tail += f" {_x(ratio(m['p99'], base.get('p99')))}"
+        print(f"   {label:44} {m['n']:5d} {m['median']:{spec}} {m['p99']:{spec}}{tail}")
+
+
 def print_text(rep: dict[str, Any]) -> None:
     cfg, a = rep["config"], rep["apply"]
     print(f"crewlet estate benchmark  (python {cfg['python']}, {cfg['cpus']} cpus, nats-server "
@@ -1022,18 +925,10 @@ def print_text(rep: dict[str, Any]) -> None:
     print()
     w = rep["write_ms"]
     print("2. write latency, task.create one at a time (publish -> applied -> answered), ms")
-    print(f"   {'':44} {'n':>5} {'median':>8} {'p99':>8}   vs raw: median    p99")
-    raw_w = w.get("raw_publish") or {}
     labels = {"router_nats": "Router over NATS (node without data)",
               "router_local": "Router over LocalCopy (ZeroMQ, data node)",
               "raw_publish": "raw js.publish round trip"}
-    for side, label in labels.items():
-        m = w.get(side)
-        if not m:
-            continue
-        tail = "" if side == "raw_publish" else \
-            f"   {'':7}{_x(ratio(m['median'], raw_w.get('median')))} {_x(ratio(m['p99'], raw_w.get('p99')))}"
-        print(f"   {label:44} {m['n']:5d} {m['median']:8.2f} {m['p99']:8.2f}{tail}")
+    _latencies(w, labels, "raw_publish", "8.2f")
     split = [f"{labels[s].split(' (')[0]}: in the log after {w[s]['to_log_median']:.2f} ms, answered "
              f"{w[s]['median'] - w[s]['to_log_median']:.2f} ms later"
              for s in ("router_nats", "router_local") if (w.get(s) or {}).get("to_log_median") is not None]
@@ -1046,18 +941,10 @@ def print_text(rep: dict[str, Any]) -> None:
     t = rep.get("read_task") or {}
     print(f"3. read latency, task.get {t.get('id', '?')} ({t.get('comments', '?')} comments, "
           f"{t.get('bytes', '?')} bytes answered), µs")
-    print(f"   {'':44} {'n':>5} {'median':>8} {'p99':>8}   vs raw: median")
-    raw_r = r.get("raw_get") or {}
-    labels = {"local_ask": "LocalCopy.ask(read task.get)", "reader_query": "Reader.query(task.get)",
-              "router_local_read": "Router.read over LocalCopy",
-              "router_nats_read": "Router.read over NATS (for comparison)",
-              "raw_get": "raw txn.get of the task's key"}
-    for side, label in labels.items():
-        m = r.get(side)
-        if not m:
-            continue
-        tail = "" if side == "raw_get" else f"   {'':7}{_x(ratio(m['median'], raw_r.get('median')))}"
-        print(f"   {label:44} {m['n']:5d} {m['median']:8.1f} {m['p99']:8.1f}{tail}")
+    _latencies(r, {"local_ask": "LocalCopy.ask(read task.get)", "reader_query": "Reader.query(task.get)",
+                   "router_local_read": "Router.read over LocalCopy",
+                   "router_nats_read": "Router.read over NATS (for comparison)",
+                   "raw_get": "raw txn.get of the task's key"}, "raw_get", "8.1f", p99_vs_raw=False)
     print()
     s = rep.get("search")
     if s:
@@ -1073,19 +960,10 @@ def print_text(rep: dict[str, Any]) -> None:
                   f"{', '.join(repr(x) for x in q['examples'][:4])}); pages matched: median "
                   f"{q['pages_matched_median']:g}, max {q['pages_matched_max']}, "
                   f"{q['with_hits']:.0%} with hits (of the first 100)")
-        m_all = s.get("search_ms") or {}
-        raw_s = m_all.get("raw_fts5") or {}
-        print(f"   {'ms':44} {'n':>5} {'median':>8} {'p99':>8}   vs raw: median    p99")
-        labels = {"search_index": "SearchIndex.search (read-only handle)",
-                  "local_ask": "LocalCopy.ask(page.search)",
-                  "raw_fts5": "raw FTS5 MATCH ORDER BY rank LIMIT 10"}
-        for side, label in labels.items():
-            m = m_all.get(side)
-            if not m:
-                continue
-            tail = "" if side == "raw_fts5" else \
-                f"   {'':7}{_x(ratio(m['median'], raw_s.get('median')))} {_x(ratio(m['p99'], raw_s.get('p99')))}"
-            print(f"   {label:44} {m['n']:5d} {m['median']:8.3f} {m['p99']:8.3f}{tail}")
+        _latencies(s.get("search_ms") or {}, {"search_index": "SearchIndex.search (read-only handle)",
+                                               "local_ask": "LocalCopy.ask(page.search)",
+                                               "raw_fts5": "raw FTS5 MATCH ORDER BY rank LIMIT 10"},
+                   "raw_fts5", "8.3f", unit="ms")
         print()
     print("targets")
     tg = rep["targets"]
@@ -1110,7 +988,8 @@ def print_text(rep: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="small sizes (the whole run < 60 s): " + ", ".join(f"{k} {v}" for k, v in QUICK.items()))
+                    help="small sizes (the whole run < 60 s): "
+                    + ", ".join(f"{k} {v}" for k, v in QUICK.items()))
     ap.add_argument("--ops", type=int, help=f"ops per apply round (default {FULL['ops']})")
     ap.add_argument("--e2e-ops", type=int, help=f"ops per end-to-end round (default {FULL['e2e_ops']})")
     ap.add_argument("--writes", type=int, help=f"writes per side and round (default {FULL['writes']})")

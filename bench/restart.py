@@ -35,7 +35,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ import msgpack  # noqa: E402
 import psutil  # noqa: E402
 import zmq  # noqa: E402
 
-from bench.common import BenchError, emit, ratio, say, split, summary  # noqa: E402
+from bench.common import BenchError, Crewletd, child_env, emit, ratio, say, split, summary  # noqa: E402
 from crewlet import ipc  # noqa: E402
 from supervisor.zygote import DEFAULT_PRELOAD  # noqa: E402
 
@@ -127,19 +126,6 @@ PRELOADED_PY = ("import gc, importlib, os, sys, time\n"
                 "gc.collect(); gc.freeze(); os.write(1, b'r'); time.sleep(30)")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    env.pop("CREWLET_CONFIG", None)
-    return env
-
-
 def wait_proc(proc: subprocess.Popen, timeout: float) -> bool:
     try:
         proc.wait(timeout)
@@ -163,46 +149,25 @@ def kill_proc(proc: subprocess.Popen | None) -> None:
 # The node
 # --------------------------------------------------------------------------
 
-class Node:
+class Node(Crewletd):
     """One crewletd we started, and a SUB on its events endpoint."""
 
-    def __init__(self, data_dir: str):
-        self.data_dir = data_dir
-        self.run_dir = os.path.join(data_dir, "run")
-        self.stream_port = free_port()
-        self.ingress_port = free_port()
-        while self.ingress_port == self.stream_port:
-            self.ingress_port = free_port()
-        self.nats_url = f"nats://127.0.0.1:{self.stream_port}"
-        self.config_path = os.path.join(data_dir, "crewlet.yaml")
-        self.log_path = os.path.join(data_dir, "crewletd.log")
-        self.proc: subprocess.Popen | None = None
-        self.sub: zmq.Socket | None = None
-        self.startup_events = 0
-        self._log = None
+    STOP_GRACE = 20.0   # s for crewletd to stop before SIGKILL
+    TAIL = 25           # lines of its log that a failure quotes
 
-    def write_config(self) -> None:
-        cfg = {  # JSON is YAML; see etc/crewlet.yaml and crewlet/config/model.py
+    def __init__(self, data_dir: str):
+        # data_dir holds its config and its log too.
+        super().__init__(data_dir, {
             "node": {"id": "bench", "roles": ["data", "ingress", "seats", "workers"]},
-            "data_dir": self.data_dir,
-            "stream": {"type": "embedded", "listen": f"127.0.0.1:{self.stream_port}"},
-            "ingress": {"listen": f"127.0.0.1:{self.ingress_port}"},
             "supervisor": {"intensity": 1000, "period": 1, "backoff_min": 0,
                            "stable_after": 0.1, "shutdown_timeout": 5,
                            "broker_shutdown_timeout": 10},
-            "log": {"level": "info", "format": "json"},
-        }
-        with open(self.config_path, "w") as f:
-            json.dump(cfg, f, indent=2)
+        }, data_dir=data_dir)
+        self.sub: zmq.Socket | None = None
+        self.startup_events = 0
 
     def start(self) -> None:
-        self.write_config()
-        exe = os.path.join(os.path.dirname(sys.executable), "crewletd")
-        argv = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "supervisor.crewletd"]
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(argv + ["start", "-c", self.config_path], stdin=subprocess.DEVNULL,
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=child_env(),
-                                     cwd=self.data_dir, start_new_session=True)
+        super().start()
         # Subscribe at once: ipc:// connects are retried until crewletd binds,
         # so the SUB is in place long before the first kill.
         self.sub = zmq.Context.instance().socket(zmq.SUB)
@@ -211,18 +176,9 @@ class Node:
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.connect(ipc.endpoint(self.run_dir, "events"))
 
-    def check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise BenchError(f"crewletd exited with {self.proc.returncode}; log: {self.log_path}\n"
-                             + self.log_tail())
-
-    def log_tail(self, n: int = 25) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                lines = f.read().decode(errors="replace").splitlines()
-            return "\n".join(lines[-n:])
-        except OSError:
-            return ""
+    def exit_message(self) -> str:
+        assert self.proc is not None
+        return f"crewletd exited with {self.proc.returncode}; log: {self.log_path}\n" + self.log_tail()
 
     def next_event(self, deadline: float) -> tuple[float, str, dict] | None:
         """The next event, stamped when received; None once *deadline* passed."""
@@ -251,13 +207,6 @@ class Node:
         while self.sub.poll(0):
             self.sub.recv_multipart()
 
-    def status(self) -> dict[str, Any] | None:
-        try:
-            reply = ipc.call(self.run_dir, "status", timeout=1.0)
-        except ipc.NodeUnreachable:
-            return None
-        return reply.get("result") if reply.get("ok") else None
-
     def wait_running(self, timeout: float) -> dict[str, dict]:
         """Block until every expected child is running; returns them by name."""
         deadline = time.perf_counter() + timeout
@@ -284,37 +233,11 @@ class Node:
         me = psutil.Process(self.proc.pid)
         return [me] + me.children(recursive=True)
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM crewletd, wait, SIGKILL on timeout; then nothing of it may remain."""
+    def stop(self) -> float | None:
         if self.sub is not None:
             self.sub.close(0)
             self.sub = None
-        if self.proc is None:
-            return
-        try:
-            family = self.descendants() if self.proc.poll() is None else []
-        except psutil.Error:
-            family = []
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            if not wait_proc(self.proc, timeout):
-                say(f"crewletd did not stop within {timeout:g}s: SIGKILL")
-                kill_proc(self.proc)
-        # Whatever crewletd started and left behind (it should leave nothing).
-        leftovers = []
-        for p in family[1:]:
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    leftovers.append(p)
-                    p.kill()
-            except psutil.Error:
-                pass
-        if leftovers:
-            say(f"killed {len(leftovers)} process(es) crewletd left behind: "
-                + ", ".join(str(p.pid) for p in leftovers))
-            psutil.wait_procs(leftovers, timeout=5)
-        if self._log is not None:
-            self._log.close()
+        return super().stop()
 
 
 # --------------------------------------------------------------------------
@@ -464,7 +387,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         startup_s = time.perf_counter() - t_start
         say(f"node running in {startup_s:.2f}s: "
             + ", ".join(f"{n}={children[n]['pid']}" for n in EXPECTED))
-        fork_parent = ForkParent(node.nats_url)
+        fork_parent = ForkParent(node.url)
         fork_parent.wait_ready()
 
         rounds = max(1, min(args.rounds, args.kills))
@@ -481,7 +404,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(nf):
                 forks.append(fork_parent.fork())
             for _ in range(ns):
-                spawns.append(spawn_one(node.nats_url, extra))
+                spawns.append(spawn_one(node.url, extra))
             say(f"round {rnd}/{rounds}: {len(kills)} kills, {len(forks)} forks, {len(spawns)} spawns")
         fork_parent.close()
         fork_parent = None

@@ -65,7 +65,6 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,9 +80,8 @@ from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 from nats.js.api import (AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy,  # noqa: E402
                          StorageType)
 
-from bench.common import (BenchError, CpuMeter, NatsServer, find_nats_server, free_ports,  # noqa: E402
-                          emit, ratio, say, server_version, summary, wait_jetstream)
-from crewlet import ipc  # noqa: E402
+from bench.common import (BenchError, CpuMeter, Crewletd, NatsServer, emit,  # noqa: E402
+                          find_nats_server, ratio, say, server_version, summary, wait_jetstream)
 
 NODE_ID = "bench"
 SEED = 20240611
@@ -100,9 +98,7 @@ JS_TIMEOUT = 10.0                  # s: generous, so a slow server shows as slow
 TARGET_RAW_RATIO = 0.5             # crewlet turns/s >= half of bare msgs/s, at 100 seats
 TARGET_SCALE = 0.2                 # at more seats, within 20 % of the 100-seat figure
 SETTLE = 1.0                       # s after the last round before the idle window opens
-NODE_STOP_GRACE = 180.0            # s for crewletd to stop: 10,000 leases, a broker of 10,000 consumers
 ROLE_SHUTDOWN = 60.0               # s the node's supervisor gives a role (and its broker) to stop
-STATUS_TIMEOUT = 10.0              # s for a status answer: 10,000 seats make it a megabyte
 NOTE_EVERY = 10.0                  # s between progress notes while the seats are being claimed
 # A seat's persona. Short on purpose: a company revision is ONE value in the config bucket, so
 # it must fit the broker's max payload (1 MiB, not configurable in crewlet's broker config);
@@ -311,73 +307,37 @@ def revision_bytes(company: dict[str, Any]) -> int:
                            "applied_by": "bench@bench", "at": time.time()}, separators=(",", ":")))
 
 
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    env.pop("CREWLET_CONFIG", None)
-    return env
-
-
-class CrewletNode:
+class CrewletNode(Crewletd):
     """One crewletd we started on a temp data dir, its config and its company."""
 
-    def __init__(self, base: str, binary: str, seats: list[str], args: argparse.Namespace):
-        self.dir = base
-        self.data_dir = os.path.join(base, "d")
-        self.run_dir = os.path.join(self.data_dir, "run")
-        self.seats = seats
-        self.stream_port, self.ingress_port = free_ports(2)
-        self.url = f"nats://127.0.0.1:{self.stream_port}"
-        self.config_path = os.path.join(base, "crewlet.yaml")
-        self.company_path = os.path.join(base, "company.yaml")
-        self.log_path = os.path.join(base, "crewletd.log")
-        self.proc: subprocess.Popen | None = None
-        os.makedirs(base, exist_ok=True)
-        self._write(binary, args)
+    STOP_GRACE = 180.0      # s for crewletd to stop: 10,000 leases, a broker of 10,000 consumers
+    STATUS_TIMEOUT = 10.0   # s for a status answer: 10,000 seats make it a megabyte
 
-    def _write(self, binary: str, args: argparse.Namespace) -> None:
-        cfg = {  # JSON is YAML; see etc/crewlet.yaml and crewlet/config/model.py
+    def __init__(self, base: str, binary: str, seats: list[str], args: argparse.Namespace):
+        self.seats = seats
+        super().__init__(base, {
             "node": {"id": NODE_ID, "max_concurrent": MAX_CONCURRENT},
-            "data_dir": self.data_dir,
-            "stream": {"type": "embedded", "listen": f"127.0.0.1:{self.stream_port}", "binary": binary},
-            "ingress": {"listen": f"127.0.0.1:{self.ingress_port}"},
             "supervisor": {"shutdown_timeout": ROLE_SHUTDOWN, "broker_shutdown_timeout": ROLE_SHUTDOWN},
-            "fleet": {"claims_per_sweep": claims_per_sweep(len(self.seats), args), "sweep": args.sweep,
+            "fleet": {"claims_per_sweep": claims_per_sweep(len(seats), args), "sweep": args.sweep,
                       "heartbeat": args.heartbeat, "lease_ttl": args.lease_ttl},
-            "log": {"level": "info", "format": "json"},
-        }
+        }, binary=binary)
         company = {
             "company": {"name": "bench"},
             "providers": {"p": {"kind": "scripted", "rules": [{"match": ".*", "reply": "ok"}]}},
             "seats": [{"name": s, "persona": args.persona, "provider": "p"} for s in self.seats],
         }
         self.revision_bytes = revision_bytes(company)
-        with open(self.config_path, "w") as f:
-            json.dump(cfg, f, indent=1)
+        self.company_path = os.path.join(base, "company.yaml")
         with open(self.company_path, "w") as f:
             json.dump(company, f)
 
     def start(self) -> None:
-        exe = os.path.join(os.path.dirname(sys.executable), "crewletd")
-        argv = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "supervisor.crewletd"]
-        argv += ["start", "-c", self.config_path, "--company", self.company_path]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=child_env(), cwd=self.dir, start_new_session=True)
+        super().start("--company", self.company_path)
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise BenchError(f"crewletd exited with {self.proc.returncode}")
-
-    def status(self) -> dict[str, Any] | None:
-        try:
-            reply = ipc.call(self.run_dir, "status", timeout=STATUS_TIMEOUT)
-        except ipc.NodeUnreachable:
-            return None
-        return reply.get("result") if reply.get("ok") else None
+    def exit_message(self) -> str:
+        # No log tail: the report has the log's warnings and errors (problems).
+        assert self.proc is not None
+        return f"crewletd exited with {self.proc.returncode}"
 
     @staticmethod
     def seats_stats(st: dict[str, Any] | None) -> dict[str, Any]:
@@ -444,67 +404,18 @@ class CrewletNode:
                 raise BenchError(f"{held} of {n} seats held, {working} working, after {timeout:g}s")
             time.sleep(interval)
 
-    def log_size(self) -> int:
-        try:
-            return os.path.getsize(self.log_path)
-        except OSError:
-            return 0
-
     def problems(self, start: int = 0, end: int | None = None) -> dict[str, Any]:
         """Warnings and errors in the log's bytes [start, end): a count per level and
         role/event, and the first of each."""
         counts: collections.Counter = collections.Counter()
         first: dict[str, dict] = {}
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(start)
-                blob = f.read(-1 if end is None else max(0, end - start))
-        except OSError:
-            blob = b""
-        for line in blob.decode(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(rec, dict) or rec.get("level") not in ("warning", "error"):
-                continue
-            key = f"{rec['level']} {rec.get('role', '?')}/{rec.get('event', '?')}"
+        for rec in self.warnings(start, end):
+            key = self.problem(rec)
             if isinstance(rec.get("reason"), str):
                 key += f" ({rec['reason'][:REASON_KEPT]})"
             counts[key] += 1
             first.setdefault(key, _clip({k: v for k, v in rec.items() if k not in ("node", "level")}))
         return {"counts": dict(counts.most_common()), "first": first}
-
-    def stop(self) -> float | None:
-        """SIGTERM crewletd and wait; SIGKILL what is left of its tree (by pid) on timeout."""
-        if self.proc is None:
-            return None
-        try:
-            family = psutil.Process(self.proc.pid).children(recursive=True) \
-                if self.proc.poll() is None else []
-        except psutil.Error:
-            family = []
-        t0 = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(NODE_STOP_GRACE)
-            except subprocess.TimeoutExpired:
-                say(f"crewletd did not stop within {NODE_STOP_GRACE:g}s: SIGKILL")
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                self.proc.wait(10)
-        took = time.monotonic() - t0
-        for p in family:  # crewletd should leave nothing; whatever it did leave, end it
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    say(f"left behind: pid {p.pid} {p.name()}: SIGKILL")
-                    p.kill()
-            except psutil.Error:
-                pass
-        return took
 
 
 def _round(v: float | None, digits: int = 1) -> float | None:
