@@ -362,6 +362,9 @@ class Applier:
         self.stats["ops"] += len(outcomes)
         self.stats["batches"] += 1
         self.applied = applied
+        # The log holds at least what was applied from it (its bounds are
+        # read every few seconds; "applied 34 of log 30" would read wrong).
+        self.log_last = max(self.log_last or 0, applied)
         self._wake()
         self.changed.set()
 
