@@ -52,9 +52,15 @@ class Refused(Exception):
 Outcome = dict[str, Any]
 
 
-def apply_batch(store: Store, entries: list[tuple[int, bytes]]) -> list[tuple[str | None, Outcome]]:
+def apply_batch(store: Store, entries: list[tuple[int, bytes]], *,
+                before_commit: Callable[[list[tuple[str | None, Outcome]]], None] | None = None,
+                ) -> list[tuple[str | None, Outcome]]:
     """Apply log entries in order in one transaction; ``[(op id, outcome)]``
     for the entries applied now (those at or below ``applied`` are skipped).
+
+    *before_commit* is handed the outcomes once they are computed, before the
+    commit (and its fsync): an outcome is the log's, not the commit's — a
+    batch that fails to commit is applied again to the same outcomes.
 
     Raises what LMDB raised for a reason of this node's own (a full map, a
     disk error): nothing of the batch is committed, and the applier tries
@@ -70,6 +76,8 @@ def apply_batch(store: Store, entries: list[tuple[int, bytes]]) -> list[tuple[st
             out.append(_apply_one(store.env, txn, dbs, seq, data))
             applied = seq
         txn.put(APPLIED, seq_key(applied), db=dbs["meta"])
+        if before_commit is not None and out:
+            before_commit(out)
     return out
 
 

@@ -189,6 +189,10 @@ class Applier:
         self._log_missing = False
         self._out: dict[str, str] = {}
         self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        # op id -> the writes waiting for its outcome, told as soon as it is
+        # computed (before the batch's commit: see _write).
+        self._outcomes: dict[str, list[asyncio.Future]] = {}
+        self._loop = asyncio.get_running_loop()
         self._tick = itertools.count()
         # Set on every commit and change of service: the applied PUB waits on it.
         self.changed = asyncio.Event()
@@ -369,9 +373,20 @@ class Applier:
         self.changed.set()
 
     def _apply_sync(self, entries: list[tuple[int, bytes]]):
-        outcomes = apply.apply_batch(self.store, entries)
+        outcomes = apply.apply_batch(self.store, entries, before_commit=self._computed)
         self._catch_up_index()
         return outcomes, self.store.applied()
+
+    def _computed(self, outcomes: list[tuple[str | None, dict[str, Any]]]) -> None:
+        """On the writer thread, before the commit: tell the waiting writes."""
+        if self._outcomes:
+            self._loop.call_soon_threadsafe(self._resolve, outcomes)
+
+    def _resolve(self, outcomes: list[tuple[str | None, dict[str, Any]]]) -> None:
+        for op_id, outcome in outcomes:
+            for fut in self._outcomes.pop(op_id, ()) if op_id is not None else ():
+                if not fut.done():
+                    fut.set_result({k: v for k, v in outcome.items() if k != "duplicate"})
 
     def _catch_up_index(self) -> None:
         try:
@@ -494,9 +509,31 @@ class Applier:
         first = self.reader.outcome(op.id, op.token)
         if first is not None:
             return self._ok(first, seq=first.get("seq"))
-        seq, why = await self._publish(op, until)
-        if seq is None:
-            return wire.answer(wire.UNVOUCHED, self.node, reason=why)
+        # Listen for the outcome before publishing: the op may be applied
+        # before the publish's acknowledgement is read.
+        told = self._loop.create_future()
+        self._outcomes.setdefault(op.id, []).append(told)
+        try:
+            seq, why = await self._publish(op, until)
+            if seq is None:
+                return wire.answer(wire.UNVOUCHED, self.node, reason=why)
+            if self.applied < seq:
+                # Answered once computed, not committed: the outcome is the
+                # log's (a failed commit is applied again to the same one),
+                # and a read carrying this seq as its floor waits for the
+                # commit anyway. Saves the commit's fsync (~0.2-0.3 ms here).
+                try:
+                    async with asyncio.timeout(max(0.0, until - time.time())):
+                        outcome = await told
+                    return self._ok(outcome, seq=outcome.get("seq", seq))
+                except TimeoutError:
+                    pass
+        finally:
+            waiting = self._outcomes.get(op.id)
+            if waiting is not None and told in waiting:
+                waiting.remove(told)
+                if not waiting:
+                    del self._outcomes[op.id]
         if not await self.wait_applied(seq, until):
             why = (f"the op is in the log at {seq}; this copy applied {self.applied} within the wait"
                    if self.in_service else f"the op is in the log at {seq}; this copy went out "
