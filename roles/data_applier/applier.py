@@ -244,7 +244,8 @@ class Applier:
         self._spawn(self._status_loop(), "status")
         self._spawn(self._eviction_loop(), "eviction")
         if custody_roles is not None:
-            self.custody = Custody(self.nc, self.js, self.store, self.write, roles=custody_roles)
+            self.custody = Custody(self.nc, self.js, self.store, self.write, roles=custody_roles,
+                                   serving=lambda: self.in_service)
             self._spawn(self.custody.run(), "custody")
 
     def _spawn(self, coro: Awaitable, name: str) -> None:

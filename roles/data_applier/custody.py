@@ -15,7 +15,13 @@ thread: key the event's 8-byte stream sequence, value msgpack of
 text; ``at`` the time the stream stored it). Then each is acked. An event
 already in the table (an ack that was lost, a redelivery) is acked and not
 written again. An event this node took and did not ack within
-:data:`ACK_WAIT` goes to whichever node fetches next.
+:data:`ACK_WAIT` goes to whichever node fetches next. A node whose copy is
+out of service (evicted, say, for a failing disk) takes no events meanwhile:
+the other data nodes keep them.
+
+Exactly one node keeps an event in normal running; a node killed between its
+commit and its ack leaves the event to be kept again elsewhere after
+:data:`ACK_WAIT` (at least once, in that window).
 
 The consumer is created only when it does not exist, with ``action:
 create``: ``add_consumer`` on an existing durable would silently update it
@@ -81,12 +87,14 @@ class Custody:
     """This node's share of ``EVENTS``, kept in its copy."""
 
     def __init__(self, nc: Client, js: JetStreamContext, store: Store,
-                 write: Callable[..., Awaitable[Any]], *, roles: Iterable[str]):
+                 write: Callable[..., Awaitable[Any]], *, roles: Iterable[str],
+                 serving: Callable[[], bool] = lambda: True):
         self.nc = nc
         self.js = js
         self.store = store
         self._write = write  # runs a function on the copy's writer thread
         self.roles = tuple(roles)
+        self.serving = serving  # the copy is in service: only then are events taken
         self.name = groups.durable(groups.CUSTODY)
         self.stats = {"kept": 0, "again": 0, "ack_failed": 0}
         self.stopping = False  # loops end on it as well as on a cancel (the applier's stop)
@@ -152,12 +160,18 @@ class Custody:
 
     async def _drain(self, psub) -> None:
         while not self.stopping:
+            if not self.serving():
+                await asyncio.sleep(FETCH_WAIT)
+                continue
             try:
                 msgs = await psub.fetch(FETCH_BATCH, timeout=FETCH_WAIT)
             except nats.errors.TimeoutError:
                 continue
             msgs = [m for m in msgs if m.reply]  # status messages carry no ack subject
-            if msgs:
+            if msgs and not self.serving():
+                # Went out of service while the fetch waited: hand them back at once.
+                await asyncio.gather(*(m.nak() for m in msgs), return_exceptions=True)
+            elif msgs:
                 await self._keep(msgs)
 
     async def _keep(self, msgs: list) -> None:

@@ -414,6 +414,15 @@ def test_each_event_is_kept_by_exactly_one_data_node(natsd, short_tmp):
                 # The node-local table is not part of the copy's digest.
                 got = await a.handle(wire.read_request("event.list", {"limit": 500}))
                 assert len(got["answer"]["events"]) == len(ka)
+                # A node out of service (evicted) takes no events: b keeps them all.
+                status = await js.key_value("status")
+                await status.put("evicted.a", json.dumps({"reason": "disk failing"}).encode())
+                await until(lambda: not a.in_service, 10, "a evicted")
+                before_a = len(kept(a))
+                for i in range(200, 250):
+                    await js.publish("events.turn.x", f"plain {i}".encode())
+                await until(lambda: len(kept(a)) + len(kept(b)) >= 250, 15, "the new events kept")
+                assert len(kept(a)) == before_a and set(range(201, 251)) <= set(kept(b))
     run(check(), DEADLINE)
 
 
