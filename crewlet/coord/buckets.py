@@ -23,11 +23,15 @@ objects    store                                           which file store is u
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
+
+from crewlet import log
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,53 @@ async def last(js: JetStreamContext, bucket: str, key: str, *, leader: bool = Fa
     if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
         return msg.seq, None
     return msg.seq, msg.data
+
+
+# Pause before a watch that failed or ended is opened again, doubling up to the
+# maximum (no JetStream quorum yet, the connection down, a leader moving).
+WATCH_RETRY_MIN = 0.1
+WATCH_RETRY_MAX = 2.0
+
+
+async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Callable[[Any], None],
+                 *, opened: Callable[[], None] = lambda: None, listed: Callable[[], None] = lambda: None,
+                 name: str = "", stopping: Callable[[], bool] = lambda: False) -> None:
+    """Watch *keys* of the bucket *open_kv* opens, for ever (until cancelled,
+    or *stopping*): ``seen(entry)`` for each entry.
+
+    Every watch — the first and each one opened again after a failure —
+    starts with ``opened()``, lists what the keys hold now, then calls
+    ``listed()``: a caller that keeps a copy of the keys starts a fresh one
+    at ``opened`` and puts it in force at ``listed``, so a key deleted while
+    nobody watched is forgotten too. A failure is logged once per run of
+    failures (``kv_watch_failed``), then the watch is opened again after a
+    pause (:data:`WATCH_RETRY_MIN`, doubling up to :data:`WATCH_RETRY_MAX`).
+    """
+    pause, complained = WATCH_RETRY_MIN, False
+    while not stopping():
+        watcher = None
+        try:
+            kv = await open_kv()
+            watcher = await kv.watch(keys)
+            opened()
+            async for entry in watcher:
+                if entry is None:  # the first listing is complete
+                    listed()
+                else:
+                    seen(entry)
+                pause, complained = WATCH_RETRY_MIN, False
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not complained:
+                log.event("kv_watch_failed", "warning", watch=name or keys,
+                          error=f"{type(exc).__name__}: {exc}")
+                complained = True
+        finally:
+            if watcher is not None:
+                try:
+                    await watcher.stop()
+                except Exception:
+                    pass  # the connection's trouble; the next watch is a new consumer
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, WATCH_RETRY_MAX)

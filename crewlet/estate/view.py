@@ -39,8 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from crewlet import log
-from crewlet.coord.buckets import LEASES, STATUS
+from crewlet.coord.buckets import LEASES, STATUS, follow
 
 # The applier writes its record every 2 s: five missed writes mean it is not
 # running (or cannot reach the broker), and its copy is taken out of service.
@@ -48,9 +47,6 @@ STATUS_STALE = 10.0
 # A copy this many ops behind the furthest one is asked after the others:
 # it would most likely answer "behind" to a floor, or answer stale reads.
 LAG_OPS = 1000
-# Retrying a watch the broker did not answer (no JetStream quorum yet).
-RETRY_FIRST = 0.1
-RETRY_MAX = 2.0
 
 DATA_ROLE = "data"
 NODE_KEYS = "node.*"
@@ -168,47 +164,29 @@ class EstateView:
             group.create_task(self._watch(STATUS.name, EVICTED_KEYS, self._evicted))
 
     async def _watch(self, bucket: str, keys: str, into: dict[str, dict[str, Any]]) -> None:
-        """Keep *into* (node id -> JSON value) equal to *bucket*'s *keys*, for ever.
-
-        A watch the broker does not answer (no JetStream quorum yet, the
-        connection down) is opened again with backoff; each new watch lists
-        the bucket again, and what it lists replaces what was known, so a
-        key deleted while nobody watched is forgotten too.
-        """
-        pause, complained = RETRY_FIRST, False
+        """Keep *into* (node id -> JSON value) equal to *bucket*'s *keys*, for
+        ever: each watch's listing replaces what was known (a key deleted
+        while nobody watched is forgotten too), then its changes apply."""
         name = f"{bucket}/{keys}"
-        while True:
-            watcher = None
-            try:
-                kv = await self.js.key_value(bucket)
-                watcher = await kv.watch(keys)
-                listing: dict[str, dict[str, Any]] | None = {}
-                async for entry in watcher:
-                    if entry is None:  # the first listing is complete
-                        if listing is not None:
-                            into.clear()
-                            into.update(listing)
-                            listing = None
-                            self._listed_one(name)
-                        continue
-                    target = listing if listing is not None else into
-                    _seen(entry, target)
-                    pause, complained = RETRY_FIRST, False
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if not complained:
-                    log.event("estate_view_watch_failed", "warning", bucket=bucket, keys=keys,
-                              error=f"{type(exc).__name__}: {exc}")
-                    complained = True
-            finally:
-                if watcher is not None:
-                    try:
-                        await watcher.stop()
-                    except Exception:
-                        pass
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RETRY_MAX)
+        listing: dict[str, dict[str, Any]] | None = None  # a watch's first listing, while it lasts
+
+        def opened() -> None:
+            nonlocal listing
+            listing = {}
+
+        def seen(entry) -> None:
+            _seen(entry, listing if listing is not None else into)
+
+        def listed() -> None:
+            nonlocal listing
+            if listing is not None:
+                into.clear()
+                into.update(listing)
+                listing = None
+                self._listed_one(name)
+
+        await follow(lambda: self.js.key_value(bucket), keys, seen, opened=opened, listed=listed,
+                     name=f"estate view {name}")
 
     def _listed_one(self, name: str) -> None:
         self._listed.add(name)

@@ -656,30 +656,25 @@ class Applier:
     # ------------------------------------------------------------ eviction
 
     async def _eviction_loop(self) -> None:
-        key = f"evicted.{self.node}"
-        pause = RETRY_MIN
-        while not self.stopping:
-            watcher = None
-            try:
-                kv = await buckets.ensure(self.js, buckets.STATUS, self.replicas)
-                watcher = await kv.watch(key)
-                pause = RETRY_MIN
-                async for entry in watcher:
-                    if entry is not None:
-                        self.set_out("evicted", _eviction(entry))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                events.event("estate_eviction_watch_failed", "warning",
-                             error=f"{type(exc).__name__}: {exc}")
-            finally:
-                if watcher is not None:
-                    try:
-                        await watcher.stop()
-                    except Exception:
-                        pass
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RETRY_MAX)
+        """Follow ``status`` key ``evicted.<node>``: present, this copy is out of service."""
+        listed_it = False  # the key was in the current watch's listing
+
+        def opened() -> None:
+            nonlocal listed_it
+            listed_it = False
+
+        def seen(entry) -> None:
+            nonlocal listed_it
+            listed_it = True
+            self.set_out("evicted", _eviction(entry))
+
+        def listed() -> None:
+            if not listed_it:  # removed while no watch was open
+                self.set_out("evicted", None)
+
+        await buckets.follow(lambda: buckets.ensure(self.js, buckets.STATUS, self.replicas),
+                             f"evicted.{self.node}", seen, opened=opened, listed=listed,
+                             name="eviction", stopping=lambda: self.stopping)
 
 
 def _say_if_failed(task: asyncio.Task) -> None:
