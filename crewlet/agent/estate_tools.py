@@ -26,6 +26,9 @@ role puts two more attributes on the :class:`~crewlet.agent.tools.ToolContext`'s
 ``services`` for these tools: ``estate`` (the Router) and ``node`` (this
 node's id, which every op names as its issuer).
 
+No tool waits longer than its turn has left (the context's ``deadline``): the
+router's per-node waits (10 s reads, 60 s writes) are cut to it.
+
 **Writes** are ops (:func:`crewlet.estate.ops.make_op`) issued by the seat
 under its fencing token, with the id ``<seat>:<kind>:<call key>`` — the same when a
 turn is redone, so a redone write lands once and answers the first outcome.
@@ -142,7 +145,7 @@ async def write(ctx: ToolContext, kind: str, args: dict[str, Any], *, check: str
     except ops.OpError as exc:
         raise ToolError(f"invalid arguments: {exc}") from None
     try:
-        outcome = await _router(ctx).write(op)
+        outcome = await _router(ctx).write(op, timeout=ctx.time_left())
     except OutcomeUnknown as exc:
         raise ToolError(f"the {kind} may or may not have landed: no data node could vouch for its "
                         f"outcome ({describe(exc.answers)}). Do not retry it blindly; {check}.") from None
@@ -160,7 +163,7 @@ async def read(ctx: ToolContext, query: str, args: dict[str, Any]) -> dict[str, 
     from crewlet.estate.router import EstateError, NobodyAnswered
 
     try:
-        return await _router(ctx).read(query, args) or {}
+        return await _router(ctx).read(query, args, timeout=ctx.time_left()) or {}
     except ops.OpError as exc:
         raise ToolError(f"invalid arguments: {exc}") from None
     except NobodyAnswered as exc:
@@ -224,7 +227,8 @@ async def _page_search(ctx: ToolContext, args: dict[str, Any]) -> str:
     from crewlet.estate.router import EstateError, describe
 
     try:
-        answer = await _router(ctx).search(args["query"], args.get("limit", ops.SEARCH_DEFAULT))
+        answer = await _router(ctx).search(args["query"], args.get("limit", ops.SEARCH_DEFAULT),
+                                           timeout=ctx.time_left())
     except (ops.OpError, EstateError) as exc:
         raise ToolError(f"the knowledge base could not be searched: {exc}") from None
     if not answer.searched:

@@ -31,6 +31,7 @@ import asyncio
 import functools
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -62,6 +63,11 @@ class ToolContext:
     token: int          # the seat's fencing token
     call_key: str       # f"{trigger}.{round}.{index}": the same when a turn is redone
     services: Any
+    deadline: float | None = None  # time.monotonic() by which the turn must be done
+
+    def time_left(self) -> float | None:
+        """Seconds the turn has left (None: no deadline): what a tool may wait."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
 
 @dataclass(frozen=True)

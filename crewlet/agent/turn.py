@@ -87,7 +87,8 @@ async def run_rounds(record: TurnRecord, *, text: str, persona: str, provider: P
             raise Fenced(f"lease of seat {record.seat} lost before round {round_no}'s tool calls")
         for index, call in enumerate(reply.calls):
             ctx = ToolContext(seat=record.seat, trigger=record.trigger, token=record.token,
-                              call_key=f"{record.trigger}.{round_no}.{index}", services=services)
+                              call_key=f"{record.trigger}.{round_no}.{index}", services=services,
+                              deadline=deadline)
             result, error = await registry.call(ctx, call.name, call.args)
             record.tool_calls.append({"name": call.name, "error": error, "round": round_no})
             messages.append(Message("tool", result, call_id=call.id, name=call.name, error=error))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from types import SimpleNamespace
 
 from crewlet.agent.estate_tools import ESTATE_TOOL_NAMES, estate_tools
@@ -124,5 +125,11 @@ async def test_a_search_nobody_could_run_is_not_no_hits_and_a_lost_page_write_is
         text, error = await reg.call(call(services, "w3.0.0"), "page_search", {"query": "alpha"})
         assert error and text.startswith("the knowledge base could not be searched:")
         assert "no pages matched" not in text
+        # A tool waits no longer than its turn has left, whatever the router's per-node wait.
+        short = ToolContext(seat="cto", trigger="w4", token=3, call_key="w4.0.0", services=services,
+                            deadline=time.monotonic() + 0.3)
+        started = time.monotonic()
+        text, error = await reg.call(short, "task_create", {"title": "in a hurry"})
+        assert error and time.monotonic() - started < WRITE_WAIT / 2, text
     finally:
         os.kill(proc.pid, signal.SIGCONT)
