@@ -107,6 +107,8 @@ from roles.data_applier.custody import Custody
 # Entries applied in one LMDB transaction: one fsync for all of them, and a
 # bound on how long the worker thread holds the write lock (~0.1 s measured).
 BATCH_MAX = 1000
+# Page changes indexed per search-index transaction when catching up.
+INDEX_SLICE = 5000
 # The ordered consumer's idle heartbeat: nats-py re-creates it after two
 # missed ones, so a stream leader change or a restarted server costs ~2 s.
 HEARTBEAT = 1.0
@@ -391,7 +393,11 @@ class Applier:
 
     def _catch_up_index(self) -> None:
         try:
-            self.index.catch_up(self.store)
+            # In slices: a first catch-up over a big copy (an index rebuilt)
+            # must not hold every page's body in memory at once.
+            done = -1
+            while (reached := self.index.catch_up(self.store, limit=INDEX_SLICE)) != done:
+                done = reached
         except Exception as exc:
             # The index is derived: searches answer from what it has, and the
             # next commit tries again.
