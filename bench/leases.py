@@ -56,6 +56,7 @@ from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 from nats.errors import TimeoutError as NatsTimeoutError  # noqa: E402
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError  # noqa: E402
 
+from bench import common  # noqa: E402
 from bench.common import BenchError, emit, free_ports, ratio, say, split, summary  # noqa: E402,F401
 from crewlet.coord import buckets  # noqa: E402
 from crewlet.coord.lease import Held, Leases  # noqa: E402
@@ -187,24 +188,8 @@ def make_servers(binary: str, base: str, cluster: bool) -> list[Server]:
 async def wait_jetstream(urls: list[str], timeout: float) -> None:
     """Until JetStream answers on every server (the cluster's meta group has a leader)."""
     deadline = time.monotonic() + timeout
-    pending = list(urls)
-    last: Exception | None = None
-    while pending:
-        url = pending[0]
-        try:
-            nc = await nats.connect(url, connect_timeout=1, allow_reconnect=False, max_reconnect_attempts=0)
-            try:
-                await nc.jetstream(timeout=1).account_info()
-                pending.pop(0)
-                continue
-            finally:
-                await nc.close()
-        except Exception as exc:
-            last = exc
-        if time.monotonic() > deadline:
-            raise BenchError(f"JetStream not answering on {url} within {timeout:g}s: "
-                             f"{type(last).__name__}: {last}")
-        await asyncio.sleep(0.2)
+    for url in urls:
+        await common.wait_jetstream(url, max(0.1, deadline - time.monotonic()))
 
 
 async def retrying(what: str, make, timeout: float = 30.0):

@@ -13,13 +13,12 @@ under a number of its own, SEQ. Two shapes:
 
 from __future__ import annotations
 
-import json
 
 import click
 
 from crewlet.ctl import CALL_TIMEOUT, Ctl
 from crewlet.ctl.render import dead_letters_view, normalize_dead_letters
-from crewlet.ctl.status import _console  # the same width rules as `status` when piped
+from crewlet.ctl.status import show
 
 # Dead letters listed by default: a screenful of the oldest.
 LIMIT = 100
@@ -71,10 +70,7 @@ def list_letters(ctl: Ctl, seat: str | None, limit: int, as_json: bool) -> None:
     """
     args = {"limit": limit} if seat is None else {"seat": seat, "limit": limit}
     result = normalize_dead_letters(ctl.ask("dlq", CALL_TIMEOUT + limit * PER_LETTER, **args))
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-    else:
-        _console().print(dead_letters_view(result, seat=seat, limit=limit))
+    show(result, as_json, lambda: dead_letters_view(result, seat=seat, limit=limit))
 
 
 @dlq.command()

@@ -9,7 +9,6 @@ loop that any command showing one control answer live can use).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any, Callable
@@ -22,7 +21,7 @@ from rich.text import Text
 from crewlet import ipc
 from crewlet.ctl import (EXIT_OK, WATCH_INTERVAL, WATCH_MAX_INTERVAL, WATCH_MIN_INTERVAL, Ctl, request)
 from crewlet.ctl.render import live_view, normalize_seats, seats_view
-from crewlet.ctl.status import _console  # the same width rules as `status` when piped
+from crewlet.ctl.status import show
 
 # Seconds one seats request may take: ~2 ms a seat on an R3 cluster, 32 at a
 # time, is ~1 s for 10,000 seats; the rest is room for a busy broker.
@@ -61,10 +60,7 @@ def seats(ctl: Ctl, as_json: bool, watch: bool, interval: float) -> None:
     if watch:
         sys.exit(watch_live(ctl, "seats", SEATS_TIMEOUT, interval, _frame))
     result = normalize_seats(ctl.ask("seats", SEATS_TIMEOUT))
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-    else:
-        _console().print(seats_view(result))
+    show(result, as_json, lambda: seats_view(result))
 
 
 def _frame(result: dict[str, Any] | None, refused: str | None) -> RenderableType:

@@ -14,10 +14,10 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import click
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 
 from crewlet import ipc
@@ -66,11 +66,16 @@ def status(ctl: Ctl, as_json: bool, watch: bool, interval: float, no_fleet: bool
     if watch:
         sys.exit(_watch(ctl, interval, fleet=not no_fleet))
     result = normalize(ctl.ask("status"))
+    show(result, as_json, lambda: status_view(result, fleet=not no_fleet))
+    sys.exit(exit_code(result))
+
+
+def show(result: Any, as_json: bool, view: Callable[[], RenderableType]) -> None:
+    """Print *result* as JSON (``--json``), else the rich table *view()* makes of it."""
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
-        _console().print(status_view(result, fleet=not no_fleet))
-    sys.exit(exit_code(result))
+        _console().print(view())
 
 
 def _console() -> Console:

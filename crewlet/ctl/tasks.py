@@ -14,7 +14,6 @@ uses it too).
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -22,7 +21,7 @@ import click
 
 from crewlet.ctl import CALL_TIMEOUT, EXIT_REFUSED, Ctl, fail
 from crewlet.ctl.render import normalize_task, normalize_tasks, task_view, tasks_view
-from crewlet.ctl.status import _console  # the same width rules as `status` when piped
+from crewlet.ctl.status import show
 
 # Seconds crewletd's router may take for one read or search (it asks the data
 # nodes in turn, each up to its read wait): sent as the request's ``wait``,
@@ -86,10 +85,7 @@ def tasks(ctl: Ctl, id: str | None, status: str | None, assignee: str | None, li
         result = normalize_task(ask_estate(ctl, "task.get", {"id": id}))
         if result["task"] is None:
             fail(f"no task {id}", EXIT_REFUSED)
-        if as_json:
-            click.echo(json.dumps(result, indent=2))
-        else:
-            _console().print(task_view(result))
+        show(result, as_json, lambda: task_view(result))
         return
     limit = limit or LIMIT
     args: dict[str, Any] = {"limit": limit}
@@ -98,7 +94,4 @@ def tasks(ctl: Ctl, id: str | None, status: str | None, assignee: str | None, li
     if assignee:
         args["assignee"] = assignee
     result = normalize_tasks(ask_estate(ctl, "task.list", args))
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-    else:
-        _console().print(tasks_view(result, limit=limit, status=status, assignee=assignee))
+    show(result, as_json, lambda: tasks_view(result, limit=limit, status=status, assignee=assignee))
