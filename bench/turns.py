@@ -154,6 +154,15 @@ def per_s(count: int, seconds: float) -> float | None:
 # The two sides' clients
 # --------------------------------------------------------------------------
 
+async def close_quietly(nc) -> None:
+    """Close a bench connection, if any, whatever state it is in (at most 10 s)."""
+    if nc is not None:
+        try:
+            await asyncio.wait_for(nc.close(), 10)
+        except Exception:
+            pass
+
+
 class Bare:
     """The bare server's stream, its N consumers, and rounds of publish -> fetch(1) + ack."""
 
@@ -181,11 +190,7 @@ class Bare:
         return time.perf_counter() - t0
 
     async def close(self) -> None:
-        if self.nc is not None:
-            try:
-                await asyncio.wait_for(self.nc.close(), 10)
-            except Exception:
-                pass
+        await close_quietly(self.nc)
 
     async def round(self, mail: list[tuple[str, str]], window: int) -> dict[str, Any]:
         # One bound pull subscription (a core subscription) per seat with mail,
@@ -237,11 +242,7 @@ class Turns:
         await self.nc.flush()  # the subscription is in place before the first publish
 
     async def close(self) -> None:
-        if self.nc is not None:
-            try:
-                await asyncio.wait_for(self.nc.close(), 10)
-            except Exception:
-                pass
+        await close_quietly(self.nc)
 
     async def _on_record(self, msg) -> None:
         t = time.perf_counter()

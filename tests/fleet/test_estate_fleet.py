@@ -114,7 +114,9 @@ def test_three_data_nodes_converge_with_their_appliers_killed_mid_stream(natsd, 
              15, what="every node's estate record at the log's end")
 
 
-STATELESS_COMPANY = """
+# One seat, w, working the estate with scripted rules; it is placed on the
+# nodes labelled zone ZONE (estate_company(zone) fills it in).
+ESTATE_COMPANY = """
 company: {name: t}
 providers:
   p:
@@ -133,8 +135,12 @@ providers:
         reply: 'found: {tools}'
         tools: [{name: page_search, args: {query: '\\1'}}]
 seats:
-  - {name: w, persona: a worker, provider: p, placement: {labels: {zone: edge}}}
+  - {name: w, persona: a worker, provider: p, placement: {labels: {zone: ZONE}}}
 """
+
+
+def estate_company(zone: str) -> str:
+    return ESTATE_COMPANY.replace("ZONE", zone)
 
 
 def turn(node, seat: str, text: str) -> dict:
@@ -164,7 +170,7 @@ def test_a_node_without_data_writes_and_reads_the_estate_through_the_router(nats
     any node; the seat's turn events are kept by exactly one data node."""
     a, b = data_node(make_node, natsd, "a").start(), data_node(make_node, natsd, "b").start()
     s = fleet_node(make_node, natsd, "s", node={"roles": ["seats"], "labels": {"zone": "edge"}}).start()
-    apply(s, write_company(short_tmp, STATELESS_COMPANY, "stateless.yaml"))
+    apply(s, write_company(short_tmp, estate_company("edge"), "stateless.yaml"))
     wait_for(lambda: held(s).get("w") == "s", 20, what="s holds w")
     assert not os.path.exists(os.path.join(s.config["data_dir"], "estate"))  # no copy here
 
@@ -208,20 +214,6 @@ def test_a_node_without_data_writes_and_reads_the_estate_through_the_router(nats
     assert ("EVENTS", groups.durable(groups.CUSTODY)) in durables
 
 
-ZONED_COMPANY = """
-company: {name: t}
-providers:
-  p:
-    kind: scripted
-    rules:
-      - match: 'create a task (.+)'
-        reply: '{tools}'
-        tools: [{name: task_create, args: {title: '\\1'}}]
-seats:
-  - {name: w, persona: a worker, provider: p, placement: {labels: {zone: ZONE}}}
-"""
-
-
 def test_a_data_node_with_its_applier_stopped_keeps_its_seats_served_by_a_peer(natsd, make_node, short_tmp):
     """a's applier is stopped (SIGSTOP): a keeps seat w, whose task goes
     through b's copy; a catches up when its applier goes on. Then w moves to
@@ -230,7 +222,7 @@ def test_a_data_node_with_its_applier_stopped_keeps_its_seats_served_by_a_peer(n
     a = data_node(make_node, natsd, "a", node={"roles": ["data", "seats"], "labels": {"zone": "a"}},
                   supervisor={"heartbeat_grace": 120, "wedge_after": 120}).start()
     b = data_node(make_node, natsd, "b", node={"roles": ["data", "seats"], "labels": {"zone": "b"}}).start()
-    apply(a, write_company(short_tmp, ZONED_COMPANY.replace("ZONE", "a"), "a.yaml"))
+    apply(a, write_company(short_tmp, estate_company("a"), "a.yaml"))
     wait_for(lambda: held(a).get("w") == "a", 20, what="a holds w")
     first = turn(a, "w", "create a task before")
 
@@ -254,7 +246,7 @@ def test_a_data_node_with_its_applier_stopped_keeps_its_seats_served_by_a_peer(n
     # w moves to b (a higher token, fenced on every copy); a zombie write of
     # a's under its older token is refused.
     old_token = first["token"]
-    apply(a, write_company(short_tmp, ZONED_COMPANY.replace("ZONE", "b"), "b.yaml"))
+    apply(a, write_company(short_tmp, estate_company("b"), "b.yaml"))
     wait_for(lambda: held(b).get("w") == "b", 30, what="b took w")
     # b's claim raised w's fence to its token on every copy, before any turn of b's.
     token = next(s["token"] for s in b.status()["fleet"]["seats"] if s["name"] == "w")
@@ -359,7 +351,7 @@ def test_a_seat_on_a_leaf_node_works_the_estate_of_an_embedded_r3_cluster(make_n
     edge.start()
     wait_for(lambda: len((members[0].status()["fleet"] or {}).get("nodes", [])) == 4, 60,
              what="four nodes present")
-    apply(edge, write_company(short_tmp, STATELESS_COMPANY, "leaf.yaml"))
+    apply(edge, write_company(short_tmp, estate_company("edge"), "leaf.yaml"))
     wait_for(lambda: held(edge).get("w") == "fd", 60, what="the leaf node holds w")
 
     task_id = turn(edge, "w", "create a task from the edge")["reply"].split()[1]
