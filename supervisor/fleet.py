@@ -84,7 +84,6 @@ class Fleet:
         self.seed = seed              # (Company, source): applied if the fleet has none
         self.zctx = zctx              # crewletd's ZeroMQ context (this node's estate copy)
         self.estate: EstateAccess | None = None  # set once joined
-        self.router = None            # self.estate.router, once joined
         self.started_at = time.time()
         self.nc = None
         self.leases: Leases | None = None
@@ -103,6 +102,11 @@ class Fleet:
         self._status_view: dict[str, dict[str, Any]] = {}
         self._estate_view: dict[str, dict[str, Any]] = {}
         self._evicted_view: dict[str, dict[str, Any]] = {}
+
+    @property
+    def router(self):
+        """crewletd's way to the estate (None until joined)."""
+        return self.estate.router if self.estate is not None else None
 
     @property
     def js(self):
@@ -172,7 +176,6 @@ class Fleet:
         self.publish("fleet_joined", token=self.presence.held.token)
         if self.zctx is not None:
             self.estate = EstateAccess(cfg, self.nc, js, self.zctx).start()
-            self.router = self.estate.router
         self.control = await ControlPlane.open(js, cfg.stream.replicas)
         active = await self.control.active()
         if active is None and self.seed is not None:

@@ -67,9 +67,6 @@ TASK_LIST_DEFAULT = 50  # a screenful for a model; the query allows up to ops.LI
 
 NOTES_READ_DEFAULT = 20
 
-ESTATE_TOOL_NAMES = ("task_create", "task_update", "task_comment", "task_list", "task_get",
-                     "page_write", "page_read", "page_search", "page_list", "file_register",
-                     "note_write", "notes_read")
 
 
 # ------------------------------------------------------------------ text
@@ -348,3 +345,7 @@ def _made() -> tuple[Tool, ...]:
               "additionalProperties": False},
              _notes_read),
     )
+
+
+# The tools' names, as the registry offers them.
+ESTATE_TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in _made())

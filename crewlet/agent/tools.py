@@ -176,7 +176,13 @@ async def _send(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 def builtin_tools() -> list[Tool]:
     """The tools every seat has without the estate: send."""
-    return [
+    return list(_builtins())
+
+
+@functools.lru_cache(maxsize=1)
+def _builtins() -> tuple[Tool, ...]:
+    """Made once: every seat a node claims gets the same ones."""
+    return (
         Tool("send", "Send a message to another seat's mailbox. It is worked as a turn of that seat, "
                      "which sees who sent it.",
              {"type": "object",
@@ -184,4 +190,4 @@ def builtin_tools() -> list[Tool]:
                              "text": {"type": "string", "minLength": 1, "description": "the message"}},
               "required": ["seat", "text"], "additionalProperties": False},
              _send),
-    ]
+    )

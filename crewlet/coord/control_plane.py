@@ -58,12 +58,12 @@ from typing import Any, TypeVar
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError
 from nats.js.kv import KeyValue
 
 from crewlet.company.model import Company
 from crewlet.bus import kv_subject
-from crewlet.coord.buckets import CONFIG, ensure
+from crewlet.coord.buckets import CONFIG, ensure, last
 
 JS_TIMEOUT = 2.0          # seconds: the JetStream request timeout callers should use
 PATIENCE = 10.0           # seconds an unanswered request is retried (a leader election takes ~6 s)
@@ -153,20 +153,11 @@ class ControlPlane:
     # ---------------------------------------------------------------- reading
 
     async def _read(self, key: str) -> tuple[dict[str, Any] | None, int]:
-        """(value or None when absent or deleted, the key's last sequence or 0)."""
-        async def get():
-            try:
-                return await self.js.get_msg(_STREAM, subject=_SUBJECT + key, direct=False)
-            except NotFoundError:
-                return None
-
-        msg = await _patiently(f"reading {CONFIG.name}/{key}", get)
-        if msg is None:
-            return None, 0
-        headers = msg.headers or {}
-        if headers.get("KV-Operation") in _KV_OPS_GONE or "Nats-Marker-Reason" in headers:
-            return None, msg.seq  # deleted, purged or expired
-        return _json(msg.data or b"", key), msg.seq
+        """(value or None when absent or deleted, the key's last sequence or 0).
+        Read from the stream's leader: a follower may lag a write just made."""
+        seq, data = await _patiently(f"reading {CONFIG.name}/{key}",
+                                     lambda: last(self.js, CONFIG.name, key, leader=True))
+        return (None if data is None else _json(data, key)), seq
 
     async def active(self) -> dict[str, Any] | None:
         """The active pointer ``{"rev", "epoch", "at"}``, or None before the first apply."""

@@ -48,6 +48,7 @@ from crewlet import ipc, log
 from crewlet.estate import store as estate_store
 from crewlet.estate import wire
 from crewlet.estate.ops import SEARCH_DEFAULT, OpError, check_query
+from crewlet.estate.search import SearchIndex, SearchUnavailable, index_path
 from crewlet.estate.view import STOPPED
 
 # In service iff the applier said so within this many seconds: it publishes
@@ -62,17 +63,7 @@ FLOOR_POLL = 0.1
 # (its answer travels, and it notices the wait's end a moment late).
 REPLY_MARGIN = 1.0
 
-ESTATE_DIR = "estate"
-SEARCH_FILE = "estate-search.sqlite"
 APPLIED_TOPIC = wire.APPLIED_TOPIC
-
-
-def estate_path(data_dir: str) -> str:
-    return os.path.join(data_dir, ESTATE_DIR)
-
-
-def search_path(data_dir: str) -> str:
-    return os.path.join(data_dir, SEARCH_FILE)
 
 
 class LocalCopy:
@@ -183,17 +174,13 @@ class LocalCopy:
             return self._heard.get("reason") or "out of service"
         return None
 
-    def heard_applied(self) -> int:
-        """The applied seq the applier last published (0: none heard)."""
-        return int((self._heard or {}).get("seq") or 0)
-
     def applied(self) -> int:
         """The copy's applied seq, read from LMDB (StoreUnavailable: no copy)."""
         return self._open().applied()
 
     def _open(self) -> estate_store.Store:
         if self._store is None:
-            self._store = estate_store.open_env(estate_path(self.data_dir), readonly=True)
+            self._store = estate_store.open_env(estate_store.copy_path(self.data_dir), readonly=True)
             self._reader = estate_store.Reader(self._store)
         return self._store
 
@@ -201,7 +188,7 @@ class LocalCopy:
         """The applier's search index, read-only; opened again when the file
         at its path is not the one open (the applier rebuilt it). Raises
         SearchUnavailable when there is none to read."""
-        path = search_path(self.data_dir)
+        path = index_path(self.data_dir)
         try:
             # Before opening: a file replaced in between is then seen next time.
             ino: int | None = os.stat(path).st_ino
@@ -212,7 +199,6 @@ class LocalCopy:
             self._index.close()
             self._index = None
         if self._index is None:
-            from crewlet.estate.search import SearchIndex
             self._index = SearchIndex(path, readonly=True)
             self._index_ino = ino
         return self._index
@@ -262,7 +248,6 @@ class LocalCopy:
         floor = int(request.get("floor") or 0)
         search = query == "page.search"
         if search:
-            from crewlet.estate.search import SearchUnavailable
 
             def reached() -> int:  # through _search_index each time: the file may be rebuilt
                 return self._search_index().indexed()

@@ -142,6 +142,11 @@ ORDER BY h.rank
 """
 
 
+def index_path(data_dir: str) -> str:
+    """Where a node's index lives, beside its copy: ``<data_dir>/estate-search.sqlite``."""
+    return os.path.join(data_dir, "estate-search.sqlite")
+
+
 class SearchUnavailable(Exception):
     """This node's search index cannot be read (yet): missing, being made, or broken."""
 
@@ -303,12 +308,6 @@ class SearchIndex:
                 return done
             _write(db, change)
             return change.reached
-
-    def rebuild(self, env) -> int:
-        """Empty the index and index the whole copy again; the new indexed seq."""
-        with self._wlock:
-            _reset(self._writer())
-        return self.catch_up(env)
 
     def close(self) -> None:
         with self._lock:

@@ -67,6 +67,11 @@ SEP = b"\0"
 _U64 = struct.Struct(">Q")
 
 
+def copy_path(data_dir: str) -> str:
+    """Where a node's copy lives: ``<data_dir>/estate``."""
+    return os.path.join(data_dir, "estate")
+
+
 def seq_key(seq: int) -> bytes:
     return _U64.pack(seq)
 

@@ -138,13 +138,13 @@ def api_prefix(js: JetStreamContext) -> str:
 
 
 @dataclass(frozen=True)
-class _AckMeta:
+class AckMeta:
     consumer: str
     delivered: int
     stream_seq: int
 
 
-def _ack_meta(reply: str | None) -> _AckMeta | None:
+def ack_meta(reply: str | None) -> AckMeta | None:
     """What an ack subject says, or None if it is not one.
 
     ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>``, or with a
@@ -162,7 +162,7 @@ def _ack_meta(reply: str | None) -> _AckMeta | None:
     else:
         return None
     try:
-        return _AckMeta(fields[1], int(fields[2]), int(fields[3]))
+        return AckMeta(fields[1], int(fields[2]), int(fields[3]))
     except ValueError:
         return None
 
@@ -498,7 +498,7 @@ class JetStreamMailboxes(Mailboxes):
             if waiting and str(waiting[0]) == request and not waiting[1].done():
                 waiting[1].set_result(msg)
             return
-        meta = _ack_meta(msg.reply)
+        meta = ack_meta(msg.reply)
         if meta is None or not meta.consumer.startswith(CONSUMER):
             return
         waiting = self._waiting.get(meta.consumer[len(CONSUMER):])
@@ -536,7 +536,7 @@ class JetStreamMailboxes(Mailboxes):
             if status == "503":
                 raise MailboxError(f"seat {seat} has no mailbox")
             raise MailboxError(f"fetch from {seat}'s mailbox: {status} {description}")
-        meta = _ack_meta(msg.reply)
+        meta = ack_meta(msg.reply)
         assert meta is not None
         return Delivery(seat=seat, seq=meta.stream_seq, data=msg.data, headers=headers,
                         deliveries=meta.delivered,

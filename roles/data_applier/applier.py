@@ -81,7 +81,6 @@ import asyncio
 import heapq
 import itertools
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Iterable
@@ -98,8 +97,9 @@ from crewlet.coord import buckets
 from crewlet.estate import apply, store, wire
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import SEARCH_DEFAULT, Op, OpError, check_query
-from crewlet.estate.search import SearchIndex, SearchUnavailable
+from crewlet.estate.search import SearchIndex, SearchUnavailable, index_path
 from crewlet.estate.view import STOPPED  # the reason, in the words the router and crewletctl show
+from crewlet.queue.jetstream import ack_meta
 from roles.data_applier.custody import Custody
 
 # ----------------------------------------------------------------- constants
@@ -177,9 +177,9 @@ class Applier:
         self.js = js
         self.node = node
         self.replicas = replicas
-        self.store = store.open_env(os.path.join(data_dir, "estate"))
+        self.store = store.open_env(store.copy_path(data_dir))
         self.reader = store.Reader(self.store)
-        self.index = SearchIndex(os.path.join(data_dir, "estate-search.sqlite"))
+        self.index = SearchIndex(index_path(data_dir))
         # Every LMDB write (apply, custody) on one thread: one writer, in order.
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="estate-writer")
         # Set once the index has caught up with the copy as it was found (a
@@ -206,7 +206,7 @@ class Applier:
         self._sub = None
         self._status_failing = False
         self.custody = None
-        self.stats: dict[str, Any] = {"ops": 0, "batches": 0, "requests": 0, "dropped": 0,
+        self.stats: dict[str, Any] = {"ops": 0, "requests": 0, "dropped": 0,
                                       "resubscribed": 0}
         self._rate = (time.monotonic(), 0)
         self.ops_per_s = 0.0
@@ -367,7 +367,6 @@ class Applier:
     async def _apply(self, entries: list[tuple[int, bytes]]) -> None:
         outcomes, applied = await self.write(self._apply_sync, entries)
         self.stats["ops"] += len(outcomes)
-        self.stats["batches"] += 1
         self.applied = applied
         # The log holds at least what was applied from it (its bounds are
         # read every few seconds; "applied 34 of log 30" would read wrong).
@@ -693,19 +692,11 @@ def _say_if_failed(task: asyncio.Task) -> None:
 
 
 def stream_seq(msg) -> int:
-    """A delivered entry's log seq, read off its ack subject.
-
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...`` (9 tokens), or with
-    a domain and account hash after ``ACK`` (11 or 12). nats-py's
+    """A delivered entry's log seq, read off its ack subject (nats-py's
     ``msg.metadata`` parses the timestamp too, a third of the per-entry cost
-    of following the log; the seq is all the loop needs.
-    """
-    tokens = msg.reply.split(".")
-    if len(tokens) == 9:
-        return int(tokens[5])
-    if len(tokens) >= 11:
-        return int(tokens[7])
-    return msg.metadata.sequence.stream  # a form this does not know: let nats-py say
+    of following the log; the seq is all the loop needs)."""
+    meta = ack_meta(msg.reply)
+    return meta.stream_seq if meta is not None else msg.metadata.sequence.stream
 
 
 async def cancel_all(tasks: Iterable[asyncio.Task], rounds: int = 5) -> None:

@@ -41,7 +41,8 @@ from crewlet.coord import buckets
 from crewlet.estate import log as estate_log
 from crewlet.estate import store, wire
 from crewlet.estate.floor import NodeFloor
-from crewlet.estate.local import LocalCopy, search_path
+from crewlet.estate.local import LocalCopy
+from crewlet.estate.search import index_path
 from crewlet.estate.ops import make_op
 from crewlet.estate.router import NobodyAnswered, OutcomeUnknown, Router, order
 from crewlet.estate.view import EstateView, NodeState
@@ -582,7 +583,7 @@ async def test_a_data_nodes_own_copy_searches_the_index_its_applier_made_anew(fl
 
     proc.terminate()
     assert proc.wait(10) == 0
-    path = search_path(fleet.data_dir("s"))
+    path = index_path(fleet.data_dir("s"))
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path + suffix)
