@@ -97,11 +97,9 @@ class Fleet:
         self._unmanned: dict[str, Any] | None = None  # last fleet_role_unmanned we logged
         # key -> {"node", "info", "token"}: live leases, kept by a watcher.
         self._lease_view: dict[str, dict[str, Any]] = {}
-        # node id -> its records in the status bucket, kept by a watcher:
-        # the revision reached, its estate copy, and its eviction if any.
+        # node id -> the revision it reached (status node.<id>), kept by a
+        # watcher; its estate copy and eviction are the estate view's.
         self._status_view: dict[str, dict[str, Any]] = {}
-        self._estate_view: dict[str, dict[str, Any]] = {}
-        self._evicted_view: dict[str, dict[str, Any]] = {}
 
     @property
     def router(self):
@@ -146,7 +144,7 @@ class Fleet:
             group.create_task(self._heartbeat())
             group.create_task(self._follow_control_plane())
             group.create_task(self._watch(buckets.LEASES.name, self._leases_seen))
-            group.create_task(self._watch(buckets.STATUS.name, self._status_seen))
+            group.create_task(self._watch(buckets.STATUS.name, self._status_seen, keys="node.*"))
 
     async def _join(self) -> None:
         """Create the buckets, claim our presence, apply the active company —
@@ -312,9 +310,9 @@ class Fleet:
     # The fleet's view is kept up to date by watchers, so that status answers
     # from memory at once — also when the broker is down, when it matters most.
 
-    async def _watch(self, bucket: str, seen: Callable[[Any], None]) -> None:
+    async def _watch(self, bucket: str, seen: Callable[[Any], None], keys: str = ">") -> None:
         kv = await self._js.key_value(bucket)
-        watcher = await kv.watchall()
+        watcher = await kv.watch(keys)
         try:
             async for entry in watcher:
                 if entry is not None:
@@ -334,19 +332,12 @@ class Fleet:
                                        "token": value.get("token") or entry.revision}
 
     def _status_seen(self, entry) -> None:
-        """``status`` holds, per node: ``node.<id>`` (the revision reached, by
-        crewletd), ``estate.<id>`` (its copy, by its applier) and
-        ``evicted.<id>`` (set by an operator)."""
-        kind, _, node = entry.key.partition(".")
-        view = {"node": self._status_view, "estate": self._estate_view,
-                "evicted": self._evicted_view}.get(kind)
-        if view is None or not node:
-            return
+        node = entry.key.removeprefix("node.")
         if entry.operation is not None or not entry.value:
-            view.pop(node, None)
+            self._status_view.pop(node, None)
             return
         try:
-            view[node] = json.loads(entry.value)
+            self._status_view[node] = json.loads(entry.value)
         except ValueError:
             pass
 
@@ -357,6 +348,7 @@ class Fleet:
                     if k.startswith(prefix)}
         nodes, seats, duties = prefixed("node."), prefixed("seat."), prefixed("duty.")
         statuses = self._status_view
+        estate = self.estate.view if self.estate is not None else None  # copies and evictions
         return {
             "company": {k: v for k, v in (self.company or {}).items() if k != "company"} or None,
             "error": self.error,
@@ -364,8 +356,8 @@ class Fleet:
                        "id": nid,
                        "applied": (statuses.get(nid) or {}).get("applied"),
                        "status_error": (statuses.get(nid) or {}).get("error"),
-                       "estate": self._estate_view.get(nid),
-                       "evicted": self._evicted_view.get(nid),
+                       "estate": estate.record(nid) if estate is not None else None,
+                       "evicted": estate.eviction(nid) if estate is not None else None,
                        "seats": sorted(k for k, o in seats.items() if o["node"] == nid),
                        "duties": sorted(k for k, o in duties.items() if o["node"] == nid)}
                       for nid, node in sorted(nodes.items())],

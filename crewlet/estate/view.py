@@ -134,6 +134,14 @@ class EstateView:
             for node, presence in sorted(self._presence.items())
             if DATA_ROLE in (presence.get("roles") or ()))
 
+    def record(self, node: str) -> dict[str, Any] | None:
+        """*node*'s applier record (``status`` ``estate.<node>``), as written."""
+        return self._records.get(node)
+
+    def eviction(self, node: str) -> dict[str, Any] | None:
+        """*node*'s eviction (``status`` ``evicted.<node>``), None when it is not evicted."""
+        return self._evicted.get(node)
+
     def state(self, node: str) -> NodeState | None:
         return next((s for s in self.data_nodes() if s.id == node), None)
 

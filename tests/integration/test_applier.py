@@ -191,7 +191,7 @@ def test_a_read_waits_for_its_floor_or_answers_behind(natsd, short_tmp):
             # A floor the log has not reached yet: the read waits for it...
             pending = asyncio.create_task(a.handle(wire.read_request("task.get", {"id": "T1"},
                                                                      floor=1, wait=10)))
-            await asyncio.sleep(0)  # let it start waiting before the op exists
+            await until(lambda: a._waiters, 5, "the read waiting for its floor")
             assert not pending.done()
             await publish_all(js, [make_op("task.create", {"title": "first"}, node="w")])
             got = await pending
@@ -237,14 +237,10 @@ def test_the_applier_follows_the_log_across_a_stream_leader_change(nats_cluster,
 
     async def check():
         async with connection(urls[0]) as (nc, js):
-            deadline = time.monotonic() + 10
-            while True:  # a fresh cluster may refuse its first stream a moment
-                try:
-                    leader = (await estate_log.ensure_stream(js, 3)).cluster.leader
-                    break
-                except nats.errors.Error:
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.2)
+            # A fresh cluster may refuse its first stream a moment.
+            info = await until(lambda: estate_log.ensure_stream(js, 3), 10, "the log on the cluster",
+                               ignoring=(nats.errors.Error,))
+            leader = info.cluster.leader
         first = next(s for s in nats_cluster if s.name == leader)
         others = [s.url for s in nats_cluster if s is not first]
         nc = await nats.connect(servers=[first.url, *others], dont_randomize=True, error_cb=_quiet,
