@@ -137,6 +137,45 @@ def api_prefix(js: JetStreamContext) -> str:
     return getattr(js, "_prefix", "$JS.API")
 
 
+async def jetstream_api(nc, prefix: str, what: str, body: dict | None, timeout: float) -> dict[str, Any]:
+    """One raw JetStream API request (``<prefix>.<what>``): its answer, or
+    :class:`_Refused` (the API's error) / :class:`_Unanswered`."""
+    payload = b"" if body is None else json.dumps(body).encode()
+    try:
+        msg = await nc.request(f"{prefix}.{what}", payload, timeout=timeout)
+    except NoRespondersError as exc:
+        raise _Unanswered(f"{what}: JetStream is not available") from exc
+    except NatsTimeoutError as exc:
+        raise _Unanswered(f"{what}: no answer within {timeout:g}s") from exc
+    resp = json.loads(msg.data)
+    if "error" in resp:
+        raise _Refused(what, resp["error"])
+    return resp
+
+
+async def create_consumer(nc, prefix: str, stream: str, config: dict[str, Any], *,
+                          subject: str | None = None) -> bool:
+    """Create the durable consumer *config* on *stream* unless it exists; True
+    if this call made it. ``action: create``, because ``add_consumer`` on an
+    existing durable silently updates it (DESIGN §4) and two nodes starting at
+    once must not fight over its config. An unanswered request is tried again
+    (:data:`CREATE_ATTEMPTS`). *subject*: the filter, named in the API subject."""
+    what = f"CONSUMER.CREATE.{stream}.{config['durable_name']}" + (f".{subject}" if subject else "")
+    body = {"stream_name": stream, "config": config, "action": "create"}
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        try:
+            await jetstream_api(nc, prefix, what, body, CREATE_TIMEOUT)
+            return True
+        except _Refused as exc:
+            if exc.err_code in _ERR_CONSUMER_EXISTS:
+                return False
+            raise
+        except _Unanswered:
+            if attempt == CREATE_ATTEMPTS:
+                raise
+    return False
+
+
 @dataclass(frozen=True)
 class AckMeta:
     consumer: str
@@ -260,18 +299,7 @@ class JetStreamMailboxes(Mailboxes):
 
     async def _api(self, what: str, body: dict | None = None, *,
                    timeout: float | None = None) -> dict[str, Any]:
-        subject = f"{self._api_prefix}.{what}"
-        payload = b"" if body is None else json.dumps(body).encode()
-        try:
-            msg = await self._nc.request(subject, payload, timeout=timeout or self._timeout)
-        except NoRespondersError as exc:
-            raise _Unanswered(f"{what}: JetStream is not available") from exc
-        except NatsTimeoutError as exc:
-            raise _Unanswered(f"{what}: no answer within {timeout or self._timeout:g}s") from exc
-        resp = json.loads(msg.data)
-        if "error" in resp:
-            raise _Refused(what, resp["error"])
-        return resp
+        return await jetstream_api(self._nc, self._api_prefix, what, body, timeout or self._timeout)
 
     # ------------------------------------------------------------ streams
 
@@ -343,21 +371,8 @@ class JetStreamMailboxes(Mailboxes):
 
     async def _create(self, seat: str) -> bool:
         """Create *seat*'s consumer unless it exists; True if this call made it."""
-        name = groups.durable(groups.MAILBOX, seat=seat)
-        body = {"stream_name": STREAM, "config": self._consumer_config(seat), "action": "create"}
-        for attempt in range(1, CREATE_ATTEMPTS + 1):
-            try:
-                await self._api(f"CONSUMER.CREATE.{STREAM}.{name}.{SUBJECT}{seat}", body,
-                                timeout=CREATE_TIMEOUT)
-                return True
-            except _Refused as exc:
-                if exc.err_code in _ERR_CONSUMER_EXISTS:
-                    return False
-                raise
-            except _Unanswered:
-                if attempt == CREATE_ATTEMPTS:
-                    raise
-        return False
+        return await create_consumer(self._nc, self._api_prefix, STREAM, self._consumer_config(seat),
+                                     subject=SUBJECT + seat)
 
     async def ensure(self, seats: Iterable[str]) -> int:
         wanted = {check_seat(s) for s in seats}

@@ -23,9 +23,8 @@ Exactly one node keeps an event in normal running; a node killed between its
 commit and its ack leaves the event to be kept again elsewhere after
 :data:`ACK_WAIT` (at least once, in that window).
 
-The consumer is created only when it does not exist, with ``action:
-create``: ``add_consumer`` on an existing durable would silently update it
-(DESIGN §4), and two nodes starting at once must not fight over its config.
+The consumer is created only when it does not exist
+(:func:`crewlet.queue.jetstream.create_consumer`, as the mailboxes are).
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from nats.js.errors import NotFoundError
 from crewlet import groups
 from crewlet import log as events
 from crewlet.estate.store import Store, pack, seq_key
-from crewlet.queue.jetstream import EVENTS_STREAM, api_prefix
+from crewlet.queue.jetstream import EVENTS_STREAM, api_prefix, create_consumer
 
 # A node that took events and died gives them back after this: long enough for
 # a batch's write and acks, short enough that a dead node's share is kept
@@ -57,11 +56,9 @@ MAX_ACK_PENDING = 1000
 # Pause while the stream or JetStream is missing, doubling up to the maximum.
 RETRY_MIN = 0.2
 RETRY_MAX = 5.0
-API_TIMEOUT = 5.0
 ACK_TIMEOUT = 2.0
 
 _NS = 1_000_000_000
-_ERR_CONSUMER_EXISTS = (10148, 10013)  # exists with another config / name in use
 
 
 def event_value(msg) -> dict[str, Any]:
@@ -139,23 +136,11 @@ class Custody:
             pause = min(pause * 2, RETRY_MAX)
 
     async def _ensure_consumer(self) -> None:
-        try:
-            await self.js.consumer_info(EVENTS_STREAM, self.name)
-            return
-        except NotFoundError:
-            pass
         config = {"name": self.name, "durable_name": self.name, "deliver_policy": "all",
                   "ack_policy": "explicit", "ack_wait": int(ACK_WAIT * _NS),
                   "max_ack_pending": MAX_ACK_PENDING, "replay_policy": "instant",
                   "num_replicas": 0}  # 0: the stream's replicas, so custody survives a member
-        body = {"stream_name": EVENTS_STREAM, "config": config, "action": "create"}
-        subject = f"{api_prefix(self.js)}.CONSUMER.CREATE.{EVENTS_STREAM}.{self.name}"
-        reply = await self.nc.request(subject, json.dumps(body).encode(), timeout=API_TIMEOUT)
-        error = json.loads(reply.data).get("error")
-        if error and error.get("err_code") not in _ERR_CONSUMER_EXISTS:
-            raise RuntimeError(f"creating consumer {self.name} on {EVENTS_STREAM}: "
-                               f"{error.get('description')} (err {error.get('err_code')})")
-        if not error:
+        if await create_consumer(self.nc, api_prefix(self.js), EVENTS_STREAM, config):
             events.event("custody_consumer_created", consumer=self.name, stream=EVENTS_STREAM)
 
     async def _drain(self, psub) -> None:
