@@ -20,6 +20,8 @@ from crewlet import bus, ipc, log
 from crewlet.company.model import Company
 from crewlet.config.model import NODE_ID_RE
 from crewlet.coord import buckets
+from crewlet.estate.ops import SEARCH_DEFAULT, SEARCH_MAX, OpError
+from crewlet.estate.router import EstateError
 from crewlet.queue.base import MailboxError, check_trigger
 
 if TYPE_CHECKING:
@@ -208,9 +210,6 @@ async def estate_read(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     """Read the estate: ``query`` (a name of crewlet.estate.ops.QUERIES) with its
     ``args``, within ``wait`` seconds; answers what the query answers."""
     router = _router(node)
-    from crewlet.estate.ops import OpError  # the estate's modules load when the estate is first asked
-    from crewlet.estate.router import EstateError
-
     query, query_args = args.get("query"), args.get("args") or {}
     if not isinstance(query, str) or not isinstance(query_args, dict):
         raise CommandError("estate_read takes a query name and its args (an object)")
@@ -227,9 +226,6 @@ async def estate_search(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     node's answer when nobody could)."""
     router = _router(node)
     # The estate's modules load when the estate is first asked.
-    from crewlet.estate.ops import SEARCH_DEFAULT, SEARCH_MAX, OpError
-    from crewlet.estate.router import EstateError
-
     query, limit = args.get("query"), args.get("limit", SEARCH_DEFAULT)
     if not isinstance(query, str) or not query.strip():
         raise CommandError("query must be a non-empty string")

@@ -56,6 +56,7 @@ from typing import Any
 
 from crewlet.agent.tools import Tool, ToolContext, ToolError
 from crewlet.estate import ops
+from crewlet.estate.router import EstateError, NobodyAnswered, OutcomeUnknown, describe
 
 # Characters of a search hit's snippet, and of a page body shown by page_read
 # (a page can be 200,000 characters: more than a model's turn should swallow whole).
@@ -132,8 +133,6 @@ def _router(ctx: ToolContext):
 async def write(ctx: ToolContext, kind: str, args: dict[str, Any], *, check: str) -> dict[str, Any]:
     """Issue op *kind* as this seat and return its result; ToolError when it was
     refused or its outcome is unknown (*check* says how the model can find out)."""
-    from crewlet.estate.router import EstateError, NobodyAnswered, OutcomeUnknown, describe
-
     try:
         # The kind is in the id: a redone turn whose model chose another
         # tool at the same call is another write, not the first one's echo.
@@ -157,8 +156,6 @@ async def write(ctx: ToolContext, kind: str, args: dict[str, Any], *, check: str
 
 async def read(ctx: ToolContext, query: str, args: dict[str, Any]) -> dict[str, Any]:
     """The answer to read *query*; ToolError when nobody could answer."""
-    from crewlet.estate.router import EstateError, NobodyAnswered
-
     try:
         return await _router(ctx).read(query, args, timeout=ctx.time_left()) or {}
     except ops.OpError as exc:
@@ -221,8 +218,6 @@ async def _page_read(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 async def _page_search(ctx: ToolContext, args: dict[str, Any]) -> str:
-    from crewlet.estate.router import EstateError, describe
-
     try:
         answer = await _router(ctx).search(args["query"], args.get("limit", ops.SEARCH_DEFAULT),
                                            timeout=ctx.time_left())

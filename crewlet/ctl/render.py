@@ -38,6 +38,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from crewlet.estate.router import describe
 from crewlet.estate.view import DATA_ROLE, LAG_OPS, NO_RECORD, STATUS_STALE, STOPPED
 
 # Keys every node / child / last_exit has in --json output (None when unknown).
@@ -965,11 +966,8 @@ def page_view(result: dict[str, Any], now: float | None = None) -> RenderableTyp
 
 
 def answers_text(answers: dict[str, Any] | None) -> str:
-    """'node n1: behind: ...; node n2: out of service: applier stopped': each data
-    node's answer, worded as the router words them (crewlet.estate.router.describe)."""
-    if not answers:
-        return "the fleet's presence names no data node"
-    return "; ".join(f"node {node}: {why}" for node, why in answers.items())
+    """Each data node's answer, worded as the router words them."""
+    return describe(answers or {})
 
 
 def search_view(result: dict[str, Any], query: str | None = None, limit: int | None = None) -> RenderableType:

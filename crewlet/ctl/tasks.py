@@ -22,20 +22,17 @@ import click
 from crewlet.ctl import CALL_TIMEOUT, EXIT_REFUSED, Ctl, fail
 from crewlet.ctl.render import normalize_task, normalize_tasks, task_view, tasks_view
 from crewlet.ctl.status import show
+from crewlet.estate import ops
 
 # Seconds crewletd's router may take for one read or search (it asks the data
 # nodes in turn, each up to its read wait): sent as the request's ``wait``,
 # and the control request waits CALL_TIMEOUT more. The one place it is set.
 ESTATE_TIMEOUT = 15.0
-# crewlet.estate.ops's TASK_STATUSES, LIST_DEFAULT / LIST_MAX and
-# SEARCH_DEFAULT / SEARCH_MAX, held equal to them by tests: not imported,
-# since that module compiles its schemas when imported and every crewletctl
-# run would pay for it (~25 ms).
-STATUSES = ("open", "doing", "blocked", "done", "cancelled")
-LIST_DEFAULT = 100
-LIST_MAX = 500
-SEARCH_DEFAULT = 10
-SEARCH_MAX = 100
+# The estate's own limits: its schemas compile when first used, so importing
+# them costs crewletctl ~6 ms.
+STATUSES = ops.TASK_STATUSES
+LIST_DEFAULT, LIST_MAX = ops.LIST_DEFAULT, ops.LIST_MAX
+SEARCH_DEFAULT, SEARCH_MAX = ops.SEARCH_DEFAULT, ops.SEARCH_MAX
 # Tasks listed by default: the estate's default, a screenful of the newest.
 LIMIT = LIST_DEFAULT
 TASK_ID = re.compile(r"^[Tt]?([0-9]+)$")

@@ -22,6 +22,7 @@ from crewlet.estate.floor import NodeFloor
 from crewlet.estate.local import LocalCopy
 from crewlet.estate.router import Router
 from crewlet.estate.view import EstateView
+from crewlet.groups import DATA_ROLE
 
 
 class EstateAccess:
@@ -31,7 +32,7 @@ class EstateAccess:
     def __init__(self, cfg: NodeConfig, nc, js, zctx):
         self.view = EstateView(js)
         self.local = (LocalCopy(zctx, node_id=cfg.node.id, run_dir=cfg.run_dir, data_dir=cfg.data_dir)
-                      if "data" in cfg.node.roles else None)
+                      if DATA_ROLE in cfg.node.roles else None)
         self.floor = NodeFloor(cfg.data_dir)
         self.router = Router(nc, node_id=cfg.node.id, view=self.view, local=self.local, node_floor=self.floor)
         self._view_task: asyncio.Task | None = None

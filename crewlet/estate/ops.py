@@ -26,6 +26,7 @@ so a bad op is refused with the field and the reason, never half applied.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import time
@@ -139,8 +140,16 @@ QUERIES: dict[str, dict[str, Any]] = {
 # The schemas compiled to Python once (fastjsonschema): every applier checks
 # every op it applies, and jsonschema's interpreter took 33 µs an op here —
 # more than half of applying one — against ~1 µs compiled.
-_KIND_CHECKS = {name: fastjsonschema.compile(k.schema) for name, k in KINDS.items()}
-_QUERY_CHECKS = {name: fastjsonschema.compile(s) for name, s in QUERIES.items()}
+# Each compiled the first time it is used (~1.5 ms each): a process that only
+# reads this module's names (crewletctl) does not pay for all of them.
+@functools.cache
+def _kind_check(kind: str):
+    return fastjsonschema.compile(KINDS[kind].schema)
+
+
+@functools.cache
+def _query_check(name: str):
+    return fastjsonschema.compile(QUERIES[name])
 
 
 def _problem(check, args: Any, what: str) -> str | None:
@@ -188,7 +197,7 @@ class Op:
             raise OpError(f"node must be a non-empty string, got {self.node!r}")
         if not isinstance(self.at, (int, float)):
             raise OpError(f"at must be a number of seconds, got {self.at!r}")
-        problem = _problem(_KIND_CHECKS[self.kind], self.args, self.kind)
+        problem = _problem(_kind_check(self.kind), self.args, self.kind)
         if problem:
             raise OpError(problem)
 
@@ -257,6 +266,6 @@ def check_query(name: str, args: Any) -> None:
     """OpError unless *name* is a query and *args* its arguments."""
     if name not in QUERIES:
         raise OpError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
-    problem = _problem(_QUERY_CHECKS[name], args, name)
+    problem = _problem(_query_check(name), args, name)
     if problem:
         raise OpError(problem)

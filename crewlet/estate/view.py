@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from crewlet.coord.buckets import LEASES, STATUS, follow
+from crewlet.groups import DATA_ROLE
 
 # The applier writes its record every 2 s: five missed writes mean it is not
 # running (or cannot reach the broker), and its copy is taken out of service.
@@ -48,7 +49,6 @@ STATUS_STALE = 10.0
 # it would most likely answer "behind" to a floor, or answer stale reads.
 LAG_OPS = 1000
 
-DATA_ROLE = "data"
 NODE_KEYS = "node.*"
 ESTATE_KEYS = "estate.*"
 EVICTED_KEYS = "evicted.*"

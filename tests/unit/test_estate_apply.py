@@ -185,13 +185,6 @@ def test_ops_and_queries_are_checked_with_the_field_and_the_reason():
     assert ops.KINDS["page.write"].retry == "once" and ops.KINDS["task.update"].retry == "move_on"
 
 
-def test_crewletctls_copies_of_the_estates_limits_are_the_estates():
-    """crewletctl keeps copies so as not to compile the schemas (crewlet/ctl/tasks.py)."""
-    from crewlet.ctl import tasks
-    assert (tasks.LIST_DEFAULT, tasks.LIST_MAX) == (ops.LIST_DEFAULT, ops.LIST_MAX)
-    assert (tasks.SEARCH_DEFAULT, tasks.SEARCH_MAX) == (ops.SEARCH_DEFAULT, ops.SEARCH_MAX)
-
-
 def test_a_reader_waits_for_the_writer_to_make_the_copy(tmp_path):
     with pytest.raises(store.StoreUnavailable):
         store.open_env(str(tmp_path / "none"), readonly=True)
