@@ -56,6 +56,20 @@ def ensure_run_dir(run_dir: str) -> None:
     os.chmod(run_dir, 0o700)
 
 
+def bind(ctx: zmq.asyncio.Context, run_dir: str, kind: int, name: str, *, linger: int = 0):
+    """A socket of *kind* bound to endpoint *name* in *run_dir*. A socket file
+    left there is removed first: only its one owner binds an endpoint (crewletd,
+    holding the run dir's lock, or the node's one applier), so a file there is
+    a dead predecessor's."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, linger)
+    path = os.path.join(run_dir, name)
+    if os.path.exists(path):
+        os.unlink(path)
+    sock.bind(endpoint(run_dir, name))
+    return sock
+
+
 def pack(message: dict[str, Any]) -> bytes:
     return msgpack.packb(message, use_bin_type=True)
 

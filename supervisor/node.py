@@ -370,10 +370,4 @@ class Node:
             await asyncio.sleep(interval)
 
     def _bind(self, kind: int, name: str) -> zmq.asyncio.Socket:
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        path = os.path.join(self.cfg.run_dir, name)
-        if os.path.exists(path):
-            os.unlink(path)  # a dead crewletd's; the run dir lock says we own it
-        sock.bind(ipc.endpoint(self.cfg.run_dir, name))
-        return sock
+        return ipc.bind(self._ctx, self.cfg.run_dir, kind, name)  # the run dir lock says we own it

@@ -61,12 +61,7 @@ class ProcessHost:
 
     async def open(self) -> None:
         ipc.ensure_run_dir(self.run_dir)
-        self._health = self.ctx.socket(zmq.PULL)
-        self._health.setsockopt(zmq.LINGER, 0)
-        path = os.path.join(self.run_dir, "health")
-        if os.path.exists(path):
-            os.unlink(path)  # left by a crewletd that died; the run dir lock is ours
-        self._health.bind(ipc.endpoint(self.run_dir, "health"))
+        self._health = ipc.bind(self.ctx, self.run_dir, zmq.PULL, "health")
         self._reader = asyncio.create_task(self._read_health())
 
     def close(self) -> None:

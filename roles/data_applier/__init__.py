@@ -61,7 +61,6 @@ ops applied per second, requests, events kept); the events to grep for are
 from __future__ import annotations
 
 import asyncio
-import os
 import traceback
 from typing import Any
 
@@ -80,16 +79,6 @@ APPLIED_EVERY = 1.0
 STATS_EVERY = 1.0
 # How long the last applied message ("applier stopped") may wait to go out.
 PUB_LINGER_MS = 500
-
-
-def _bind(ctx: RoleContext, kind: int, name: str, linger: int = 0):
-    sock = ctx.zmq.socket(kind)
-    sock.setsockopt(zmq.LINGER, linger)
-    path = os.path.join(ctx.run_dir, name)
-    if os.path.exists(path):
-        os.unlink(path)  # a previous incarnation's; only one applier per node
-    sock.bind(ipc.endpoint(ctx.run_dir, name))
-    return sock
 
 
 async def answer(applier: Applier, request: Any) -> dict[str, Any] | None:
@@ -197,8 +186,8 @@ async def report_stats(ctx: RoleContext, applier: Applier) -> None:
 async def main(ctx: RoleContext) -> None:
     applier = Applier(ctx.nats, ctx.jetstream(), ctx.node_id, ctx.config.data_dir,
                       replicas=ctx.config.stream.replicas)
-    estate = _bind(ctx, zmq.ROUTER, "estate")
-    applied = _bind(ctx, zmq.PUB, "applied", linger=PUB_LINGER_MS)
+    estate = ipc.bind(ctx.zmq, ctx.run_dir, zmq.ROUTER, "estate")
+    applied = ipc.bind(ctx.zmq, ctx.run_dir, zmq.PUB, "applied", linger=PUB_LINGER_MS)
     sub = await serve_nats(ctx.nats, applier)
     tasks = [asyncio.create_task(serve_zmq(estate, applier)),
              asyncio.create_task(publish_applied(applied, applier)),

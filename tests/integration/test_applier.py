@@ -31,7 +31,7 @@ from crewlet.queue import JetStreamMailboxes
 from roles.data_applier.applier import Applier, rows_below
 from roles.data_applier.custody import Custody
 from tests.conftest import wait_for
-from tests.estate import copy_of, publish_all, run, until
+from tests.estate import applied, copy_of, publish_all, run, until
 
 DEADLINE = 30.0  # s for one whole check (tests.estate.run's cap)
 
@@ -457,8 +457,12 @@ def test_a_killed_applier_converges_to_an_uninterrupted_copy(make_node, short_tm
     thread = threading.Thread(target=publish_in_thread)
     thread.start()
     try:
+        seen = 0
         for k in range(kills):
             assert started[k].wait(20), failed
+            # Mid-stream: this incarnation has committed part of the log, more is coming.
+            seen = wait_for(lambda: (n := applied(node)) > seen and n, 20,
+                            what=f"incarnation {k} applying")
             pid = node.children()["data_applier"]["pid"]
             os.kill(pid, signal.SIGKILL)
             node.wait_running(timeout=15, exclude={"data_applier": pid})
