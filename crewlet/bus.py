@@ -8,10 +8,13 @@ the worst state to be in. Every state change of the connection is logged.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import nats
 from nats.aio.client import Client
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
+from nats.js.errors import NoStreamResponseError
 
 from crewlet import log
 
@@ -24,6 +27,23 @@ def servers_of(stream) -> list[str]:
 
 
 FIRST_CONNECT_ATTEMPTS = 3  # per server, 0.1 s apart, before a first connect gives up
+
+# Consumers a stream admits, set deliberately on every stream crewlet makes:
+# left at -1, a stream refuses its 1,001st consumer all the same, with no
+# warning (DESIGN §4), and a leak is only noticed when everything stops.
+# With a limit of its own, ``crewletctl status`` shows a stream's count
+# against it. The mailbox stream's is the company's size
+# (:func:`supervisor.fleet.mailbox_capacity`).
+#
+# A KV bucket's consumers are watches: at most one per bucket per process,
+# five processes a node, and a killed process's watch lingers
+# ``buckets.WATCH_INACTIVE`` seconds beside its successor's. 256 is fifty
+# nodes each restarting every process at once.
+MAX_WATCHES = 256
+# ESTATE, EVENTS and DLQ are read by one consumer per data node (its
+# applier's ordered consumer, the custody group's durable) and by operators'
+# tools; an ephemeral consumer of a killed reader lingers seconds.
+MAX_READERS = 64
 
 # Short, as DESIGN §4 asks: a request in flight when a connection drops waits
 # its whole timeout, and a publish that timed out is retried (same Nats-Msg-Id).
@@ -101,3 +121,44 @@ async def close(nc: Client, timeout: float = 2.0) -> None:
             await nc.close()
     except (Exception, asyncio.CancelledError) as exc:
         log.event("nats_close_failed", "debug", error=f"{type(exc).__name__}: {exc}")
+
+
+# Pauses between resends of an unanswered publish: the first, doubling up to the last.
+RESEND_PAUSE = 0.1
+RESEND_PAUSE_MAX = 1.0
+
+
+class Unanswered(Exception):
+    """A publish got no answer until its deadline: it may or may not be stored."""
+
+
+async def publish_until(js: JetStreamContext, subject: str, data: bytes, *, msg_id: str,
+                        deadline: float, headers: dict[str, str] | None = None,
+                        timeout: float = JETSTREAM_TIMEOUT, **options):
+    """Publish *data* under ``Nats-Msg-Id`` *msg_id*, sent again while it gets
+    no answer, until the monotonic *deadline*: its ``PubAck``.
+
+    What a write after a side effect needs (a turn's ledger entry, its
+    records): a stream leader election leaves publishes unanswered for ~5–6 s
+    (``NoStreamResponseError``, a timeout), and a publish that timed out is
+    sometimes stored after all — so the resend keeps the id, and the
+    broker's dedupe answers it with the first one's ack (DESIGN §4). *msg_id*
+    must name this one write: an id reused by another write inside the
+    window would be answered without being stored.
+
+    Raises :class:`Unanswered` once the deadline passed; a refusal
+    (``APIError``: a compare-and-set that lost, a bad subject) at once.
+    """
+    headers = {**(headers or {}), "Nats-Msg-Id": msg_id}
+    pause = RESEND_PAUSE
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return await js.publish(subject, data, headers=headers,
+                                    timeout=max(0.05, min(timeout, left)), **options)
+        except (NoStreamResponseError, NatsTimeoutError, NoRespondersError) as exc:
+            why = exc
+        if time.monotonic() + pause >= deadline:
+            raise Unanswered(f"publishing on {subject}: no answer in time: {type(why).__name__}")
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, RESEND_PAUSE_MAX)

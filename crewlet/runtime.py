@@ -26,7 +26,7 @@ import signal
 import subprocess
 import time
 import traceback
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, TypeVar
 
 import psutil
 import zmq
@@ -41,6 +41,11 @@ from crewlet.watchdog import Watchdog
 PARENT_GONE = signal.SIGUSR2
 # Seconds between a role's re-asks of the company in force (see companies()).
 COMPANY_RECHECK = 30.0
+# Seconds the tasks still pending when a process's main coroutine ended get
+# to finish after their cancel (see run_loop).
+LEFTOVERS = 2.0
+
+T = TypeVar("T")
 
 
 class RoleContext:
@@ -135,13 +140,41 @@ class RoleContext:
         self.zmq.destroy()
 
 
+def run_loop(main: Awaitable[T], *, leftovers: float) -> T:
+    """``asyncio.run(main)``, except that it always ends.
+
+    ``asyncio.run`` cancels the tasks still pending when *main* returns and
+    then waits for every one of them, without limit: one task left behind by
+    a bounded stop (above) would hold the process for ever. Here they get
+    *leftovers* seconds after their cancel, and are then abandoned with the
+    loop (as are async generators that do not close in that time).
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        result = loop.run_until_complete(main)
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            _, stuck = loop.run_until_complete(asyncio.wait(pending, timeout=leftovers))
+            if stuck:
+                log.event("tasks_abandoned", "warning", tasks=sorted(t.get_name() for t in stuck))
+        loop.run_until_complete(asyncio.wait({loop.create_task(loop.shutdown_asyncgens())},
+                                             timeout=leftovers))
+        return result
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
 def run_role(role: str, config: dict, incarnation: int = 0, boot: str = "") -> int:
     """The zygote's target for every role child. Returns the exit code."""
     cfg = NodeConfig.model_validate(config)
     log.configure(node=cfg.node.id, role=role, level=cfg.log.level, fmt="json")
     module = importlib.import_module(f"roles.{role}")
     try:
-        return asyncio.run(_amain(role, cfg, incarnation, boot, module.main))
+        return run_loop(_amain(role, cfg, incarnation, boot, module.main), leftovers=LEFTOVERS)
     except SystemExit:
         raise
     except BaseException as exc:

@@ -13,7 +13,6 @@ order, before any thread, loop or ZeroMQ context exists:
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import os
 import sys
@@ -22,6 +21,7 @@ import click
 
 from crewlet import ipc, log, sysd
 from crewlet.config import ConfigError, load_node_config
+from crewlet.runtime import LEFTOVERS, run_loop
 from crewlet.estate.floor import wipe_scratch
 from roles.broker import BrokerNotFound
 from supervisor import procs
@@ -104,7 +104,8 @@ def start(config_path: str | None, company_path: str | None) -> None:
               pid1=os.getpid() == 1)
     try:
         node = Node(cfg, zygote, seed=seed)
-        code = asyncio.run(node.run())
+        # Bounded: a task a bounded stop left behind must not hold the exit.
+        code = run_loop(node.run(), leftovers=LEFTOVERS)
     except BrokerNotFound as exc:
         zygote.close()
         _fail_config(f"{cfg.source}: {exc}")

@@ -39,6 +39,7 @@ from crewlet import bus, log
 from crewlet.company.model import Company
 from crewlet.config import NodeConfig
 from crewlet.coord import buckets
+from crewlet.coord.holders import Holders
 from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionNotFound
 from crewlet.coord.lease import LeaseError, Leases
 from crewlet.coord.presence import DuplicateNode, Presence
@@ -95,8 +96,8 @@ class Fleet:
         self._js = None  # set once the fleet's JetStream answered
         self.mailboxes: JetStreamMailboxes | None = None  # likewise
         self._unmanned: dict[str, Any] | None = None  # last fleet_role_unmanned we logged
-        # key -> {"node", "info", "token"}: live leases, kept by a watcher.
-        self._lease_view: dict[str, dict[str, Any]] = {}
+        # Live leases, kept by crewletd's one watch of the bucket (set once joined).
+        self.holders: Holders | None = None
         # node id -> the revision it reached (status node.<id>), kept by a
         # watcher; its estate copy and eviction are the estate view's.
         self._status_view: dict[str, dict[str, Any]] = {}
@@ -143,8 +144,9 @@ class Fleet:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._heartbeat())
             group.create_task(self._follow_control_plane())
-            group.create_task(self._watch(buckets.LEASES.name, self._leases_seen))
-            group.create_task(self._watch(buckets.STATUS.name, self._status_seen, keys="node.*"))
+            group.create_task(self.holders.run())
+            group.create_task(buckets.follow(lambda: self._js.key_value(buckets.STATUS.name),
+                                             "node.*", self._status_seen, name="status node.*"))
 
     async def _join(self) -> None:
         """Create the buckets, claim our presence, apply the active company —
@@ -166,6 +168,7 @@ class Fleet:
         self._js = js
         self.mailboxes = JetStreamMailboxes(js, self.nc, ack_wait=cfg.fleet.ack_wait)
         self.leases = Leases(js, cfg.node.id, self.boot, cfg.fleet.lease_ttl)
+        self.holders = Holders.of_bucket(js)
         self.presence = Presence(self.leases, cfg.node.id, cfg.data_dir, self.describe)
         try:
             await self.presence.join()
@@ -202,8 +205,7 @@ class Fleet:
         """The fleet_shape duty runs in the workers role — so when no live node
         runs workers, nobody would say so. The live node with the lowest id
         does, here."""
-        nodes = {k.removeprefix("node."): v["info"] for k, v in self._lease_view.items()
-                 if k.startswith("node.")}
+        nodes = {k.removeprefix("node."): o.info for k, o in self.holders.of("node.").items()}
         unmanned = bool(nodes) and not any("workers" in n.get("roles", ()) for n in nodes.values())
         if not unmanned or min(nodes) != self.cfg.node.id:
             self._unmanned = None
@@ -310,27 +312,6 @@ class Fleet:
     # The fleet's view is kept up to date by watchers, so that status answers
     # from memory at once — also when the broker is down, when it matters most.
 
-    async def _watch(self, bucket: str, seen: Callable[[Any], None], keys: str = ">") -> None:
-        kv = await self._js.key_value(bucket)
-        watcher = await kv.watch(keys)
-        try:
-            async for entry in watcher:
-                if entry is not None:
-                    seen(entry)
-        finally:
-            await watcher.stop()
-
-    def _leases_seen(self, entry) -> None:
-        if entry.operation is not None or not entry.value:
-            self._lease_view.pop(entry.key, None)
-            return
-        try:
-            value = json.loads(entry.value)
-        except ValueError:
-            return
-        self._lease_view[entry.key] = {"node": value.get("node"), "info": value,
-                                       "token": value.get("token") or entry.revision}
-
     def _status_seen(self, entry) -> None:
         node = entry.key.removeprefix("node.")
         if entry.operation is not None or not entry.value:
@@ -344,8 +325,10 @@ class Fleet:
     def view(self) -> dict[str, Any]:
         """The fleet as this node sees it: nodes, seats, duties (crewletctl status)."""
         def prefixed(prefix: str) -> dict[str, dict]:
-            return {k.removeprefix(prefix): v for k, v in self._lease_view.items()
-                    if k.startswith(prefix)}
+            leases = self.holders.of(prefix) if self.holders is not None else {}
+            return {k.removeprefix(prefix): {"node": o.node, "token": o.token,
+                                             "info": {**o.info, "boot": o.boot}}
+                    for k, o in leases.items()}
         nodes, seats, duties = prefixed("node."), prefixed("seat."), prefixed("duty.")
         statuses = self._status_view
         estate = self.estate.view if self.estate is not None else None  # copies and evictions

@@ -2,9 +2,27 @@
 
 Every node creates every bucket it may touch, at every boot, with the fleet's
 ``stream.replicas``; an existing bucket is left as it is (a node never
-re-creates what another made). Every bucket allows per-key TTLs; ``leases``
-also keeps a *limit marker* when a key expires, so a watcher sees an expiry as
-a PURGE rather than as silence.
+re-creates what another made), but for its consumer limit. Every bucket
+allows per-key TTLs; ``leases`` also keeps a *limit marker* when a key
+expires, so a watcher sees an expiry as a PURGE rather than as silence.
+
+**Nothing on the broker may grow with time.** A watch is an ephemeral
+consumer; nats-py gives one a five-minute inactive threshold and its
+``stop()`` only unsubscribes, so a watch opened per call outlives its use by
+five minutes (issue 10: two per seat sweep filled ``KV_leases`` to the
+server's 1,000 consumers in 90 s, and every sweep failed from then on). So:
+
+* a process keeps **one long-lived watch** per bucket it follows
+  (:func:`follow`, and :class:`crewlet.coord.holders.Holders` for ``leases``),
+  and reads what it needs from that watch's memory;
+* every watch is opened by :func:`open_watch` with an inactive threshold of
+  :data:`WATCH_INACTIVE` seconds (a killed process's watch is gone that soon)
+  and closed by :func:`close_watch`, which deletes its consumer;
+* listing keys (:func:`subjects`) asks the stream for its subjects and
+  creates no consumer at all;
+* every bucket's stream has a deliberate ``max_consumers``
+  (:data:`crewlet.bus.MAX_WATCHES`), so a leak shows against its own limit
+  in ``crewletctl status`` long before the server's hidden one.
 
 =========  ==============================================  =========================
 bucket     keys                                            answers
@@ -28,10 +46,12 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from nats.js import JetStreamContext
+from nats.js.api import StreamInfo
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from crewlet import log
+from crewlet.bus import MAX_WATCHES
 
 
 @dataclass(frozen=True)
@@ -54,17 +74,76 @@ OBJECTS = Bucket("objects")
 
 ALL = (LEASES, CONFIG, STATUS, LEDGER, CLAIMS, COOLDOWNS, RATE, BUDGETS, OBJECTS)
 
+# Seconds a watch's consumer outlives its subscriber's interest (a killed
+# process, a dropped connection). nats-py's ordered consumer answers the
+# server's heartbeats while subscribed, and re-creates a consumer the
+# server dropped, so a live watch never meets this.
+WATCH_INACTIVE = 10.0
+
+
+def stream(bucket: str) -> str:
+    """The name of the stream that holds *bucket*."""
+    return f"KV_{bucket}"
+
 
 async def ensure(js: JetStreamContext, bucket: Bucket, replicas: int) -> KeyValue:
-    """The bucket, created with *replicas* replicas if it does not exist yet."""
+    """The bucket, created with *replicas* replicas if it does not exist yet,
+    its consumer limit :data:`MAX_WATCHES`."""
     try:
-        return await js.key_value(bucket.name)
+        kv = await js.key_value(bucket.name)
     except (BucketNotFoundError, NotFoundError):
-        pass
-    # Direct gets are ~25 % faster and answer from any replica (DESIGN §4).
-    return await js.create_key_value(bucket=bucket.name, history=bucket.history,
-                                     replicas=replicas, direct=True,
-                                     limit_marker_ttl=bucket.limit_marker_ttl)
+        # Direct gets are ~25 % faster and answer from any replica (DESIGN §4).
+        kv = await js.create_key_value(bucket=bucket.name, history=bucket.history,
+                                       replicas=replicas, direct=True,
+                                       limit_marker_ttl=bucket.limit_marker_ttl)
+    await limit_consumers(js, stream(bucket.name), MAX_WATCHES)
+    return kv
+
+
+async def limit_consumers(js: JetStreamContext, name: str, limit: int,
+                          info: StreamInfo | None = None) -> None:
+    """Give stream *name* the consumer limit *limit* unless it has one already
+    (an operator's own choice, or a bigger one a mailbox stream grew to).
+
+    nats-py's ``create_key_value`` cannot set it, and a stream left at ``-1``
+    meets the server's hidden limit of 1,000 with no warning (DESIGN §4)."""
+    info = info or await js.stream_info(name)
+    if info.config.max_consumers in (None, -1, 0):
+        info.config.max_consumers = limit
+        await js.update_stream(info.config)
+        log.event("stream_consumers_limited", "debug", stream=name, max_consumers=limit)
+
+
+async def open_watch(kv: KeyValue, keys: str, **options: Any):
+    """``kv.watch(keys)`` whose consumer the broker drops :data:`WATCH_INACTIVE`
+    seconds after its subscriber went away (nats-py's default: five minutes)."""
+    return await kv.watch(keys, inactive_threshold=WATCH_INACTIVE, **options)
+
+
+async def close_watch(watcher) -> None:
+    """Stop *watcher* and delete its consumer now (best effort: a consumer
+    left behind goes by itself after :data:`WATCH_INACTIVE`)."""
+    sub = watcher._sub  # nats-py keeps the watch's subscription here
+    try:
+        await watcher.stop()
+    except Exception:
+        pass  # the connection's trouble
+    try:
+        # An ordered consumer re-created after a gap is named here too.
+        await sub._js.delete_consumer(sub._stream, sub._consumer)
+    except Exception:
+        pass  # gone already, or the broker away: the inactive threshold has it
+
+
+async def subjects(js: JetStreamContext, bucket: str, keys: str = ">") -> list[str]:
+    """The keys of *bucket* matching *keys* that were ever written and are
+    still in its stream (deleted ones included: their delete marker is).
+
+    Asked of the stream, so no consumer is made (nats-py's ``keys()`` opens a
+    watch for it)."""
+    prefix = f"$KV.{bucket}."
+    info = await js.stream_info(stream(bucket), subjects_filter=prefix + keys)
+    return sorted(s[len(prefix):] for s in (info.state.subjects or {}))
 
 
 async def ensure_all(js: JetStreamContext, replicas: int) -> dict[str, KeyValue]:
@@ -117,7 +196,7 @@ async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Ca
         watcher = None
         try:
             kv = await open_kv()
-            watcher = await kv.watch(keys)
+            watcher = await open_watch(kv, keys)
             opened()
             async for entry in watcher:
                 if entry is None:  # the first listing is complete
@@ -134,9 +213,6 @@ async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Ca
                 complained = True
         finally:
             if watcher is not None:
-                try:
-                    await watcher.stop()
-                except Exception:
-                    pass  # the connection's trouble; the next watch is a new consumer
+                await close_watch(watcher)
         await asyncio.sleep(pause)
         pause = min(pause * 2, WATCH_RETRY_MAX)

@@ -63,7 +63,7 @@ from nats.js.kv import KeyValue
 
 from crewlet.company.model import Company
 from crewlet.bus import kv_subject
-from crewlet.coord.buckets import CONFIG, ensure, last
+from crewlet.coord.buckets import CONFIG, ensure, follow, last, subjects
 
 JS_TIMEOUT = 2.0          # seconds: the JetStream request timeout callers should use
 PATIENCE = 10.0           # seconds an unanswered request is retried (a leader election takes ~6 s)
@@ -75,8 +75,6 @@ APPEND_ATTEMPTS = 50      # rev.<n> creates (n, n+1, …) before giving up
 ACTIVE = "active"
 REV_PREFIX = "rev."
 
-_STREAM = f"KV_{CONFIG.name}"
-_SUBJECT = f"$KV.{CONFIG.name}."
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 _KV_OPS_GONE = ("DEL", "PURGE")
@@ -173,9 +171,9 @@ class ControlPlane:
     async def _revision_keys(self) -> list[int]:
         """The n of every ``rev.<n>`` key ever written, ascending (from the
         stream's leader, which knows every subject)."""
-        info = await _patiently("listing revisions", lambda: self.js.stream_info(
-            _STREAM, subjects_filter=f"{_SUBJECT}{REV_PREFIX}>"))
-        numbers = [s.rpartition(".")[2] for s in info.state.subjects or {}]
+        keys = await _patiently("listing revisions",
+                                lambda: subjects(self.js, CONFIG.name, f"{REV_PREFIX}>"))
+        numbers = [key.removeprefix(REV_PREFIX) for key in keys]
         return sorted(int(n) for n in numbers if n.isdigit())
 
     async def highest(self) -> int:
@@ -207,20 +205,28 @@ class ControlPlane:
     async def watch(self) -> AsyncIterator[dict[str, Any]]:
         """Yield the active pointer now (if there is one), then each time it
         changes, for as long as the caller iterates. Before the first apply
-        the first item is the first activation."""
-        watcher = await _patiently(f"watching {CONFIG.name}/{ACTIVE}", lambda: self.kv.watch(ACTIVE))
+        the first item is the first activation.
+
+        The watch is opened again, for ever, whenever it fails
+        (:func:`crewlet.coord.buckets.follow`): a node whose broker cannot
+        give it a watch now (no quorum yet, the stream at its consumer
+        limit) waits for one rather than failing."""
+        entries: asyncio.Queue = asyncio.Queue()
+
+        async def bucket() -> KeyValue:
+            return self.kv
+        following = asyncio.create_task(follow(bucket, ACTIVE, entries.put_nowait,
+                                               name=f"{CONFIG.name} {ACTIVE}"))
         seen = 0
         try:
-            async for entry in watcher:
-                if entry is None or entry.operation in _KV_OPS_GONE or entry.revision <= seen:
-                    continue  # the end-of-initial marker, a delete, or a replay after a reconnect
+            while True:
+                entry = await entries.get()
+                if entry.operation in _KV_OPS_GONE or entry.revision <= seen:
+                    continue  # a delete, or a replay after a reconnect or a new watch
                 seen = entry.revision
                 yield _json(entry.value or b"", ACTIVE)
         finally:
-            try:
-                await watcher.stop()
-            except Exception:  # a closed connection has nothing left to stop
-                pass
+            following.cancel()
 
     # ---------------------------------------------------------------- writing
 

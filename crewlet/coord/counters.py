@@ -28,6 +28,7 @@ import asyncio
 import json
 import random
 import time
+import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -35,7 +36,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from crewlet import log
-from crewlet.bus import kv_subject
+from crewlet.bus import kv_subject, publish_until
 from crewlet.coord.buckets import BUDGETS, COOLDOWNS, LEDGER, last
 
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
@@ -78,11 +79,17 @@ class Ledger:
         except ValueError:
             return {"raw": data.decode(errors="replace")}
 
-    async def record(self, trigger: str, entry: dict[str, Any]) -> int:
-        """Write that *trigger* was worked; the write's sequence."""
+    async def record(self, trigger: str, entry: dict[str, Any], *, deadline: float) -> int:
+        """Write that *trigger* was worked; the write's sequence.
+
+        Sent again while unanswered (a stream leader election), under one
+        ``Nats-Msg-Id``, until the monotonic *deadline*: a turn's side
+        effects are done by now, and a ledger entry lost here would let the
+        same trigger, sent again, be worked twice."""
         try:
-            ack = await self.js.publish(self._put + trigger, json.dumps(entry).encode(),
-                                        msg_ttl=self.ttl)
+            ack = await publish_until(self.js, self._put + trigger, json.dumps(entry).encode(),
+                                      msg_id=f"ledger:{uuid.uuid4().hex}", deadline=deadline,
+                                      msg_ttl=self.ttl)
         except Exception as exc:
             raise CounterError(f"writing ledger/{trigger}: {type(exc).__name__}: {exc}") from exc
         return ack.seq
@@ -169,6 +176,10 @@ class Budgets:
         """(org, seat) tokens spent, as this node knows them now."""
         s = f"seat.{seat}"
         return (self._known["org"] + self._pending["org"], self._known[s] + self._pending[s])
+
+    def unflushed(self) -> int:
+        """Tokens spent here that the fleet's totals do not hold yet."""
+        return self._pending.get("org", 0)
 
     async def flush(self) -> None:
         """Add what this node spent to the shared totals; re-read the watched ones."""

@@ -87,6 +87,18 @@ class Held:
         return (time.monotonic() if now is None else now) - self.renewed < self.ttl
 
 
+def read_owner(revision: int, data: bytes) -> Owner | None:
+    """The owner a lease value written at *revision* names; None if *data* is
+    not a lease. A claim's value has no token yet: its own revision is it."""
+    try:
+        value = json.loads(data)
+        return Owner(node=value["node"], boot=value["boot"],
+                     token=value.get("token") or revision, revision=revision,
+                     info={k: v for k, v in value.items() if k not in ("node", "boot", "token")})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def _value(node: str, boot: str, token: int | None, info: dict[str, Any]) -> bytes:
     return json.dumps({**info, "node": node, "boot": boot, "token": token},
                       separators=(",", ":")).encode()
@@ -127,12 +139,8 @@ class Leases:
             raise LeaseError(f"reading {key}: {type(exc).__name__}: {exc}") from exc
         if data is None:
             return seq, None
-        try:
-            value = json.loads(data)
-            owner = Owner(node=value["node"], boot=value["boot"],
-                          token=value.get("token") or seq, revision=seq,
-                          info={k: v for k, v in value.items() if k not in ("node", "boot", "token")})
-        except (ValueError, KeyError, TypeError):
+        owner = read_owner(seq, data)
+        if owner is None:
             raise LeaseError(f"{key} holds something that is not a lease: {data[:80]!r}")
         return seq, owner
 
@@ -266,38 +274,3 @@ class Leases:
                 return False
             expected = owner.revision
         return False
-
-    async def holders(self, prefix: str) -> dict[str, Owner]:
-        """Every live lease whose key starts with *prefix* (``seat.``, ``node.``).
-
-        One ordered consumer over the prefix, not a read per key.
-        """
-        try:
-            return await asyncio.wait_for(self._holders(prefix), self.patience)
-        except asyncio.TimeoutError:
-            raise LeaseError(f"listing {prefix}*: no answer within {self.patience:g}s") from None
-
-    async def _holders(self, prefix: str) -> dict[str, Owner]:
-        out: dict[str, Owner] = {}
-        try:
-            kv = await self.js.key_value(LEASES.name)
-            watcher = await kv.watch(f"{prefix}>", include_history=False)
-        except Exception as exc:
-            raise LeaseError(f"listing {prefix}*: {type(exc).__name__}: {exc}") from exc
-        try:
-            async for entry in watcher:
-                if entry is None:  # the initial values are all in
-                    break
-                if entry.operation is not None or not entry.value:
-                    continue  # deleted, purged or expired
-                try:
-                    value = json.loads(entry.value)
-                    out[entry.key] = Owner(
-                        node=value["node"], boot=value["boot"],
-                        token=value.get("token") or entry.revision, revision=entry.revision,
-                        info={k: v for k, v in value.items() if k not in ("node", "boot", "token")})
-                except (ValueError, KeyError, TypeError):
-                    continue  # not a lease; _last would say so for that key
-        finally:
-            await watcher.stop()
-        return out

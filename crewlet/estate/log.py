@@ -35,6 +35,8 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig, StreamInfo
 from nats.js.errors import BadRequestError, NotFoundError
 
 from crewlet import log
+from crewlet.bus import MAX_READERS, publish_until
+from crewlet.coord.buckets import limit_consumers
 from crewlet.estate.ops import Op
 
 STREAM = "ESTATE"
@@ -52,17 +54,21 @@ _ERR_STREAM_NAME_IN_USE = 10058
 def stream_config(replicas: int) -> StreamConfig:
     return StreamConfig(name=STREAM, subjects=[SUBJECT], retention=RetentionPolicy.LIMITS,
                         storage=StorageType.FILE, num_replicas=replicas,
-                        duplicate_window=DUPLICATE_WINDOW)
+                        duplicate_window=DUPLICATE_WINDOW, max_consumers=MAX_READERS)
 
 
 async def ensure_stream(js: JetStreamContext, replicas: int) -> StreamInfo:
     """The ``ESTATE`` stream's info, creating the stream if it does not exist.
 
     An existing stream is never re-created nor updated (its replicas stay
-    what they are). Raises what JetStream raised when it did not answer.
+    what they are), but for a consumer limit where it has none. Raises what JetStream raised when it did not answer.
     """
     try:
-        return await js.stream_info(STREAM)
+        info = await js.stream_info(STREAM)
+        # The one change made to a stream that exists: a consumer limit where
+        # it has none (a log made before crewlet set one).
+        await limit_consumers(js, STREAM, MAX_READERS, info)
+        return info
     except NotFoundError:
         pass
     try:
@@ -83,7 +89,8 @@ async def bounds(js: JetStreamContext) -> tuple[int, int]:
     return info.state.first_seq, info.state.last_seq
 
 
-async def publish(js: JetStreamContext, op: Op, *, timeout: float) -> tuple[int, bool]:
+async def publish(js: JetStreamContext, op: Op, *, timeout: float,
+                  deadline: float | None = None) -> tuple[int, bool]:
     """Publish *op* once, under :attr:`Op.msg_id <crewlet.estate.ops.Op.msg_id>`
     as ``Nats-Msg-Id``: ``(seq, duplicate)``.
 
@@ -92,7 +99,15 @@ async def publish(js: JetStreamContext, op: Op, *, timeout: float) -> tuple[int,
     ``NoStreamResponseError`` (no stream listens: nothing was stored),
     ``nats.errors.TimeoutError`` (unanswered: it may have been stored),
     ``APIError`` (refused).
+
+    With a monotonic *deadline*, an unanswered publish is sent again under
+    the same id until then (:func:`crewlet.bus.publish_until`; it raises
+    ``Unanswered``): only for an op whose kind may be sent twice.
     """
-    ack = await js.publish(SUBJECT, op.encode(), timeout=timeout, stream=STREAM,
-                           headers={MSG_ID: op.msg_id})
+    if deadline is not None:
+        ack = await publish_until(js, SUBJECT, op.encode(), msg_id=op.msg_id, deadline=deadline,
+                                  timeout=timeout, stream=STREAM)
+    else:
+        ack = await js.publish(SUBJECT, op.encode(), timeout=timeout, stream=STREAM,
+                               headers={MSG_ID: op.msg_id})
     return ack.seq, bool(ack.duplicate)

@@ -92,8 +92,9 @@ class Mailbox(ABC):
         letters and the next message is fetched instead."""
 
     @abstractmethod
-    async def ack(self, d: Delivery) -> None:
-        """The turn is done: the message is not delivered again."""
+    async def ack(self, d: Delivery, deadline: float | None = None) -> None:
+        """The turn is done: the message is not delivered again. With a
+        monotonic *deadline*, an unconfirmed ack is sent again until then."""
 
     @abstractmethod
     async def nak(self, d: Delivery, delay: float | None = None) -> None:
@@ -140,7 +141,7 @@ class Mailboxes(ABC):
         """A handle on *seat*'s mailbox; cheap, no broker state per attach."""
 
     @abstractmethod
-    async def ack(self, ack_token: str) -> None:
+    async def ack(self, ack_token: str, deadline: float | None = None) -> None:
         """Ack a delivery by its token (a restarted process holds only the token)."""
 
     @abstractmethod

@@ -53,10 +53,10 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import APIError
 
 from crewlet import groups, log
-from crewlet.bus import JETSTREAM_TIMEOUT
+from crewlet.bus import JETSTREAM_TIMEOUT, MAX_READERS, Unanswered, publish_until
 from crewlet.queue.base import (DELIVERY_BUDGET, TRIGGER_HEADER, DeadLetter, Delivery, Mailbox,
                                 MailboxError, Mailboxes, check_seat, check_trigger)
 
@@ -259,8 +259,8 @@ class JetStreamMailbox(Mailbox):
                 await asyncio.shield(self._owner._nak_quietly(d.ack_token))
                 raise
 
-    async def ack(self, d: Delivery) -> None:
-        await self._owner.ack(d.ack_token)
+    async def ack(self, d: Delivery, deadline: float | None = None) -> None:
+        await self._owner.ack(d.ack_token, deadline)
 
     async def nak(self, d: Delivery, delay: float | None = None) -> None:
         await self._owner.nak(d.ack_token, delay)
@@ -313,9 +313,11 @@ class JetStreamMailboxes(Mailboxes):
             "subjects": [SUBJECT + ">"], "retention": RETENTION, "max_consumers": max_consumers,
             "max_age": mail_days * _DAY * _NS, "num_replicas": replicas})
         await self._ensure_stream(DLQ_STREAM, {
-            "subjects": [DLQ_SUBJECT + ">"], "retention": "limits", "num_replicas": replicas})
+            "subjects": [DLQ_SUBJECT + ">"], "retention": "limits", "num_replicas": replicas,
+            "max_consumers": MAX_READERS})
         await self._ensure_stream(EVENTS_STREAM, {
             "subjects": ["events.>"], "retention": "limits", "num_replicas": replicas,
+            "max_consumers": MAX_READERS,
             "max_age": EVENTS_MAX_AGE_DAYS * _DAY * _NS})
 
     async def _ensure_stream(self, name: str, want: dict[str, Any]) -> None:
@@ -441,20 +443,17 @@ class JetStreamMailboxes(Mailboxes):
     # ------------------------------------------------------------ sending
 
     async def _publish(self, subject: str, data: bytes, headers: dict[str, str]) -> int:
-        deadline = time.monotonic() + SEND_PATIENCE
-        pause = RETRY_PAUSE
-        while True:
-            try:
-                ack = await self._js.publish(subject, data, headers=dict(headers), timeout=self._timeout)
-                return ack.seq
-            except (NoStreamResponseError, NatsTimeoutError) as exc:
-                if time.monotonic() + pause > deadline:
-                    raise MailboxError(f"publish to {subject} unanswered for {SEND_PATIENCE:g}s: "
-                                       f"{type(exc).__name__}") from exc
-            except APIError as exc:
-                raise MailboxError(f"publish to {subject} refused: {exc}") from exc
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 1.0)
+        """Publish under the ``Nats-Msg-Id`` in *headers*, resent while unanswered
+        for :data:`SEND_PATIENCE` seconds; the stored message's sequence."""
+        try:
+            ack = await publish_until(self._js, subject, data, msg_id=headers["Nats-Msg-Id"],
+                                      headers=headers, timeout=self._timeout,
+                                      deadline=time.monotonic() + SEND_PATIENCE)
+        except Unanswered as exc:
+            raise MailboxError(f"publish to {subject} unanswered for {SEND_PATIENCE:g}s: {exc}") from exc
+        except APIError as exc:
+            raise MailboxError(f"publish to {subject} refused: {exc}") from exc
+        return ack.seq
 
     async def send(self, seat: str, text_or_bytes: str | bytes, *, trigger: str | None = None,
                    headers: dict[str, str] | None = None) -> int:
@@ -469,19 +468,33 @@ class JetStreamMailboxes(Mailboxes):
 
     # ------------------------------------------------------------ acking
 
-    async def _confirmed(self, token: str, body: bytes) -> None:
-        for attempt in range(1, ACK_ATTEMPTS + 1):
+    async def _confirmed(self, token: str, body: bytes, deadline: float | None = None) -> None:
+        """Send *body* on *token* until the server confirms it: :data:`ACK_ATTEMPTS`
+        times, or until the monotonic *deadline* when one is given (a resent ack
+        or NAK is answered like the first, measured)."""
+        attempt, pause = 0, RETRY_PAUSE
+        while True:
+            attempt += 1
+            timeout = self._timeout if deadline is None else \
+                max(0.05, min(self._timeout, deadline - time.monotonic()))
             try:
-                await self._nc.request(token, body, timeout=self._timeout)
+                await self._nc.request(token, body, timeout=timeout)
                 return
             except NoRespondersError as exc:
-                raise MailboxError(f"{body[:5].decode()}: the mailbox of {token} is gone") from exc
-            except NatsTimeoutError as exc:
-                if attempt == ACK_ATTEMPTS:
-                    raise MailboxError(f"{body[:5].decode()} unanswered for {token}") from exc
+                # Also what a consumer's leader election answers for a moment.
+                if deadline is None:
+                    raise MailboxError(f"{body[:5].decode()}: the mailbox of {token} is gone") from exc
+                why = "the mailbox is gone or electing a leader"
+            except NatsTimeoutError:
+                why = "unanswered"
+            if (attempt >= ACK_ATTEMPTS if deadline is None else time.monotonic() + pause >= deadline):
+                raise MailboxError(f"{body[:5].decode()} {why} for {token}")
+            if deadline is not None:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
-    async def ack(self, ack_token: str) -> None:
-        await self._confirmed(ack_token, b"+ACK")
+    async def ack(self, ack_token: str, deadline: float | None = None) -> None:
+        await self._confirmed(ack_token, b"+ACK", deadline)
 
     async def _nak_quietly(self, ack_token: str) -> None:
         try:

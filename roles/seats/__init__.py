@@ -1,8 +1,9 @@
 """The seats role: seat leases, mailboxes, turns and MCP servers (DESIGN §5).
 
 It follows the company revisions this node applies (from crewletd), runs the
-seat sweep (:mod:`roles.seats.sweeper`) — sweeping early when the fleet
-changes: a seat or node lease deleted or expired, or a node appearing — and
+seat sweep (:mod:`roles.seats.sweeper`) over one long-lived watch of the
+leases (:class:`crewlet.coord.holders.Holders`) — sweeping early when the
+fleet changes: a seat or node lease deleted or expired, or a node appearing — and
 the turn loop (:mod:`roles.seats.turns`), whose hooks start and stop a seat's
 work as its lease is claimed and released.
 
@@ -21,8 +22,8 @@ import sys
 from crewlet import log
 from crewlet.agent.janitor import kill_marked
 from crewlet.company import Company
-from crewlet.coord.buckets import LEASES
-from crewlet.coord.counters import Budgets, Cooldowns, Ledger
+from crewlet.coord.counters import Budgets, CounterError, Cooldowns, Ledger
+from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Leases
 from crewlet.estate.access import EstateAccess
 from crewlet.queue.jetstream import JetStreamMailboxes
@@ -43,32 +44,15 @@ async def _follow(ctx: RoleContext, sweeper: SeatSweeper, engine: TurnEngine) ->
         log.event("seats_company", rev=company["rev"], seats=len(sweeper.seats))
 
 
-async def _watch_fleet(ctx: RoleContext, sweeper: SeatSweeper) -> None:
-    """Wake the sweep when a lease goes away or a node appears."""
-    pause = 0.1
-    while True:  # the fleet's JetStream may not answer yet (no quorum)
-        try:
-            kv = await ctx.jetstream().key_value(LEASES.name)
-            watcher = await kv.watchall(include_history=False)
-            break
-        except Exception:
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 2.0)
-    nodes: set[str] = set()
-    try:
-        async for entry in watcher:
-            if entry is None:
-                continue
-            if not entry.key.startswith(("node.", "seat.")):
-                continue  # duties, conversations: not the sweep's business
-            if entry.operation in ("DEL", "PURGE"):
-                nodes.discard(entry.key)
-                sweeper.wake()
-            elif entry.key.startswith("node.") and entry.key not in nodes:
-                nodes.add(entry.key)
-                sweeper.wake()
-    finally:
-        await watcher.stop()
+def _wake_on_change(sweeper: SeatSweeper):
+    """What the lease watch calls: wake the sweep when a seat or node lease
+    went away (released, expired) or a node appeared."""
+    def changed(key: str, was, now) -> None:
+        if not key.startswith(("node.", "seat.")):
+            return  # duties, conversations: not the sweep's business
+        if now is None or (was is None and key.startswith("node.")):
+            sweeper.wake()
+    return changed
 
 
 async def _report(ctx: RoleContext, engine: TurnEngine) -> None:
@@ -94,7 +78,8 @@ async def main(ctx: RoleContext) -> None:
         log.event("seats_leftovers_killed", "warning", pids=left)
     js = ctx.jetstream()
     leases = Leases(js, ctx.node_id, ctx.boot, fleet.lease_ttl)
-    sweeper = SeatSweeper(leases, ctx.node_id, ctx.config.node.labels, boot=ctx.boot,
+    holders = Holders.of_bucket(js)
+    sweeper = SeatSweeper(leases, holders, ctx.node_id, ctx.config.node.labels, boot=ctx.boot,
                           sweep=fleet.sweep, heartbeat=fleet.heartbeat,
                           claims=fleet.claims_per_sweep, releases=fleet.releases_per_sweep)
     mailboxes = JetStreamMailboxes(js, ctx.nats)
@@ -107,6 +92,7 @@ async def main(ctx: RoleContext) -> None:
                         max_concurrent=ctx.config.node.max_concurrent, events_js=js,
                         estate=estate.router)
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
+    holders.on_change = _wake_on_change(sweeper)
     sweeper.on_stop = engine.quiesce
     ctx.sweeper = sweeper  # the turn loop reads admission from here
     # Mail wakes its seat: a plain subscription, no JetStream state per seat.
@@ -115,7 +101,7 @@ async def main(ctx: RoleContext) -> None:
 
     wakes = await ctx.nats.subscribe("agents.inbox.*", cb=wake)
     helpers = [asyncio.create_task(_follow(ctx, sweeper, engine)),
-               asyncio.create_task(_watch_fleet(ctx, sweeper)),
+               asyncio.create_task(holders.run()),
                asyncio.create_task(engine.budgets.run(ctx.stopping)),
                asyncio.create_task(_report(ctx, engine))]
     for task in helpers:
@@ -129,7 +115,11 @@ async def main(ctx: RoleContext) -> None:
     finally:
         await wakes.unsubscribe()
         await engine.close()
-        await engine.budgets.flush()
+        try:
+            await engine.budgets.flush()
+        except CounterError as exc:  # no quorum as the node stops: this spend is not counted
+            log.event("budget_flush_failed", "warning", error=str(exc),
+                      unflushed=engine.budgets.unflushed())
         await estate.close()
         for task in helpers:
             task.cancel()

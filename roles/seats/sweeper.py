@@ -12,9 +12,10 @@ node's lease deleted or expired, a node appearing, a new company revision):
 2. **adopt** seats this node's own incarnation holds that this process does
    not know of (the seats role restarted), and **take over** seats held under
    this node's id by an earlier incarnation (crewletd restarted within the TTL).
-3. **decide** with :func:`crewlet.coord.sweep.plan` on the fleet as read now
-   (live seats-nodes from presence, owners from seat leases), then release and
-   claim. Claims and releases are limited per ``fleet.sweep`` window, counted
+3. **decide** with :func:`crewlet.coord.sweep.plan` on the fleet as this
+   process's one lease watch shows it (:class:`crewlet.coord.holders.Holders`:
+   live seats-nodes from presence, owners from seat leases — memory, not a
+   question to the broker per sweep), then release and claim. Claims and releases are limited per ``fleet.sweep`` window, counted
    across early sweeps too: at most ``claims_per_sweep`` and
    ``releases_per_sweep``.
 
@@ -32,6 +33,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable
 
 from crewlet import log
+from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Held, LeaseError, Leases
 from crewlet.coord.sweep import NodeView, SeatView, plan
 
@@ -52,10 +54,11 @@ class SeatSweeper:
     """Invariants: ``held`` is every seat this process acts for, with its lease;
     ``_claims``/``_releases`` hold the monotonic times of recent ones."""
 
-    def __init__(self, leases: Leases, node_id: str, labels: dict[str, str], *, boot: str,
-                 sweep: float, heartbeat: float, claims: int, releases: int,
+    def __init__(self, leases: Leases, holders: Holders, node_id: str, labels: dict[str, str], *,
+                 boot: str, sweep: float, heartbeat: float, claims: int, releases: int,
                  on_claim: Hook = _log_claim, on_release: Hook = _log_release):
         self.leases = leases
+        self.holders = holders
         self.me = NodeView(node_id, dict(labels))
         self.boot = boot
         self.interval = sweep
@@ -119,20 +122,21 @@ class SeatSweeper:
     async def sweep(self) -> None:
         self.sweeps += 1
         await self._renew()
-        if self.seats is None:
-            return  # no company yet: hold what we hold, decide nothing
-        nodes = await self.leases.holders("node.")
+        if self.seats is None or not self.holders.listed.is_set():
+            return  # no company, or no view of the fleet yet: hold what we hold, decide nothing
+        nodes = self.holders.of("node.")
         mine = nodes.get(f"node.{self.me.id}")
         if mine is None or mine.boot != self.boot:
             # Our node has not joined (yet), or another node holds our id:
             # never act on the fleet under an identity we do not own.
             return
-        owners = await self.leases.holders("seat.")
+        owners = self.holders.of("seat.")
         await self._recover(owners)
         live = [NodeView(k.removeprefix("node."), dict(o.info.get("labels", {})))
                 for k, o in nodes.items() if "seats" in o.info.get("roles", ())]
-        decision = plan(self.me, self.seats, live,
-                        {k.removeprefix("seat."): o.node for k, o in owners.items()},
+        # What we hold is ours whether or not the watch has shown our claim yet.
+        seen = {k.removeprefix("seat."): o.node for k, o in owners.items()}
+        decision = plan(self.me, self.seats, live, {**seen, **dict.fromkeys(self.held, self.me.id)},
                         set(self.held), claims=self._budget(self._claims, self.claims),
                         releases=self._budget(self._releases, self.releases))
         for seat in decision.release:

@@ -17,8 +17,10 @@ A turn, in order:
 3. **the ledger** — a trigger already worked is acked and skipped;
 4. **the rounds** (:func:`crewlet.agent.turn.run_rounds`), the fence checked
    before each round's side effects;
-5. **the ledger** written and the **ack** (at once: either may land first),
-   then the turn record: on ``EVENTS`` (``events.turn.<seat>``, the live
+5. **the ledger** written, then the **ack**, each sent again through a
+   stream leader election (:data:`SETTLE_PATIENCE`); a ledger entry that
+   cannot be written leaves the delivery unacked (see ``SeatWork._settle``);
+   then the turn record, retried the same way: on ``EVENTS`` (``events.turn.<seat>``, the live
    feed, kept by one data node's event log) and, durably, as a
    ``turn.record`` op on the estate's log (the ``turns`` table of every
    data node's copy; refused there if the seat's fence moved on).
@@ -51,17 +53,18 @@ import os
 import random
 import time
 import traceback
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from crewlet import log
-from crewlet.bus import JETSTREAM_TIMEOUT
+from crewlet.bus import JETSTREAM_TIMEOUT, publish_until
 from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
 from crewlet.agent.estate_tools import estate_tools
 from crewlet.agent.tools import Registry, builtin_tools
 from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
 from crewlet.company import Company, Seat
-from crewlet.coord.counters import Budgets, Cooldowns, Ledger
+from crewlet.coord.counters import Budgets, Cooldowns, CounterError, Ledger
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import make_op, op_id
 from crewlet.queue.base import Delivery, Mailbox, MailboxError, Mailboxes
@@ -76,6 +79,10 @@ POLL = 60.0
 WAKE_SETTLE = (0.02, 0.1, 0.5)
 # Seconds one turn may take, all rounds and tool calls included (well under the ack wait).
 TURN_TIMEOUT = 300.0
+# Seconds the writes after a turn's side effects (its ledger entry, its ack, its
+# records) are sent again while unanswered: several stream leader elections
+# (~5–6 s each, DESIGN §4), well under the ack wait.
+SETTLE_PATIENCE = 30.0
 # Delay of a NAK after a failure that may pass (a provider down, a cooldown):
 # the first, doubled per delivery, up to the cap.
 RETRY_DELAY = 5.0
@@ -147,6 +154,11 @@ class TurnEngine:
         self.running = 0
         self.peak = 0
         self.turns = 0
+        # Turns whose side effects were done but whose ledger entry could not
+        # be written (handed back, see SeatWork._settle), and records that did
+        # not land: each a failure an operator must see.
+        self.unsettled = 0
+        self.records_failed = 0
         self.company: Company | None = None
         self.seat_cfgs: dict[str, Seat] = {}  # the company's seats by name
         self.services: Services | None = None
@@ -270,6 +282,7 @@ class TurnEngine:
                                             if w.turn is not None or w.deferred or w.servers}
         return {"running": self.running, "max_concurrent": self.max_concurrent, "peak": self.peak,
                 "turns": self.turns, "held": len(self.work), "org_spent": self.budgets.spent("")[0],
+                "unsettled": self.unsettled, "records_failed": self.records_failed,
                 "seats": {seat: self.work[seat].stats() for seat in sorted(shown)}}
 
     # ------------------------------------------------------------ helpers
@@ -301,23 +314,28 @@ class TurnEngine:
     def inflight_path(self, seat: str) -> str:
         return os.path.join(self.inflight_dir, seat)
 
-    async def _durable_record(self, record: TurnRecord, body: dict[str, Any]) -> None:
+    async def _durable_record(self, record: TurnRecord, body: dict[str, Any], deadline: float) -> None:
         # One row per delivery worked; a resend of the same one lands once.
         op = make_op("turn.record", {"record": body}, node=self.node, seat=record.seat,
                      token=record.token,
                      id=op_id(record.seat, "turn", record.trigger, str(record.deliveries)))
-        await estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT)
+        await estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT, deadline=deadline)
 
     async def publish_record(self, record: TurnRecord) -> None:
-        """The live feed and the durable row, at once. Both are best effort
-        here: the turn is done and acked whatever becomes of its record."""
+        """The live feed and the durable row, at once, each sent again through a
+        stream leader election for :data:`SETTLE_PATIENCE` seconds. A record
+        that still did not land is counted (``records_failed`` in the stats)
+        and said: the turn itself is settled by then, its ledger entry written."""
         body = record.as_dict()
-        published = [self.js.publish(f"events.turn.{record.seat}", json.dumps(body).encode())]
+        deadline = time.monotonic() + SETTLE_PATIENCE
+        published = [publish_until(self.js, f"events.turn.{record.seat}", json.dumps(body).encode(),
+                                   msg_id=f"turn:{uuid.uuid4().hex}", deadline=deadline)]
         if self.estate is not None and record.trigger:  # a deferral is news, not a turn worked
-            published.append(self._durable_record(record, body))
+            published.append(self._durable_record(record, body, deadline))
         for result in await asyncio.gather(*published, return_exceptions=True):
             if isinstance(result, BaseException):
-                log.event("turn_record_failed", "warning", seat=record.seat, trigger=record.trigger,
+                self.records_failed += 1
+                log.event("turn_record_failed", "error", seat=record.seat, trigger=record.trigger,
                           error=f"{type(result).__name__}: {result}")
 
 
@@ -575,20 +593,7 @@ class SeatWork:
                 settled = True
                 return
             engine.budgets.add(self.seat, usage.total)
-            # The ledger and the ack at once, not one after the other: either
-            # order of landing is safe. Ledger without ack: the redelivery is
-            # skipped. Ack without ledger: nothing is redelivered (only the
-            # same trigger sent again would be worked again).
-            written, acked = await asyncio.gather(
-                engine.ledger.record(delivery.trigger, {
-                    "seat": self.seat, "node": engine.node, "token": self.token,
-                    "outcome": record.outcome, "at": time.time(), "rounds": record.rounds}),
-                self.mailbox.ack(delivery), return_exceptions=True)
-            if isinstance(acked, BaseException):
-                raise acked
-            if isinstance(written, BaseException):
-                log.event("ledger_write_failed", "warning", seat=self.seat, trigger=delivery.trigger,
-                          error=f"{type(written).__name__}: {written}")
+            await self._settle(delivery, record)
             settled = True
             self.restarts = 0
         except asyncio.CancelledError:
@@ -618,6 +623,37 @@ class SeatWork:
                       rounds=record.rounds, tools=len(record.tool_calls), took_ms=record.took_ms,
                       error=record.error)
             await engine.publish_record(record)
+
+    async def _settle(self, delivery: Delivery, record: TurnRecord) -> None:
+        """The turn's side effects are done: write the ledger, then ack.
+
+        In that order, each sent again through stream leader elections for
+        :data:`SETTLE_PATIENCE` seconds. Once the ledger holds the trigger a
+        redelivery is skipped, so an ack that never lands costs nothing; an
+        ack before the ledger could leave the trigger unrecorded, and the
+        same trigger sent again would be worked twice.
+
+        A ledger entry that cannot be written in that time (no quorum) is
+        not acked as if all were well: the turn's record says ``unsettled``,
+        the node counts it (``unsettled`` in the stats), and the delivery is
+        NAKed to be worked again once the fleet answers — its side effects
+        may then happen twice (the README's "does not promise").
+        """
+        engine = self.engine
+        deadline = time.monotonic() + SETTLE_PATIENCE
+        try:
+            await engine.ledger.record(delivery.trigger, {
+                "seat": self.seat, "node": engine.node, "token": self.token,
+                "outcome": record.outcome, "at": time.time(), "rounds": record.rounds},
+                deadline=deadline)
+        except CounterError as exc:
+            engine.unsettled += 1
+            record.outcome, record.error = "unsettled", f"the ledger entry was not written: {exc}"
+            log.event("ledger_write_failed", "error", seat=self.seat, trigger=delivery.trigger,
+                      error=str(exc))
+            await self.mailbox.nak(delivery, self._retry_delay(delivery, None))
+            return
+        await self.mailbox.ack(delivery, deadline=deadline)
 
     def _retry_delay(self, delivery: Delivery, exc: ProviderError | None) -> float:
         if isinstance(exc, CoolingDown):

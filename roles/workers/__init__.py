@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from crewlet.company import Company
+from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Leases
 from crewlet.runtime import RoleContext
 from roles.workers.duties import DUTIES
@@ -17,16 +18,19 @@ from roles.workers.runner import DutyRunner
 
 async def main(ctx: RoleContext) -> None:
     leases = Leases(ctx.jetstream(), ctx.node_id, ctx.boot, ctx.config.fleet.lease_ttl)
-    runner = DutyRunner(ctx.config, leases, DUTIES, role=ctx)
+    holders = Holders.of_bucket(ctx.jetstream())
+    runner = DutyRunner(ctx.config, leases, DUTIES, role=ctx, holders=holders)
 
     async def follow() -> None:
         async for company in ctx.companies():
             runner.company = Company.model_validate(company["company"])
 
-    following = asyncio.create_task(follow())
-    following.add_done_callback(lambda t: t.cancelled() or ctx.fail(t.exception()))
+    helpers = [asyncio.create_task(follow()), asyncio.create_task(holders.run())]
+    for task in helpers:
+        task.add_done_callback(lambda t: t.cancelled() or ctx.fail(t.exception()))
     await ctx.ready()
     try:
         await runner.run(ctx.stopping)
     finally:
-        following.cancel()
+        for task in helpers:
+            task.cancel()

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from crewlet import log
 from crewlet.company import Company
 from crewlet.config import NodeConfig
+from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Held, LeaseError, Leases
 from roles.workers.duties import Duty
 
@@ -32,6 +33,7 @@ class DutyContext:
     interval: float   # how often a periodic duty looks again
     token: int        # this duty's fencing token: every write it makes carries it
     role: Any = None  # the workers role's RoleContext (its NATS connection, jetstream())
+    holders: Holders | None = None  # who holds which lease: the role's one watch of them
     company: Callable[[], Company | None] = lambda: None  # the company in force on this node
 
 
@@ -40,9 +42,10 @@ class DutyRunner:
     duties this node runs now."""
 
     def __init__(self, config: NodeConfig, leases: Leases, duties: tuple[Duty, ...], *,
-                 role: Any = None):
+                 role: Any = None, holders: Holders | None = None):
         self.config = config
         self.leases = leases
+        self.holders = holders
         self.duties = duties
         self.role = role
         self.company: Company | None = None  # set by the role as revisions arrive
@@ -93,7 +96,7 @@ class DutyRunner:
 
     def _task(self, duty: Duty, held: Held) -> asyncio.Task:
         ctx = DutyContext(self.config, self.leases, self.config.fleet.heartbeat, held.token,
-                          role=self.role, company=lambda: self.company)
+                          role=self.role, company=lambda: self.company, holders=self.holders)
         return asyncio.create_task(duty.run(ctx), name=f"duty {duty.name}")
 
     def _start(self, duty: Duty, held: Held) -> None:

@@ -28,7 +28,7 @@ def test_ledger_records_once_per_trigger_and_every_node_reads_it(natsd):
         try:
             la, lb = Ledger(a.jetstream(), ttl=60), Ledger(b.jetstream(), ttl=60)
             assert await lb.done("t-1") is None
-            await la.record("t-1", {"seat": "s", "node": "a"})
+            await la.record("t-1", {"seat": "s", "node": "a"}, deadline=time.monotonic() + 5)
             assert (await lb.done("t-1"))["node"] == "a"
             assert await lb.done("t-2") is None
         finally:

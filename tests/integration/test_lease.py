@@ -123,20 +123,6 @@ def test_concurrent_claims_have_exactly_one_winner(natsd):
     run(main())
 
 
-def test_holders_lists_live_leases_only(natsd):
-    async def main():
-        nc, js = await connect(natsd.url)
-        a = Leases(js, "a", "boot-a", ttl=5)
-        kept = await a.claim("seat.s1")
-        gone = await a.claim("seat.s2")
-        await a.claim("node.a")
-        await a.release(gone)
-        holders = await a.holders("seat.")
-        assert set(holders) == {"seat.s1"} and holders["seat.s1"].token == kept.token
-        await nc.close()
-    run(main())
-
-
 @pytest.mark.fleet
 def test_leases_survive_losing_one_of_three_members(nats_cluster):
     async def main():

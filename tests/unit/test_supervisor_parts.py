@@ -73,3 +73,69 @@ def test_state_moves_are_guarded():
     known = set(states.TRANSITIONS)
     for old, targets in states.TRANSITIONS.items():
         assert targets and targets <= known, old
+
+
+# ------------------------------------------------------------ task children
+
+def _stop_task_child(body, shutdown, teardown=None):
+    """Start a task child running *body*, stop it with *shutdown*: (ExitInfo, seconds)."""
+    import asyncio
+    import time
+
+    from crewlet.runtime import run_loop
+    from supervisor.task import task_child
+
+    async def main():
+        async def setup():
+            pass
+        child = task_child("t", setup=setup, run=body, teardown=teardown, ready_timeout=1,
+                           shutdown=shutdown)
+        running = await child.start(1)
+        await asyncio.sleep(0.05)  # let run() get going
+        started = time.monotonic()
+        info = await running.stop(shutdown)
+        return info, time.monotonic() - started
+    return run_loop(main(), leftovers=0.2)
+
+
+def test_a_task_child_that_swallows_its_cancel_is_still_stopped_within_its_shutdown():
+    import asyncio
+    torn_down = []
+
+    async def stubborn():
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass  # what a buggy retry loop (or 3.11's wait_for) can do
+
+    async def teardown():
+        torn_down.append(True)
+
+    info, took = _stop_task_child(stubborn, 0.4, teardown)
+    assert info.code == 0
+    assert took < 1.0, took
+    assert torn_down == [True]  # the teardown still ran, in the time left
+
+
+def test_a_task_child_whose_teardown_hangs_is_stopped_within_its_shutdown():
+    import asyncio
+
+    async def body():
+        await asyncio.sleep(3600)
+
+    async def hangs():
+        await asyncio.sleep(3600)
+
+    info, took = _stop_task_child(body, 0.4, hangs)
+    assert info.code == 0 and took < 1.0, took
+
+
+def test_a_task_child_that_stops_at_once_takes_no_time():
+    import asyncio
+
+    async def body():
+        await asyncio.sleep(3600)
+
+    info, took = _stop_task_child(body, 30)
+    assert info.code == 0 and took < 0.5, took

@@ -52,9 +52,9 @@ def problems(nodes: dict[str, dict[str, Any]], replicas: int) -> dict[str, dict[
 
 async def run(ctx) -> None:
     reported: dict[str, dict[str, Any]] = {}
+    await ctx.holders.listed.wait()
     while True:
-        holders = await ctx.leases.holders("node.")
-        nodes = {key.removeprefix("node."): owner.info for key, owner in holders.items()}
+        nodes = {key.removeprefix("node."): owner.info for key, owner in ctx.holders.of("node.").items()}
         now = problems(nodes, ctx.config.stream.replicas)
         for name, detail in now.items():
             if reported.get(name) != detail:

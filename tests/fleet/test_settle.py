@@ -1,0 +1,126 @@
+"""Nothing a turn writes after its side effects is tried only once (issue 10).
+
+On a real three-member R3 cluster the member leading a stream is SIGKILLed
+just before the write; the write is made through a surviving member with the
+turn's own calls — the ledger entry, the durable turn record, the live
+record, the mailbox ack — and must land exactly once, within its deadline.
+A leader election leaves publishes unanswered for ~5–6 s (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import nats
+import pytest
+
+from crewlet.bus import publish_until
+from crewlet.coord import buckets
+from crewlet.coord.counters import Ledger
+from crewlet.estate import log as estate_log
+from crewlet.estate.ops import make_op
+from crewlet.queue.jetstream import JetStreamMailboxes
+
+pytestmark = pytest.mark.fleet
+
+PATIENCE = 30.0  # the turns' SETTLE_PATIENCE
+
+
+async def _quiet(exc) -> None:
+    pass
+
+
+async def _retry(make, timeout: float = 20.0):
+    """``await make()`` until it works: a fresh cluster refuses its first streams a moment."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await make()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def _through_a_survivor(cluster, stream: str):
+    """Kill the member leading *stream*; a connection to a member that lives."""
+    async with _connect([s.url for s in cluster]) as (nc, js):
+        leader = (await js.stream_info(stream)).cluster.leader
+    dead = next(s for s in cluster if s.name == leader)
+    dead.kill()
+    return [s.url for s in cluster if s is not dead]
+
+
+class _connect:
+    def __init__(self, urls):
+        self.urls = urls
+
+    async def __aenter__(self):
+        self.nc = await nats.connect(servers=self.urls, error_cb=_quiet, reconnect_time_wait=0.2,
+                                     max_reconnect_attempts=-1)
+        return self.nc, self.nc.jetstream(timeout=2)
+
+    async def __aexit__(self, *exc):
+        await self.nc.close()
+
+
+def test_a_ledger_entry_written_during_a_leader_election_lands_once(nats_cluster):
+    async def main():
+        async with _connect([s.url for s in nats_cluster]) as (nc, js):
+            await _retry(lambda: buckets.ensure(js, buckets.LEDGER, 3))
+        survivors = await _through_a_survivor(nats_cluster, buckets.stream(buckets.LEDGER.name))
+        async with _connect(survivors) as (nc, js):
+            started = time.monotonic()
+            seq = await Ledger(js, ttl=60).record("job-1", {"seat": "w"},
+                                                  deadline=started + PATIENCE)
+            assert seq > 0
+            assert (await Ledger(js, ttl=60).done("job-1"))["seat"] == "w"
+            info = await js.stream_info(buckets.stream(buckets.LEDGER.name))
+            assert info.state.messages == 1  # resent under one id: stored once
+            return time.monotonic() - started
+    took = asyncio.run(main())
+    print(f"ledger write through the election: {took:.1f}s")
+
+
+def test_turn_records_published_during_a_leader_election_land_once(nats_cluster):
+    async def main():
+        async with _connect([s.url for s in nats_cluster]) as (nc, js):
+            await _retry(lambda: estate_log.ensure_stream(js, 3))
+            mailboxes = JetStreamMailboxes(js, nc)
+            await _retry(lambda: mailboxes.ensure_streams(replicas=3, max_consumers=1000, mail_days=1))
+        survivors = await _through_a_survivor(nats_cluster, estate_log.STREAM)
+        async with _connect(survivors) as (nc, js):
+            deadline = time.monotonic() + PATIENCE
+            op = make_op("turn.record", {"record": {"seat": "w", "trigger": "job-1", "outcome": "done"}},
+                         node="a", seat="w", token=7, id="w:turn:job-1:1")
+            seq, duplicate = await estate_log.publish(js, op, timeout=2, deadline=deadline)
+            assert seq == 1 and not duplicate
+            # The same op sent again (the turn's process resending it) lands once.
+            assert await estate_log.publish(js, op, timeout=2, deadline=deadline) == (1, True)
+            ack = await publish_until(js, "events.turn.w", json.dumps({"trigger": "job-1"}).encode(),
+                                      msg_id="turn:x", deadline=deadline)
+            assert ack.stream == "EVENTS"
+            assert (await js.stream_info(estate_log.STREAM)).state.messages == 1
+    asyncio.run(main())
+
+
+def test_an_ack_sent_during_a_leader_election_is_confirmed(nats_cluster):
+    async def main():
+        async with _connect([s.url for s in nats_cluster]) as (nc, js):
+            mailboxes = JetStreamMailboxes(js, nc)
+            await _retry(lambda: mailboxes.ensure_streams(replicas=3, max_consumers=1000, mail_days=1))
+            await _retry(lambda: mailboxes.ensure(["w"]))
+            await mailboxes.send("w", "job 1", trigger="job-1")
+            delivery = await mailboxes.attach("w").next(wait=5)
+            assert delivery is not None
+            token = delivery.ack_token
+        survivors = await _through_a_survivor(nats_cluster, "AGENTS")
+        async with _connect(survivors) as (nc, js):
+            mailboxes = JetStreamMailboxes(js, nc)
+            await mailboxes.ack(token, deadline=time.monotonic() + PATIENCE)
+            # Acked: nothing is left to deliver, now or after a NAK of it.
+            info = await _retry(lambda: js.consumer_info("AGENTS", "inbox-w"))
+            assert info.num_ack_pending == 0 and info.num_pending == 0
+    asyncio.run(main())

@@ -1,0 +1,108 @@
+"""Who holds which lease: one long-lived watch per process (crewlet.coord.holders),
+on a real nats-server. Reading it must leave nothing on the broker (issue 10:
+a consumer per listing filled KV_leases to the server's 1,000)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats
+
+from crewlet.coord import buckets
+from crewlet.coord.holders import Holders
+from crewlet.coord.lease import Leases
+
+
+async def _until(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def _consumers(js) -> int:
+    return (await js.stream_info(buckets.stream(buckets.LEASES.name))).state.consumer_count
+
+
+def test_holders_list_live_leases_and_see_them_go(natsd):
+    async def main():
+        nc = await nats.connect(natsd.url)
+        js = nc.jetstream(timeout=5)
+        await buckets.ensure(js, buckets.LEASES, 1)
+        a = Leases(js, "a", "boot-a", ttl=1)
+        kept = await a.claim("seat.s1")
+        gone = await a.claim("seat.s2")
+        await a.claim("node.a")
+        await a.release(gone)
+        changes: list[tuple[str, bool, bool]] = []
+        holders = Holders.of_bucket(js, on_change=lambda k, was, now: changes.append(
+            (k, was is not None, now is not None)))
+        watching = asyncio.create_task(holders.run())
+        try:
+            await asyncio.wait_for(holders.listed.wait(), 5)
+            assert set(holders.of("seat.")) == {"seat.s1"}
+            assert holders.of("seat.")["seat.s1"].token == kept.token
+            assert set(holders.of("node.")) == {"node.a"}
+            # A lease taken after the listing appears; one left to lapse goes.
+            later = await a.claim("seat.s3")
+            await _until(lambda: "seat.s3" in holders.of("seat."), what="s3 seen")
+            assert holders.get("seat.s3").token == later.token
+            await _until(lambda: not holders.of("seat."), 10, "every seat lease lapsed (TTL 1 s)")
+            assert ("seat.s3", False, True) in changes and ("seat.s3", True, False) in changes
+            # Reading costs nothing on the broker: one consumer, however often.
+            for _ in range(1000):
+                holders.of("seat.")
+            assert await _consumers(js) == 1
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+        # Stopped: its consumer is deleted, not left for the inactive threshold.
+        await _until(lambda: True)
+        assert await _consumers(js) == 0
+        await nc.close()
+    asyncio.run(main())
+
+
+def test_a_watch_left_by_a_killed_process_goes_within_the_inactive_threshold(natsd):
+    async def main():
+        killed = await nats.connect(natsd.url)
+        kv = await buckets.ensure(killed.jetstream(timeout=5), buckets.LEASES, 1)
+        await buckets.open_watch(kv, ">")
+        # The process dies without a word: its connection just goes.
+        await killed.close()
+        nc = await nats.connect(natsd.url)
+        js = nc.jetstream(timeout=5)
+        assert await _consumers(js) == 1
+        deadline = time.monotonic() + buckets.WATCH_INACTIVE + 5
+        while await _consumers(js) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert await _consumers(js) == 0
+        await nc.close()
+    asyncio.run(main())
+
+
+def test_holders_wait_for_a_watch_the_broker_refuses_and_list_once_it_is_given(natsd):
+    """The stream at its consumer limit: the watch is refused (10026), tried
+    again with backoff, and the view lists once a consumer is free."""
+    async def main():
+        nc = await nats.connect(natsd.url)
+        js = nc.jetstream(timeout=5)
+        kv = await buckets.ensure(js, buckets.LEASES, 1)
+        info = await js.stream_info(buckets.stream(buckets.LEASES.name))
+        info.config.max_consumers = 1
+        await js.update_stream(info.config)
+        squatter = await buckets.open_watch(kv, ">")
+        holders = Holders.of_bucket(js)
+        watching = asyncio.create_task(holders.run())
+        try:
+            await asyncio.sleep(0.5)
+            assert not holders.listed.is_set()
+            await buckets.close_watch(squatter)
+            await asyncio.wait_for(holders.listed.wait(), 5)
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            await nc.close()
+    asyncio.run(main())
