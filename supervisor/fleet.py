@@ -98,6 +98,9 @@ class Fleet:
         self._unmanned: dict[str, Any] | None = None  # last fleet_role_unmanned we logged
         # Live leases, kept by crewletd's one watch of the bucket (set once joined).
         self.holders: Holders | None = None
+        # Every stream on the broker: its consumers against its limit, and its
+        # messages (crewletctl status's broker lines), sampled every heartbeat.
+        self.streams: list[dict[str, Any]] | None = None
         # node id -> the revision it reached (status node.<id>), kept by a
         # watcher; its estate copy and eviction are the estate view's.
         self._status_view: dict[str, dict[str, Any]] = {}
@@ -145,6 +148,7 @@ class Fleet:
             group.create_task(self._heartbeat())
             group.create_task(self._follow_control_plane())
             group.create_task(self.holders.run())
+            group.create_task(self._sample_streams())
             group.create_task(buckets.follow(lambda: self._js.key_value(buckets.STATUS.name),
                                              "node.*", self._status_seen, name="status node.*"))
 
@@ -230,6 +234,24 @@ class Fleet:
                 log.event("fleet_presence_renew_failed", "warning", error=str(exc))
             except DuplicateNode as exc:
                 raise Exit(EXIT_CONFIG, f"{self.cfg.source}: node.id: {exc}") from None
+
+    async def _sample_streams(self) -> None:
+        """Read every stream's consumer count and limit, every heartbeat: what
+        a leak of consumers looks like before a stream refuses one (issue 10)."""
+        failing = False
+        while True:
+            try:
+                infos = await self._js.streams_info()
+                self.streams = sorted(
+                    ({"name": i.config.name, "consumers": i.state.consumer_count,
+                      "max_consumers": i.config.max_consumers, "messages": i.state.messages}
+                     for i in infos), key=lambda row: row["name"])
+                failing = False
+            except Exception as exc:  # no quorum, a leader moving: keep the last sample
+                if not failing:
+                    log.event("fleet_streams_unread", "warning", error=f"{type(exc).__name__}: {exc}")
+                failing = True
+            await asyncio.sleep(self.cfg.fleet.heartbeat)
 
     # -------------------------------------------------------- control plane
 
@@ -349,4 +371,5 @@ class Fleet:
             "duties": [{"name": k, "node": o["node"], "token": o["token"]}
                        for k, o in sorted(duties.items())],
             "connected": bool(self.nc is not None and self.nc.is_connected),
+            "streams": self.streams,
         }

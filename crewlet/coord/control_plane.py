@@ -67,6 +67,7 @@ from crewlet.coord.buckets import CONFIG, ensure, follow, last, subjects
 
 JS_TIMEOUT = 2.0          # seconds: the JetStream request timeout callers should use
 PATIENCE = 10.0           # seconds an unanswered request is retried (a leader election takes ~6 s)
+FORMING_PATIENCE = 20.0   # seconds more a request refused for a cluster still forming is retried
 RETRY_PAUSE = 0.1         # seconds before the first retry; doubles, up to 1 s
 ACTIVATE_ATTEMPTS = 10    # compare-and-set tries of `active` before giving up
 ACTIVATE_JITTER = 0.02    # seconds: a lost compare-and-set waits up to attempt × this, at random
@@ -79,6 +80,10 @@ _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 _KV_OPS_GONE = ("DEL", "PURGE")
 _UNANSWERED = (NoStreamResponseError, NatsTimeoutError, asyncio.TimeoutError)
+# JetStream refusals that pass by themselves, so are waited out like silence:
+# "insufficient resources" / "no suitable peers for placement" (a cluster whose
+# members are still meeting) and "JetStream system temporarily unavailable".
+_NOT_YET = (10005, 10023, 10008)
 
 T = TypeVar("T")
 
@@ -121,7 +126,9 @@ def _dumps(value: dict[str, Any]) -> bytes:
 
 async def _patiently(what: str, call: Callable[[], Awaitable[T]]) -> T:
     """``await call()``, again while it gets no answer, for up to PATIENCE
-    seconds; every NATS error becomes a ControlPlaneError about *what*."""
+    seconds, or while a cluster still forming refuses it (:data:`_NOT_YET`),
+    FORMING_PATIENCE seconds more; every NATS error becomes a
+    ControlPlaneError about *what*."""
     deadline = time.monotonic() + PATIENCE
     pause = RETRY_PAUSE
     while True:
@@ -130,6 +137,11 @@ async def _patiently(what: str, call: Callable[[], Awaitable[T]]) -> T:
         except _UNANSWERED as exc:
             if time.monotonic() + pause > deadline:
                 raise ControlPlaneError(f"{what}: no answer within {PATIENCE:g}s: {_why(exc)}") from exc
+        except APIError as exc:
+            # A cluster just formed: its members are not all known yet, so a
+            # stream with replicas cannot be placed for a moment.
+            if exc.err_code not in _NOT_YET or time.monotonic() + pause > deadline + FORMING_PATIENCE:
+                raise ControlPlaneError(f"{what}: {_why(exc)}") from exc
         except NatsError as exc:
             raise ControlPlaneError(f"{what}: {_why(exc)}") from exc
         await asyncio.sleep(pause)

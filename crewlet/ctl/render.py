@@ -47,7 +47,11 @@ CHILD_KEYS = ("name", "pid", "state", "restarts", "uptime_s", "last_exit", "cpu_
               "stats")
 EXIT_KEYS = ("code", "signal", "reason", "at")
 # Keys of ``fleet`` (when not null) and of its nodes / seats / duties in --json output.
-FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties")
+FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties", "streams")
+# Keys of a broker stream in ``fleet.streams`` (its consumers against its limit).
+STREAM_KEYS = ("name", "consumers", "max_consumers", "messages")
+# A stream whose consumers pass this share of its limit is shown as a warning.
+CONSUMERS_WARN = 0.8
 FLEET_NODE_KEYS = ("id", "roles", "broker", "labels", "version", "rev", "renewed_at", "applied",
                    "status_error", "estate", "evicted", "seats", "duties")
 # Keys of a fleet node's ``estate`` record (its applier's, in ``status``) when not null.
@@ -109,6 +113,8 @@ def normalize_fleet(fleet: dict[str, Any] | None) -> dict[str, Any] | None:
                     for n in fleet.get("nodes") or []]
     for key in ("seats", "duties"):
         out[key] = [{**dict.fromkeys(FLEET_LEASE_KEYS), **x} for x in fleet.get(key) or []]
+    if fleet.get("streams") is not None:
+        out["streams"] = [{**dict.fromkeys(STREAM_KEYS), **x} for x in fleet["streams"]]
     return out
 
 
@@ -485,6 +491,24 @@ def duties_line(duties: list[dict[str, Any]]) -> Text:
     return Text(f"duties: {held or 'none'}")
 
 
+def streams_line(streams: list[dict[str, Any]] | None) -> Text:
+    """'streams  consumers AGENTS 31/1000 · ESTATE 3/64 · KV_leases 4/256 …': every
+    stream on the broker, its consumers against its limit; a stream near it
+    (or with none) stands out."""
+    line = Text("streams  ", style="bold")
+    if streams is None:
+        return line.append("not read yet", style="dim")
+    line.append("consumers ")
+    for i, row in enumerate(streams):
+        used, limit = row.get("consumers") or 0, row.get("max_consumers")
+        unlimited = not isinstance(limit, int) or limit <= 0
+        style = ("bold red" if not unlimited and used >= limit
+                 else "yellow" if unlimited or used >= CONSUMERS_WARN * limit else "")
+        line.append(" · " if i else "")
+        line.append(f"{row.get('name')} {used}/{'no limit' if unlimited else limit}", style=style)
+    return line
+
+
 def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) -> RenderableType:
     """The fleet as this node sees it: the company in force here, why the
     last revision was refused, the nodes with their copies of the estate
@@ -505,7 +529,7 @@ def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) ->
     nodes = fleet.get("nodes") or []
     return Group(grid, Text(""), fleet_nodes(nodes, here_id, here_rev, now), *refusals_lines(nodes),
                  *copy_problems(nodes, now), copies_summary(nodes, now), seats_line(fleet.get("seats") or []),
-                 duties_line(fleet.get("duties") or []))
+                 duties_line(fleet.get("duties") or []), streams_line(fleet.get("streams")))
 
 
 # ------------------------------------------------------------------ turns
@@ -541,6 +565,12 @@ def turns_line(stats: dict[str, Any]) -> Text:
                 f"(peak {stats.get('peak') or 0}) · {stats.get('turns') or 0} finished")
     if not seats:
         line.append(" · no seats held here", style="dim")
+    # Work done whose ledger entry could not be written (handed back to be
+    # redone), and records that did not land: never to pass unseen.
+    if stats.get("unsettled"):
+        line.append(f" · {stats['unsettled']} unsettled (ledger not written)", style="bold red")
+    if stats.get("records_failed"):
+        line.append(f" · {stats['records_failed']} records lost", style="bold red")
     running = sorted(name for name, s in seats.items() if s.get("running"))
     if running:
         line.append(" · running ")

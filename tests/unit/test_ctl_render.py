@@ -261,7 +261,8 @@ def fleet(*nodes, company=None, error=None, connected=True):
     return {"company": company or None, "error": error, "connected": connected, "nodes": list(nodes),
             "seats": [{"name": s, "node": n["id"], "token": 10 + i}
                       for n in nodes for i, s in enumerate(n["seats"])],
-            "duties": [{"name": d, "node": n["id"], "token": 2} for n in nodes for d in n["duties"]]}
+            "duties": [{"name": d, "node": n["id"], "token": 2} for n in nodes for d in n["duties"]],
+            "streams": None}
 
 
 def three_nodes(**kw):
@@ -1177,3 +1178,26 @@ def test_evict(node, tmp_path):
     node.replies["evict"] = "bad node id 'n.2': must match ..."
     result = run(tmp_path, "evict", "n.2")
     assert result.exit_code == 1 and "crewletctl: bad node id 'n.2'" in result.stderr
+
+
+def test_streams_line_shows_each_streams_consumers_against_its_limit():
+    fleet = {**three_nodes(), "streams": [
+        {"name": "AGENTS", "consumers": 31, "max_consumers": 1000, "messages": 5},
+        {"name": "KV_leases", "consumers": 210, "max_consumers": 256, "messages": 40},
+        {"name": "KV_status", "consumers": 256, "max_consumers": 256, "messages": 3},
+        {"name": "OTHER", "consumers": 2, "max_consumers": -1, "messages": 0}]}
+    line = line_of(text(render.status_view(with_fleet(fleet), NOW)), "streams")
+    assert line == ("streams  consumers AGENTS 31/1000 · KV_leases 210/256 · KV_status 256/256 · "
+                    "OTHER 2/no limit")
+    styles = {span.style for span in render.streams_line(fleet["streams"]).spans}
+    assert "bold red" in styles and "yellow" in styles  # at its limit; near it or with none
+    assert "not read yet" in line_of(text(render.status_view(with_fleet(three_nodes()), NOW)), "streams")
+    assert render.normalize_fleet(fleet)["streams"][3]["max_consumers"] == -1
+
+
+def test_status_turns_line_says_unsettled_turns_and_lost_records():
+    stats = {**engine_stats(alice=seat_stats()), "unsettled": 2, "records_failed": 1}
+    line = line_of(text(render.status_view(with_stats(stats), NOW)), "turns")
+    assert "2 unsettled (ledger not written)" in line and "1 records lost" in line
+    quiet = line_of(text(render.status_view(with_stats(engine_stats(alice=seat_stats())), NOW)), "turns")
+    assert "unsettled" not in quiet and "lost" not in quiet
