@@ -87,6 +87,8 @@ SETTLE_PATIENCE = 30.0
 # the first, doubled per delivery, up to the cap.
 RETRY_DELAY = 5.0
 RETRY_DELAY_MAX = 300.0
+# Seconds after a NAK's delay that the seat looks for the redelivery.
+REDELIVERY_MARGIN = 0.1
 # Seconds between looks while a seat waits on admission, its fence or a budget;
 # a cooling provider key is waited out until it cools, at most this long at a time.
 RECHECK = 0.5
@@ -557,7 +559,7 @@ class SeatWork:
             seat_cfg, provider = self._seat_cfg(), self._provider()
             if seat_cfg is None or provider is None:
                 record.outcome, record.error = "failed", "seat or provider not in the company"
-                await self.mailbox.nak(delivery, RETRY_DELAY)
+                await self._hand_back(delivery, RETRY_DELAY)
                 settled = True
                 return
             try:
@@ -579,7 +581,7 @@ class SeatWork:
                 engine.budgets.add(self.seat, sum(record.tokens.values()))
                 record.outcome, record.error = "failed", str(exc)
                 if isinstance(exc, CoolingDown) or exc.retryable:
-                    await self.mailbox.nak(delivery, self._retry_delay(delivery, exc))
+                    await self._hand_back(delivery, self._retry_delay(delivery, exc))
                 else:
                     # A failure that will not pass (a bad request, a missing key).
                     await self.mailbox.dead_letter(delivery, f"turn failed: {record.error}")
@@ -589,7 +591,7 @@ class SeatWork:
                 engine.budgets.add(self.seat, sum(record.tokens.values()))
                 record.outcome = "failed"
                 record.error = f"the turn took longer than {TURN_TIMEOUT:g}s"
-                await self.mailbox.nak(delivery, self._retry_delay(delivery, None))
+                await self._hand_back(delivery, self._retry_delay(delivery, None))
                 settled = True
                 return
             engine.budgets.add(self.seat, usage.total)
@@ -606,7 +608,7 @@ class SeatWork:
             log.event("turn_failed", "error", seat=self.seat, trigger=delivery.trigger,
                       error=record.error, traceback=traceback.format_exc())
             try:
-                await self.mailbox.nak(delivery, self._retry_delay(delivery, None))
+                await self._hand_back(delivery, self._retry_delay(delivery, None))
                 settled = True
             except Exception as nak_exc:
                 log.event("seat_nak_failed", "warning", seat=self.seat,
@@ -651,9 +653,16 @@ class SeatWork:
             record.outcome, record.error = "unsettled", f"the ledger entry was not written: {exc}"
             log.event("ledger_write_failed", "error", seat=self.seat, trigger=delivery.trigger,
                       error=str(exc))
-            await self.mailbox.nak(delivery, self._retry_delay(delivery, None))
+            await self._hand_back(delivery, self._retry_delay(delivery, None))
             return
         await self.mailbox.ack(delivery, deadline=deadline)
+
+    async def _hand_back(self, delivery: Delivery, delay: float) -> None:
+        """NAK *delivery* to come back after *delay* s, and look for it then: a
+        redelivery is not announced by a wake, and the seat's own poll is a
+        minute away."""
+        await self.mailbox.nak(delivery, delay)
+        asyncio.get_running_loop().call_later(delay + REDELIVERY_MARGIN, self.wake)
 
     def _retry_delay(self, delivery: Delivery, exc: ProviderError | None) -> float:
         if isinstance(exc, CoolingDown):

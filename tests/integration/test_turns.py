@@ -234,3 +234,39 @@ def test_removed_seats_mailboxes_are_retired(make_node, company_text):
     wait_for(lambda: read(node, mailboxes) == {"inbox-g"}, 30,
              what="f's mailbox retired, g's created")
     node.wait_event("mailbox_retired", 5, seat="f")
+
+
+def test_a_turn_whose_ledger_entry_cannot_be_written_is_not_acked_and_is_worked_once_it_can(make_node):
+    """Issue 10: the side effects are done, the ledger refuses the entry (here:
+    its stream takes no message that big). The delivery is not acked as if all
+    were well: the turn's record says unsettled, the node counts it, the mail
+    comes back — and once the ledger takes writes again, it is worked and the
+    ledger holds it."""
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
+
+    async def ledger_max_msg_size(nc, js, size: int) -> None:
+        info = await js.stream_info("KV_ledger")
+        info.config.max_msg_size = size
+        await js.update_stream(info.config)
+
+    read(node, lambda nc, js: ledger_max_msg_size(nc, js, 16))
+    ctl_json(node, "send", "ceo", "hello there", "--trigger", "unsettled-1")
+
+    def unsettled():
+        return [r for r in read(node, turn_records)
+                if r["trigger"] == "unsettled-1" and r["outcome"] == "unsettled"]
+    (first, *_) = wait_for(unsettled, 30, what="an unsettled record")
+    assert "ledger entry was not written" in first["error"]
+    assert "unsettled-1" not in read(node, ledger_keys)
+    wait_for(lambda: (seats_stats(node).get("unsettled") or 0) >= 1, 10, what="the node counting it")
+    assert "unsettled (ledger not written)" in ctl(node, "status").stdout
+
+    read(node, lambda nc, js: ledger_max_msg_size(nc, js, -1))
+    # Handed back with the retry delay (5 s, doubling per delivery), and
+    # looked for then: worked again, settled now.
+    wait_for(lambda: "unsettled-1" in read(node, ledger_keys), 45, what="the ledger entry, at last")
+    done = [r for r in read(node, turn_records) if r["trigger"] == "unsettled-1" and r["outcome"] == "done"]
+    assert len(done) == 1, done
+    (row,) = [r for r in ctl_json(node, "seats")["seats"] if r["seat"] == "ceo"]
+    assert row["in_flight"] == 0 and row["dead_letters"] == 0, row
