@@ -22,6 +22,7 @@ from crewlet.coord.counters import Ledger
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import make_op
 from crewlet.queue.jetstream import JetStreamMailboxes
+from tests.fleet.test_cluster import retry
 
 pytestmark = pytest.mark.fleet
 
@@ -30,18 +31,6 @@ PATIENCE = 30.0  # the turns' SETTLE_PATIENCE
 
 async def _quiet(exc) -> None:
     pass
-
-
-async def _retry(make, timeout: float = 20.0):
-    """``await make()`` until it works: a fresh cluster refuses its first streams a moment."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return await make()
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 async def _through_a_survivor(cluster, stream: str):
@@ -69,7 +58,7 @@ class _connect:
 def test_a_ledger_entry_written_during_a_leader_election_lands_once(nats_cluster):
     async def main():
         async with _connect([s.url for s in nats_cluster]) as (nc, js):
-            await _retry(lambda: buckets.ensure(js, buckets.LEDGER, 3))
+            await retry(lambda: buckets.ensure(js, buckets.LEDGER, 3))
         survivors = await _through_a_survivor(nats_cluster, buckets.stream(buckets.LEDGER.name))
         async with _connect(survivors) as (nc, js):
             started = time.monotonic()
@@ -87,9 +76,9 @@ def test_a_ledger_entry_written_during_a_leader_election_lands_once(nats_cluster
 def test_turn_records_published_during_a_leader_election_land_once(nats_cluster):
     async def main():
         async with _connect([s.url for s in nats_cluster]) as (nc, js):
-            await _retry(lambda: estate_log.ensure_stream(js, 3))
+            await retry(lambda: estate_log.ensure_stream(js, 3))
             mailboxes = JetStreamMailboxes(js, nc)
-            await _retry(lambda: mailboxes.ensure_streams(replicas=3, max_consumers=1000, mail_days=1))
+            await retry(lambda: mailboxes.ensure_streams(replicas=3, max_consumers=1000, mail_days=1))
         survivors = await _through_a_survivor(nats_cluster, estate_log.STREAM)
         async with _connect(survivors) as (nc, js):
             deadline = time.monotonic() + PATIENCE
@@ -110,8 +99,8 @@ def test_an_ack_sent_during_a_leader_election_is_confirmed(nats_cluster):
     async def main():
         async with _connect([s.url for s in nats_cluster]) as (nc, js):
             mailboxes = JetStreamMailboxes(js, nc)
-            await _retry(lambda: mailboxes.ensure_streams(replicas=3, max_consumers=1000, mail_days=1))
-            await _retry(lambda: mailboxes.ensure(["w"]))
+            await retry(lambda: mailboxes.ensure_streams(replicas=3, max_consumers=1000, mail_days=1))
+            await retry(lambda: mailboxes.ensure(["w"]))
             await mailboxes.send("w", "job 1", trigger="job-1")
             delivery = await mailboxes.attach("w").next(wait=5)
             assert delivery is not None
@@ -121,6 +110,6 @@ def test_an_ack_sent_during_a_leader_election_is_confirmed(nats_cluster):
             mailboxes = JetStreamMailboxes(js, nc)
             await mailboxes.ack(token, deadline=time.monotonic() + PATIENCE)
             # Acked: nothing is left to deliver, now or after a NAK of it.
-            info = await _retry(lambda: js.consumer_info("AGENTS", "inbox-w"))
+            info = await retry(lambda: js.consumer_info("AGENTS", "inbox-w"))
             assert info.num_ack_pending == 0 and info.num_pending == 0
     asyncio.run(main())

@@ -16,7 +16,6 @@ import time
 import nats
 
 from crewlet.coord import buckets
-from tests.conftest import wait_for
 from tests.fleet.test_fleet import fleet_node
 
 FULL = 2  # the consumer limit the test gives every bucket, then fills
