@@ -4,6 +4,10 @@ Tools: ``echo(text)``, ``add(a, b)``, ``fail()`` (an error result),
 ``crash()`` (the process exits 3 at once, mid-call) and ``nap(seconds)`` (a
 slow tool, so a test can act while a turn is in it).
 
+``--effects`` adds ``effect(path, text, nap_before, nap_after)``: an external
+side effect, one line appended to *path* between two naps, so a kill may land
+before or after it (tests/fleet/test_chaos.py).
+
 ``--grandchild PIDFILE`` forks, before serving, a grandchild that ignores
 SIGTERM and keeps the server's stdio (the worst case: it holds the client's
 pipes open after the server is gone) and writes its pid to PIDFILE.
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import time
 
 import anyio
 
@@ -48,6 +53,25 @@ async def nap(seconds: float) -> str:
     return f"slept {seconds}"
 
 
+async def effect(path: str, text: str, nap_before: float = 0.0, nap_after: float = 0.0) -> str:
+    """Appends one line to the file at *path*: *text*, then tab-separated the
+    node and seat that spawned this server, its pid and the wall-clock time.
+
+    One ``write`` with ``O_APPEND`` of a line far below PIPE_BUF: lines from
+    servers on several nodes never interleave.
+    """
+    await anyio.sleep(nap_before)
+    node = os.environ.get("CREWLET_SPAWNED_BY", "").split("/")[0]
+    line = f"{text}\t{node}\t{os.environ.get('CREWLET_SEAT', '')}\t{os.getpid()}\t{time.time():.3f}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    await anyio.sleep(nap_after)
+    return f"appended {text}"
+
+
 @server.tool()
 def crash() -> str:
     """Ends the server at once."""
@@ -57,7 +81,10 @@ def crash() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--grandchild", metavar="PIDFILE")
+    parser.add_argument("--effects", action="store_true", help="serve the effect tool too")
     args = parser.parse_args()
+    if args.effects:
+        server.tool()(effect)
     if args.grandchild:
         # exec: the pid written is the process that ignores SIGTERM.
         child = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 300"])

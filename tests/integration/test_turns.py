@@ -109,7 +109,7 @@ def test_unknown_seat_and_empty_text_are_refused(make_node):
 def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(make_node):
     """Exactly one completed turn per message, over many SIGKILLs mid-turn:
     one ledger entry per trigger, one message in the sink per job."""
-    jobs = 16
+    jobs = 24
     node = make_node(fleet=FAST)
     company = write_company(node.dir, worker_company(nap=0.5))
     node.start(args=("--company", company))
