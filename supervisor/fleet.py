@@ -39,8 +39,8 @@ from crewlet import bus, log
 from crewlet.company.model import Company
 from crewlet.config import NodeConfig
 from crewlet.coord import buckets
-from crewlet.coord.holders import Holders
 from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionNotFound
+from crewlet.coord.holders import Holders
 from crewlet.coord.lease import LeaseError, Leases
 from crewlet.coord.presence import DuplicateNode, Presence
 from crewlet.estate import log as estate_log
@@ -99,7 +99,7 @@ class Fleet:
         # Live leases, kept by crewletd's one watch of the bucket (set once joined).
         self.holders: Holders | None = None
         # Every stream on the broker: its consumers against its limit, and its
-        # messages (crewletctl status's broker lines), sampled every heartbeat.
+        # messages (crewletctl status's streams line), sampled every heartbeat.
         self.streams: list[dict[str, Any]] | None = None
         # node id -> the revision it reached (status node.<id>), kept by a
         # watcher; its estate copy and eviction are the estate view's.
