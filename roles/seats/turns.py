@@ -316,12 +316,34 @@ class TurnEngine:
     def inflight_path(self, seat: str) -> str:
         return os.path.join(self.inflight_dir, seat)
 
-    async def _durable_record(self, record: TurnRecord, body: dict[str, Any], deadline: float) -> None:
-        # One row per delivery worked; a resend of the same one lands once.
+    async def _durable_record(self, record: TurnRecord, body: dict[str, Any], deadline: float,
+                              token: int | None = None) -> None:
+        # One row per delivery worked, and one `done` row per trigger: a resend
+        # of either, by any node, lands once.
+        which = "done" if record.outcome == "done" else str(record.deliveries)
         op = make_op("turn.record", {"record": body}, node=self.node, seat=record.seat,
-                     token=record.token,
-                     id=op_id(record.seat, "turn", record.trigger, str(record.deliveries)))
+                     token=record.token if token is None else token,
+                     id=op_id(record.seat, "turn", record.trigger, which))
         await estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT, deadline=deadline)
+
+    async def record_done_again(self, seat: str, trigger: str, worked: dict[str, Any]) -> None:
+        """Write again the durable ``done`` record of a trigger the ledger says
+        was worked, from its ledger entry (*worked*), under this seat's token.
+        A no-op when the record landed (the usual case); the record the turn's
+        own process did not live to write otherwise."""
+        if self.estate is None:
+            return
+        try:
+            record = TurnRecord(seat, trigger, str(worked.get("node") or ""), int(worked.get("token") or 0),
+                                0, outcome="done", rounds=int(worked.get("rounds") or 0),
+                                started_at=float(worked.get("at") or time.time()))
+            held = self.sweeper.held.get(seat)
+            await self._durable_record(record, record.as_dict(), time.monotonic() + SETTLE_PATIENCE,
+                                       token=held.token if held is not None else record.token)
+        except Exception as exc:
+            self.records_failed += 1
+            log.event("turn_record_failed", "error", seat=seat, trigger=trigger,
+                      error=f"{type(exc).__name__}: {exc}")
 
     async def publish_record(self, record: TurnRecord) -> None:
         """The live feed and the durable row, at once, each sent again through a
@@ -551,10 +573,15 @@ class SeatWork:
         self._remember_inflight(delivery)
         settled = False  # acked, NAKed or dead-lettered: no longer in our hands
         try:
-            if await engine.ledger.done(delivery.trigger) is not None:
+            worked = await engine.ledger.done(delivery.trigger)
+            if worked is not None:
                 record.outcome = "skipped"
                 await self.mailbox.ack(delivery)
                 settled = True
+                # The turn that worked it may have been cut short between its
+                # ledger entry and its durable record: write that record again
+                # (it lands once, under the same op id).
+                await engine.record_done_again(self.seat, delivery.trigger, worked)
                 return
             seat_cfg, provider = self._seat_cfg(), self._provider()
             if seat_cfg is None or provider is None:

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from crewlet import ipc
+from crewlet.queue.base import TRIGGER_HEADER
 from crewlet.queue.jetstream import JetStreamMailboxes
 from tests.conftest import wait_for
 from tests.seats import (SAMPLE, ctl, ctl_json, held, ledger_keys, mail_of, node_url,
@@ -270,3 +271,35 @@ def test_a_turn_whose_ledger_entry_cannot_be_written_is_not_acked_and_is_worked_
     assert len(done) == 1, done
     (row,) = [r for r in ctl_json(node, "seats")["seats"] if r["seat"] == "ceo"]
     assert row["in_flight"] == 0 and row["dead_letters"] == 0, row
+
+
+def test_a_trigger_worked_by_a_turn_cut_short_before_its_record_gets_its_done_record(make_node):
+    """A turn whose process died between its ledger entry and its durable
+    record (here: the ledger entry written by hand, no record) — its mail
+    comes back, is skipped by the ledger, and the skip writes the `done`
+    record from the ledger entry. Once: a second skip adds no row."""
+    from tests.estate import copy_of
+    from crewlet.estate import store
+
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
+
+    async def worked_elsewhere(nc, js) -> None:
+        entry = {"seat": "ceo", "node": "gone", "token": 1, "outcome": "done", "at": 1000.0, "rounds": 2}
+        await js.publish("$KV.ledger.cut-1", json.dumps(entry).encode())
+    read(node, worked_elsewhere)
+
+    def done_rows():
+        copy = copy_of(node)
+        rows = [store.unpack(v) for _, v in store.dump(copy, ("turns",))["turns"]] if copy else []
+        return [r for r in rows if r.get("trigger") == "cut-1" and r.get("outcome") == "done"]
+    ctl_json(node, "send", "ceo", "hello there", "--trigger", "cut-1")
+
+    async def again(nc, js) -> None:  # the same trigger once more, past the send's own dedupe
+        await js.publish("agents.inbox.ceo", b"hello again", headers={TRIGGER_HEADER: "cut-1"})
+    (row,) = wait_for(done_rows, 20, what="the done record written from the ledger")
+    assert row["node"] == "gone" and row["rounds"] == 2
+    read(node, again)
+    wait_for(lambda: sum(1 for r in read(node, turn_records) if r["trigger"] == "cut-1"
+                         and r["outcome"] == "skipped") == 2, 20, what="both sends skipped")
+    assert len(done_rows()) == 1
