@@ -152,20 +152,21 @@ def run_loop(main: Awaitable[T], *, leftovers: float) -> T:
     loop = asyncio.new_event_loop()
     try:
         asyncio.set_event_loop(loop)
-        result = loop.run_until_complete(main)
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            _, stuck = loop.run_until_complete(asyncio.wait(pending, timeout=leftovers))
-            if stuck:
-                log.event("tasks_abandoned", "warning", tasks=sorted(t.get_name() for t in stuck))
-        loop.run_until_complete(asyncio.wait({loop.create_task(loop.shutdown_asyncgens())},
-                                             timeout=leftovers))
-        return result
+        return loop.run_until_complete(main)
     finally:
-        asyncio.set_event_loop(None)
-        loop.close()
+        try:  # also when main raised: the tasks it left get their cleanup
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                _, stuck = loop.run_until_complete(asyncio.wait(pending, timeout=leftovers))
+                if stuck:
+                    log.event("tasks_abandoned", "warning", tasks=sorted(t.get_name() for t in stuck))
+            loop.run_until_complete(asyncio.wait({loop.create_task(loop.shutdown_asyncgens())},
+                                                 timeout=leftovers))
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def run_role(role: str, config: dict, incarnation: int = 0, boot: str = "") -> int:

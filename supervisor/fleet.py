@@ -172,7 +172,7 @@ class Fleet:
         self._js = js
         self.mailboxes = JetStreamMailboxes(js, self.nc, ack_wait=cfg.fleet.ack_wait)
         self.leases = Leases(js, cfg.node.id, self.boot, cfg.fleet.lease_ttl)
-        self.holders = Holders.of_bucket(js)
+        self.holders = Holders.of_bucket(js, heartbeat=cfg.fleet.heartbeat)
         self.presence = Presence(self.leases, cfg.node.id, cfg.data_dir, self.describe)
         try:
             await self.presence.join()

@@ -32,6 +32,10 @@ from supervisor.procs import ExitInfo
 from supervisor.spec import BRUTAL_KILL, INFINITY, ChildSpec, StartFailed
 
 
+# Seconds a brutal_kill'd task child's teardown gets (it closes connections).
+BRUTAL_TEARDOWN = 1.0
+
+
 class Exit(Exception):
     """End a task child with this code and reason."""
 
@@ -70,18 +74,19 @@ class TaskRunning:
         asyncio.get_running_loop().create_task(self._finish(info))
 
     async def _finish(self, info: ExitInfo) -> None:
-        if self._teardown is not None:
+        teardown, self._teardown = self._teardown, None  # runs once, whoever gets here first
+        if teardown is not None:
             try:
-                await self._teardown()
+                await teardown()
             except Exception:
                 pass
-            self._teardown = None
         if not self.exited.done():
             self.exited.set_result(info)
 
     async def stop(self, shutdown: float | str) -> ExitInfo:
-        # brutal_kill: no grace at all; infinity: wait as long as it takes.
-        limit = {BRUTAL_KILL: 0.0, INFINITY: None}.get(shutdown, shutdown)
+        # brutal_kill: no wait for run() (a task cannot be killed, only left),
+        # a moment for the teardown; infinity: wait as long as it takes.
+        limit = {BRUTAL_KILL: BRUTAL_TEARDOWN, INFINITY: None}.get(shutdown, shutdown)
         deadline = None if limit is None else time.monotonic() + float(limit)
 
         def left() -> float | None:
@@ -91,12 +96,14 @@ class TaskRunning:
             # Half the time at most: the teardown that follows releases what
             # the node holds in the fleet (its presence), which peers would
             # otherwise wait a TTL to see go.
-            await asyncio.wait({self._task}, timeout=None if limit is None else float(limit) / 2)
-            if not self._task.done():
+            wait = 0.0 if shutdown == BRUTAL_KILL else None if limit is None else float(limit) / 2
+            await asyncio.wait({self._task}, timeout=wait)
+            if not self._task.done() and shutdown != BRUTAL_KILL:
                 log.event("task_stop_overdue", "error", task=self._task.get_name(), waited=limit)
-        if self._teardown is not None:
+        teardown, self._teardown = self._teardown, None  # runs once, whoever gets here first
+        if teardown is not None:
             try:
-                await asyncio.wait_for(self._teardown(), left())
+                await asyncio.wait_for(teardown(), left())
             except (asyncio.TimeoutError, Exception):
                 pass  # a teardown that fails must not block the node's stop
         if not self.exited.done():

@@ -179,17 +179,26 @@ WATCH_RETRY_MAX = 2.0
 
 async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Callable[[Any], None],
                  *, opened: Callable[[], None] = lambda: None, listed: Callable[[], None] = lambda: None,
-                 name: str = "", stopping: Callable[[], bool] = lambda: False) -> None:
+                 name: str = "", stopping: Callable[[], bool] = lambda: False,
+                 idle: float | None = None, refresh: float | None = None) -> None:
     """Watch *keys* of the bucket *open_kv* opens, for ever (until cancelled,
     or *stopping*): ``seen(entry)`` for each entry.
 
-    Every watch — the first and each one opened again after a failure —
-    starts with ``opened()``, lists what the keys hold now, then calls
-    ``listed()``: a caller that keeps a copy of the keys starts a fresh one
-    at ``opened`` and puts it in force at ``listed``, so a key deleted while
-    nobody watched is forgotten too. A failure is logged once per run of
-    failures (``kv_watch_failed``), then the watch is opened again after a
-    pause (:data:`WATCH_RETRY_MIN`, doubling up to :data:`WATCH_RETRY_MAX`).
+    Every watch — the first and each one opened again — starts with
+    ``opened()``, lists what the keys hold now, then calls ``listed()``: a
+    caller that keeps a copy of the keys starts a fresh one at ``opened`` and
+    puts it in force at ``listed``, so a key deleted while nobody watched is
+    forgotten too. A failure is logged once per run of failures
+    (``kv_watch_failed``), then the watch is opened again after a pause
+    (:data:`WATCH_RETRY_MIN`, doubling up to :data:`WATCH_RETRY_MAX`).
+
+    A watch does not fail when its consumer is lost (its member killed, a
+    partition): nats-py notices only after two missed heartbeats (10–20 s)
+    and then quietly resumes from where it was, so what lapsed meanwhile may
+    be missed for good once its marker is gone. So a watch is also opened
+    again — listed anew — when nothing arrived for *idle* seconds (for keys
+    that are rewritten that often while the watch is sound: leases), and
+    every *refresh* seconds whatever happens.
     """
     pause, complained = WATCH_RETRY_MIN, False
     while not stopping():
@@ -198,12 +207,26 @@ async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Ca
             kv = await open_kv()
             watcher = await open_watch(kv, keys)
             opened()
-            async for entry in watcher:
+            until = None if refresh is None else asyncio.get_running_loop().time() + refresh
+            entries = aiter(watcher)
+            while True:
+                try:
+                    async with asyncio.timeout(idle):  # not wait_for: 3.11's may swallow a cancel
+                        entry = await anext(entries)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    log.event("kv_watch_idle", "debug", watch=name or keys, idle=idle)
+                    pause = 0.0
+                    break
                 if entry is None:  # the first listing is complete
                     listed()
                 else:
                     seen(entry)
                 pause, complained = WATCH_RETRY_MIN, False
+                if until is not None and asyncio.get_running_loop().time() >= until:
+                    pause = 0.0
+                    break  # time to list anew
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -215,4 +238,4 @@ async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Ca
             if watcher is not None:
                 await close_watch(watcher)
         await asyncio.sleep(pause)
-        pause = min(pause * 2, WATCH_RETRY_MAX)
+        pause = min(max(pause * 2, WATCH_RETRY_MIN), WATCH_RETRY_MAX)

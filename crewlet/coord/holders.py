@@ -13,10 +13,18 @@ seats anyway. So a process runs one :class:`Holders` and reads it:
 
 The watch is :func:`crewlet.coord.buckets.follow`: opened again after a
 failure, each listing put in force whole, so a lease that lapsed while no
-watch was open is forgotten too. Reading from memory may lag the bucket by
-a watch's delay (~1 ms); that is safe because nothing *decides* on it alone:
-a claim is a compare-and-set that fails on a live key, and the fence check
-before a side effect reads the key itself.
+watch was open is forgotten too. A watch whose consumer was lost does not
+fail, it goes quiet; but a sound one is never quiet for long — every live
+node renews its presence every heartbeat — so a watch that heard nothing for
+:data:`IDLE_HEARTBEATS` heartbeats is opened again, and every watch is
+listed anew every :data:`REFRESH` seconds in any case (what lapsed during a
+long gap is then forgotten even if its expiry marker was gone).
+
+Reading from memory lags the bucket by a watch's delay (~1 ms) while the
+watch is sound, and by at most those bounds when it is not. That is safe
+because nothing *decides* on it alone: a claim is a compare-and-set that
+fails on a live key, and the fence check before a side effect reads the
+key itself.
 """
 
 from __future__ import annotations
@@ -31,6 +39,11 @@ from crewlet.coord.lease import Owner, read_owner
 
 Changed = Callable[[str, "Owner | None", "Owner | None"], None]
 
+# Heartbeats without a single entry after which a watch is taken for lost.
+IDLE_HEARTBEATS = 2
+# Seconds after which a watch is opened and listed anew, lost or not.
+REFRESH = 300.0
+
 
 class Holders:
     """The live leases of the fleet, as this process's one watch sees them.
@@ -41,9 +54,10 @@ class Holders:
     None outside a listing.
     """
 
-    def __init__(self, open_kv: Callable[[], Awaitable[KeyValue]], *,
+    def __init__(self, open_kv: Callable[[], Awaitable[KeyValue]], *, heartbeat: float,
                  on_change: Changed = lambda key, was, now: None):
         self._open_kv = open_kv
+        self._idle = IDLE_HEARTBEATS * heartbeat
         self.on_change = on_change
         self._live: dict[str, Owner] = {}
         self._next: dict[str, Owner] | None = None
@@ -51,7 +65,8 @@ class Holders:
 
     @classmethod
     def of_bucket(cls, js, **kw) -> "Holders":
-        """Holders of the fleet's ``leases`` bucket, reached through *js*."""
+        """Holders of the fleet's ``leases`` bucket, reached through *js*, in a
+        fleet whose nodes renew their presence every *heartbeat* seconds."""
         return cls(lambda: js.key_value(LEASES.name), **kw)
 
     # -------------------------------------------------------------- reading
@@ -68,7 +83,7 @@ class Holders:
     async def run(self, stopping: Callable[[], bool] = lambda: False) -> None:
         """Follow the bucket until cancelled (or *stopping*)."""
         await follow(self._open_kv, ">", self._seen, opened=self._opened, listed=self._listed,
-                     name=LEASES.name, stopping=stopping)
+                     name=LEASES.name, stopping=stopping, idle=self._idle, refresh=REFRESH)
 
     def _opened(self) -> None:
         self._next = {}

@@ -78,7 +78,7 @@ async def main(ctx: RoleContext) -> None:
         log.event("seats_leftovers_killed", "warning", pids=left)
     js = ctx.jetstream()
     leases = Leases(js, ctx.node_id, ctx.boot, fleet.lease_ttl)
-    holders = Holders.of_bucket(js)
+    holders = Holders.of_bucket(js, heartbeat=fleet.heartbeat)
     sweeper = SeatSweeper(leases, holders, ctx.node_id, ctx.config.node.labels, boot=ctx.boot,
                           sweep=fleet.sweep, heartbeat=fleet.heartbeat,
                           claims=fleet.claims_per_sweep, releases=fleet.releases_per_sweep)

@@ -331,8 +331,8 @@ class TurnEngine:
         was worked, from its ledger entry (*worked*), under this seat's token.
         A no-op when the record landed (the usual case); the record the turn's
         own process did not live to write otherwise."""
-        if self.estate is None:
-            return
+        if self.estate is None or worked.get("seat") != seat:
+            return  # the ledger is by trigger: another seat's turn is that seat's to record
         try:
             record = TurnRecord(seat, trigger, str(worked.get("node") or ""), int(worked.get("token") or 0),
                                 0, outcome="done", rounds=int(worked.get("rounds") or 0),
@@ -345,13 +345,16 @@ class TurnEngine:
             log.event("turn_record_failed", "error", seat=seat, trigger=trigger,
                       error=f"{type(exc).__name__}: {exc}")
 
-    async def publish_record(self, record: TurnRecord) -> None:
+    async def publish_record(self, record: TurnRecord, patience: float = SETTLE_PATIENCE) -> None:
         """The live feed and the durable row, at once, each sent again through a
-        stream leader election for :data:`SETTLE_PATIENCE` seconds. A record
-        that still did not land is counted (``records_failed`` in the stats)
-        and said: the turn itself is settled by then, its ledger entry written."""
+        stream leader election for *patience* seconds. A record that still did
+        not land is counted (``records_failed`` in the stats) and said: the
+        turn itself is settled by then, its ledger entry written.
+
+        A seat that is stopping gives its last record only a moment: its stop
+        must end within the role's shutdown time, quorum or not."""
         body = record.as_dict()
-        deadline = time.monotonic() + SETTLE_PATIENCE
+        deadline = time.monotonic() + patience
         published = [publish_until(self.js, f"events.turn.{record.seat}", json.dumps(body).encode(),
                                    msg_id=f"turn:{uuid.uuid4().hex}", deadline=deadline)]
         if self.estate is not None and record.trigger:  # a deferral is news, not a turn worked
@@ -561,7 +564,8 @@ class SeatWork:
             if why != self.deferred and not why.startswith("admission"):
                 log.event("turn_deferred", "warning", seat=self.seat, reason=why)
                 await engine.publish_record(TurnRecord(self.seat, "", engine.node, self.token, 0,
-                                                       outcome="deferred", error=why))
+                                                       outcome="deferred", error=why),
+                                            JETSTREAM_TIMEOUT)  # news, not work: once is enough
             self.deferred = why
             await asyncio.sleep(pause)
 
@@ -651,7 +655,7 @@ class SeatWork:
             log.event("turn", seat=self.seat, trigger=record.trigger, outcome=record.outcome,
                       rounds=record.rounds, tools=len(record.tool_calls), took_ms=record.took_ms,
                       error=record.error)
-            await engine.publish_record(record)
+            await engine.publish_record(record, JETSTREAM_TIMEOUT if self.stopped else SETTLE_PATIENCE)
 
     async def _settle(self, delivery: Delivery, record: TurnRecord) -> None:
         """The turn's side effects are done: write the ledger, then ack.
@@ -682,7 +686,14 @@ class SeatWork:
                       error=str(exc))
             await self._hand_back(delivery, self._retry_delay(delivery, None))
             return
-        await self.mailbox.ack(delivery, deadline=deadline)
+        try:
+            await self.mailbox.ack(delivery, deadline=deadline)
+        except MailboxError as exc:
+            # Worked and recorded in the ledger: a redelivery (after the ack
+            # wait, if this ack truly never landed) is skipped. The turn is done.
+            record.error = f"the ack was not confirmed: {exc}"
+            log.event("turn_ack_unconfirmed", "warning", seat=self.seat, trigger=delivery.trigger,
+                      error=str(exc))
 
     async def _hand_back(self, delivery: Delivery, delay: float) -> None:
         """NAK *delivery* to come back after *delay* s, and look for it then: a

@@ -18,7 +18,7 @@ from roles.workers.runner import DutyRunner
 
 async def main(ctx: RoleContext) -> None:
     leases = Leases(ctx.jetstream(), ctx.node_id, ctx.boot, ctx.config.fleet.lease_ttl)
-    holders = Holders.of_bucket(ctx.jetstream())
+    holders = Holders.of_bucket(ctx.jetstream(), heartbeat=ctx.config.fleet.heartbeat)
     runner = DutyRunner(ctx.config, leases, DUTIES, role=ctx, holders=holders)
 
     async def follow() -> None:

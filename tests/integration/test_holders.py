@@ -37,7 +37,7 @@ def test_holders_list_live_leases_and_see_them_go(natsd):
         await a.claim("node.a")
         await a.release(gone)
         changes: list[tuple[str, bool, bool]] = []
-        holders = Holders.of_bucket(js, on_change=lambda k, was, now: changes.append(
+        holders = Holders.of_bucket(js, heartbeat=60, on_change=lambda k, was, now: changes.append(
             (k, was is not None, now is not None)))
         watching = asyncio.create_task(holders.run())
         try:
@@ -94,13 +94,41 @@ def test_holders_wait_for_a_watch_the_broker_refuses_and_list_once_it_is_given(n
         info.config.max_consumers = 1
         await js.update_stream(info.config)
         squatter = await buckets.open_watch(kv, ">")
-        holders = Holders.of_bucket(js)
+        holders = Holders.of_bucket(js, heartbeat=60)
         watching = asyncio.create_task(holders.run())
         try:
             await asyncio.sleep(0.5)
             assert not holders.listed.is_set()
             await buckets.close_watch(squatter)
             await asyncio.wait_for(holders.listed.wait(), 5)
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            await nc.close()
+    asyncio.run(main())
+
+
+def test_a_watch_whose_consumer_was_lost_is_listed_anew_within_two_heartbeats(natsd):
+    """The broker drops the watch's consumer (its member killed, a partition):
+    nats-py's watch just goes quiet, for 10-20 s. Holders opens it again once
+    nothing arrived for two heartbeats, and sees what changed meanwhile."""
+    async def main():
+        nc = await nats.connect(natsd.url)
+        js = nc.jetstream(timeout=5)
+        await buckets.ensure(js, buckets.LEASES, 1)
+        a = Leases(js, "a", "boot-a", ttl=30)
+        await a.claim("node.a")
+        holders = Holders.of_bucket(js, heartbeat=0.5)
+        watching = asyncio.create_task(holders.run())
+        try:
+            await asyncio.wait_for(holders.listed.wait(), 5)
+            stream = buckets.stream(buckets.LEASES.name)
+            for info in await js.consumers_info(stream):
+                await js.delete_consumer(stream, info.name)
+            await a.claim("seat.late")
+            started = time.monotonic()
+            await _until(lambda: "seat.late" in holders.of("seat."), 8, "the lease claimed after the loss")
+            assert time.monotonic() - started < 5
         finally:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)

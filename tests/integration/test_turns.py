@@ -287,6 +287,8 @@ def test_a_trigger_worked_by_a_turn_cut_short_before_its_record_gets_its_done_re
     async def worked_elsewhere(nc, js) -> None:
         entry = {"seat": "ceo", "node": "gone", "token": 1, "outcome": "done", "at": 1000.0, "rounds": 2}
         await js.publish("$KV.ledger.cut-1", json.dumps(entry).encode())
+        # The same trigger worked by another seat: not the ceo's turn to record.
+        await js.publish("$KV.ledger.cut-2", json.dumps({**entry, "seat": "cto"}).encode())
     read(node, worked_elsewhere)
 
     def done_rows():
@@ -300,6 +302,10 @@ def test_a_trigger_worked_by_a_turn_cut_short_before_its_record_gets_its_done_re
     (row,) = wait_for(done_rows, 20, what="the done record written from the ledger")
     assert row["node"] == "gone" and row["rounds"] == 2
     read(node, again)
-    wait_for(lambda: sum(1 for r in read(node, turn_records) if r["trigger"] == "cut-1"
-                         and r["outcome"] == "skipped") == 2, 20, what="both sends skipped")
+    ctl_json(node, "send", "ceo", "hello there", "--trigger", "cut-2")
+    wait_for(lambda: sum(1 for r in read(node, turn_records) if r["trigger"] in ("cut-1", "cut-2")
+                         and r["outcome"] == "skipped") == 3, 20, what="every send skipped")
     assert len(done_rows()) == 1
+    copy = copy_of(node)
+    assert not [r for _, v in store.dump(copy, ("turns",))["turns"]
+                if (r := store.unpack(v)).get("trigger") == "cut-2" and r.get("outcome") == "done"]

@@ -139,3 +139,42 @@ def test_a_task_child_that_stops_at_once_takes_no_time():
 
     info, took = _stop_task_child(body, 30)
     assert info.code == 0 and took < 0.5, took
+
+
+def test_a_task_child_is_torn_down_once_even_when_run_ends_by_itself_after_its_cancel():
+    import asyncio
+    torn_down = []
+
+    async def raises_late():
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)
+            raise RuntimeError("cleanup failed")  # ends by itself: its own teardown path runs too
+
+    async def teardown():
+        torn_down.append(True)
+        await asyncio.sleep(0.1)
+
+    info, took = _stop_task_child(raises_late, 2.0, teardown)
+    assert torn_down == [True], torn_down
+    assert took < 1.5
+
+
+def test_brutal_kill_of_a_task_child_waits_for_nothing_but_still_tears_it_down():
+    import asyncio
+    from supervisor import spec as S
+    torn_down = []
+
+    async def stubborn():
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+
+    async def teardown():
+        torn_down.append(True)
+
+    info, took = _stop_task_child(stubborn, S.BRUTAL_KILL, teardown)
+    assert torn_down == [True] and took < 0.5, (torn_down, took)
