@@ -44,6 +44,11 @@ COMPANY_RECHECK = 30.0
 # Seconds the tasks still pending when a process's main coroutine ended get
 # to finish after their cancel (see run_loop).
 LEFTOVERS = 2.0
+# Seconds of a role's shutdown time kept for what follows its main: the
+# connection's drain (bus.close waits up to 2 s) and the last report.
+CLOSE_RESERVE = 2.5
+# The least a role's own stop is given, however short its shutdown time.
+STOP_BUDGET_MIN = 0.5
 
 T = TypeVar("T")
 
@@ -108,6 +113,13 @@ class RoleContext:
                         yield update
         finally:
             sub.close()
+
+    def stop_budget(self) -> float:
+        """Seconds a role's own stop (handing back work, releasing leases,
+        flushing) may take once it begins, so that the whole child ends
+        within ``supervisor.shutdown_timeout`` of its SIGTERM, before the
+        supervisor's SIGKILL."""
+        return max(STOP_BUDGET_MIN, self.config.supervisor.shutdown_timeout - CLOSE_RESERVE)
 
     def fail(self, exc: BaseException | None) -> None:
         """A task the role cannot do without has ended: log it and stop, exit 1."""

@@ -113,13 +113,30 @@ async def main(ctx: RoleContext) -> None:
     try:
         await sweeper.run(ctx.stopping)
     finally:
-        await wakes.unsubscribe()
-        await engine.close()
+        # Everything polite on the way out — work in hand handed back, leases
+        # released, spend flushed — shares one budget inside the role's
+        # shutdown time: without quorum each step would wait out its own
+        # timeouts, and the supervisor's SIGKILL would end it half-done.
+        # Cut short, nothing is lost: the leases lapse within a TTL, and
+        # what was in hand comes back through its in-flight record (the next
+        # seats process) or the ack wait.
         try:
-            await engine.budgets.flush()
-        except CounterError as exc:  # no quorum as the node stops: this spend is not counted
-            log.event("budget_flush_failed", "warning", error=str(exc),
-                      unflushed=engine.budgets.unflushed())
-        await estate.close()
-        for task in helpers:
-            task.cancel()
+            async with asyncio.timeout(ctx.stop_budget()):
+                await sweeper.release_all()
+                await wakes.unsubscribe()
+                await engine.close()
+                await _flush_spend(engine)
+                await estate.close()
+        except TimeoutError:
+            log.event("seats_stop_cut_short", "warning", budget=ctx.stop_budget(),
+                      seats_unreleased=len(sweeper.held))
+        finally:
+            for task in helpers:
+                task.cancel()
+
+
+async def _flush_spend(engine: TurnEngine) -> None:
+    try:
+        await engine.budgets.flush()
+    except CounterError as exc:  # no quorum as the node stops: this spend is not counted
+        log.event("budget_flush_failed", "warning", error=str(exc), unflushed=engine.budgets.unflushed())

@@ -97,25 +97,24 @@ class SeatSweeper:
         self._wake.set()
 
     async def run(self, stopping: asyncio.Event) -> None:
+        """Sweep until *stopping*; the caller then gives the seats up
+        (:meth:`release_all`), within the time its stop has."""
         self._stopping = stopping
-        try:
-            while not stopping.is_set():
-                self._wake.clear()  # before: a change seen during the sweep wakes the next
-                started = time.monotonic()
-                try:
-                    await self.sweep()
-                except LeaseError as exc:
-                    log.event("sweep_failed", "warning", error=str(exc))
-                # Early sweeps are spaced, so a burst of changes is one sweep.
-                await asyncio.sleep(max(0.0, self.interval / 10 - (time.monotonic() - started)))
-                waiting = asyncio.ensure_future(self._wake.wait())
-                halt = asyncio.ensure_future(stopping.wait())
-                await asyncio.wait({waiting, halt}, timeout=self.interval,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                waiting.cancel()
-                halt.cancel()
-        finally:
-            await self.release_all()
+        while not stopping.is_set():
+            self._wake.clear()  # before: a change seen during the sweep wakes the next
+            started = time.monotonic()
+            try:
+                await self.sweep()
+            except LeaseError as exc:
+                log.event("sweep_failed", "warning", error=str(exc))
+            # Early sweeps are spaced, so a burst of changes is one sweep.
+            await asyncio.sleep(max(0.0, self.interval / 10 - (time.monotonic() - started)))
+            waiting = asyncio.ensure_future(self._wake.wait())
+            halt = asyncio.ensure_future(stopping.wait())
+            await asyncio.wait({waiting, halt}, timeout=self.interval,
+                               return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            halt.cancel()
 
     # ------------------------------------------------------------ one sweep
 
