@@ -111,7 +111,11 @@ async def connect(stream, *, name: str, connect_timeout: float = 2.0) -> Client:
     return nc
 
 
-async def close(nc: Client, timeout: float = 2.0) -> None:
+# Seconds a process's connection is given to drain when it closes.
+CLOSE_TIMEOUT = 2.0
+
+
+async def close(nc: Client, timeout: float = CLOSE_TIMEOUT) -> None:
     """Close this process's connection: drain it when the broker is there to
     drain to, else just close (a drain toward a dead broker waits it out)."""
     try:

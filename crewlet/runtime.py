@@ -43,10 +43,10 @@ PARENT_GONE = signal.SIGUSR2
 COMPANY_RECHECK = 30.0
 # Seconds the tasks still pending when a process's main coroutine ended get
 # to finish after their cancel (see run_loop).
-LEFTOVERS = 2.0
+LEFTOVERS = 1.0
 # Seconds of a role's shutdown time kept for what follows its main: the
-# connection's drain (bus.close waits up to 2 s) and the last report.
-CLOSE_RESERVE = 2.5
+# connection's drain (bus.close), the tasks it left (LEFTOVERS) and a margin.
+CLOSE_RESERVE = bus.CLOSE_TIMEOUT + LEFTOVERS + 0.5
 # The least a role's own stop is given, however short its shutdown time.
 STOP_BUDGET_MIN = 0.5
 

@@ -79,6 +79,8 @@ ALL = (LEASES, CONFIG, STATUS, LEDGER, CLAIMS, COOLDOWNS, RATE, BUDGETS, OBJECTS
 # server's heartbeats while subscribed, and re-creates a consumer the
 # server dropped, so a live watch never meets this.
 WATCH_INACTIVE = 10.0
+# Seconds closing a watch waits for its consumer's deletion.
+CLOSE_WATCH_WAIT = 0.5
 
 
 def stream(bucket: str) -> str:
@@ -129,8 +131,11 @@ async def close_watch(watcher) -> None:
     except Exception:
         pass  # the connection's trouble
     try:
-        # An ordered consumer re-created after a gap is named here too.
-        await sub._js.delete_consumer(sub._stream, sub._consumer)
+        # An ordered consumer re-created after a gap is named here too. Not
+        # waited on for long: a process stopping without quorum must not
+        # spend its shutdown time here.
+        async with asyncio.timeout(CLOSE_WATCH_WAIT):
+            await sub._js.delete_consumer(sub._stream, sub._consumer)
     except Exception:
         pass  # gone already, or the broker away: the inactive threshold has it
 

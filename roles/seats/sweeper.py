@@ -40,6 +40,8 @@ from crewlet.coord.sweep import NodeView, SeatView, plan
 Hook = Callable[[str, Held | None], Awaitable[None]]
 # Leases released at once when the node stops.
 RELEASE_PARALLEL = 32
+# Seconds a sweep cut short by a stop is given to unwind.
+SWEEP_UNWIND = 0.5
 
 
 async def _log_claim(seat: str, held: Held | None) -> None:
@@ -103,8 +105,19 @@ class SeatSweeper:
         while not stopping.is_set():
             self._wake.clear()  # before: a change seen during the sweep wakes the next
             started = time.monotonic()
+            # A stop does not wait for the sweep in progress: without quorum
+            # its writes each wait out their patience. A claim cut short that
+            # did land is a lease nobody acts for, gone within a TTL.
+            sweeping = asyncio.ensure_future(self.sweep())
+            halt = asyncio.ensure_future(stopping.wait())
+            await asyncio.wait({sweeping, halt}, return_when=asyncio.FIRST_COMPLETED)
+            halt.cancel()
+            if not sweeping.done():
+                sweeping.cancel()
+                await asyncio.wait({sweeping}, timeout=SWEEP_UNWIND)
+                return
             try:
-                await self.sweep()
+                sweeping.result()
             except LeaseError as exc:
                 log.event("sweep_failed", "warning", error=str(exc))
             # Early sweeps are spaced, so a burst of changes is one sweep.
