@@ -98,21 +98,25 @@ def _stop_task_child(body, shutdown, teardown=None):
     return run_loop(main(), leftovers=0.2)
 
 
+async def _stubborn():
+    """A task child's run() that swallows every cancel: what a buggy retry
+    loop (or Python 3.11's wait_for) can do."""
+    import asyncio
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+
 def test_a_task_child_that_swallows_its_cancel_is_still_stopped_within_its_shutdown():
     import asyncio
     torn_down = []
 
-    async def stubborn():
-        while True:
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                pass  # what a buggy retry loop (or 3.11's wait_for) can do
-
     async def teardown():
         torn_down.append(True)
 
-    info, took = _stop_task_child(stubborn, 0.4, teardown)
+    info, took = _stop_task_child(_stubborn, 0.4, teardown)
     assert info.code == 0
     assert took < 1.0, took
     assert torn_down == [True]  # the teardown still ran, in the time left
@@ -166,15 +170,8 @@ def test_brutal_kill_of_a_task_child_waits_for_nothing_but_still_tears_it_down()
     from supervisor import spec as S
     torn_down = []
 
-    async def stubborn():
-        while True:
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                pass
-
     async def teardown():
         torn_down.append(True)
 
-    info, took = _stop_task_child(stubborn, S.BRUTAL_KILL, teardown)
+    info, took = _stop_task_child(_stubborn, S.BRUTAL_KILL, teardown)
     assert torn_down == [True] and took < 0.5, (torn_down, took)
