@@ -110,7 +110,6 @@ async def _stubborn():
 
 
 def test_a_task_child_that_swallows_its_cancel_is_still_stopped_within_its_shutdown():
-    import asyncio
     torn_down = []
 
     async def teardown():
@@ -166,7 +165,6 @@ def test_a_task_child_is_torn_down_once_even_when_run_ends_by_itself_after_its_c
 
 
 def test_brutal_kill_of_a_task_child_waits_for_nothing_but_still_tears_it_down():
-    import asyncio
     from supervisor import spec as S
     torn_down = []
 
