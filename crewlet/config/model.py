@@ -83,6 +83,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
 
+# Roles that read this node's own copy of the estate, so need the data role.
+NEEDS_DATA = ("ingress", "workers")
+
+
 class NodeSection(_Section):
     id: str = "node-0"  # this node's name in the fleet: distinct and stable per node
     roles: list[Role] = Field(default_factory=lambda: ["data", "ingress", "seats", "workers"], min_length=1)  # what this node runs
@@ -102,6 +106,15 @@ class NodeSection(_Section):
         dupes = sorted({r for r in v if v.count(r) > 1})
         if dupes:
             raise ValueError(f"duplicate role {', '.join(map(repr, dupes))}")
+        # DESIGN §10: ingress's retention, capacity, eviction and backup
+        # surfaces, and the workers' duties, read this node's own copy of the
+        # estate. A node without the data role runs seats only.
+        needing = [r for r in NEEDS_DATA if r in v]
+        if needing and "data" not in v:
+            one = len(needing) == 1
+            raise ValueError(f"{' and '.join(needing)} need{'s' if one else ''} the data role "
+                             f"({'it reads' if one else 'they read'} this node's copy of the estate): "
+                             "add data, or run seats only on a node without it")
         return v
 
 

@@ -116,7 +116,7 @@ def test_three_data_nodes_started_one_by_one_form_one_r3_cluster(make_node):
 @pytest.mark.timeout(90)
 def test_stateless_node_runs_a_leaf_and_reaches_the_members_jetstream_through_the_domain(make_node):
     members, leaf_urls = make_members(make_node)
-    stateless = make_node(node={"id": "fd", "roles": ["ingress", "seats"]},
+    stateless = make_node(node={"id": "fd", "roles": ["seats"]},
                           stream={"replicas": 3, "leaf": {"remotes": leaf_urls}})
     # A leaf is ready with no member up: it keeps dialling them.
     stateless.start(wait_ready=False)
@@ -126,7 +126,7 @@ def test_stateless_node_runs_a_leaf_and_reaches_the_members_jetstream_through_th
     for node in members:
         node.wait_running(timeout=30)
     kids = stateless.wait_running(timeout=5)
-    assert set(kids) >= {"broker", "ingress", "seats"} and "data_applier" not in kids
+    assert set(kids) >= {"broker", "seats"} and "data_applier" not in kids and "ingress" not in kids
     assert all(c["state"] == "running" and c["restarts"] == 0 for c in kids.values()), kids
     conf = open(os.path.join(stateless.run_dir, "nats.conf")).read()
     assert "jetstream" not in conf and "leafnodes {" in conf
@@ -166,11 +166,13 @@ def test_stateless_node_runs_a_leaf_and_reaches_the_members_jetstream_through_th
 @pytest.mark.parametrize("roles, stream, key, problem", [
     (["data", "ingress", "seats", "workers"], {"leaf": {"remotes": ["nats-leaf://127.0.0.1:7422"]}},
      "stream.leaf", "a data node must be a broker member, not a leaf"),
-    (["ingress", "seats"], {"cluster": {"name": "c", "listen": "127.0.0.1:6222",
+    (["seats"], {"cluster": {"name": "c", "listen": "127.0.0.1:6222",
                                         "routes": ["nats-route://127.0.0.1:6223"]}},
      "stream.cluster", "without the data role runs a leaf"),
+    (["ingress", "seats"], {}, "node.roles", "ingress needs the data role"),
+    (["seats", "workers"], {}, "node.roles", "workers needs the data role"),
 ])
-def test_broker_kind_against_the_roles_is_refused_with_exit_78(make_node, roles, stream, key, problem):
+def test_roles_and_broker_kind_that_do_not_fit_are_refused_with_exit_78(make_node, roles, stream, key, problem):
     node = make_node(node={"id": "bad", "roles": roles}, stream=stream)
     node.start(wait_ready=False)
     assert node.wait_exit(20) == 78

@@ -222,6 +222,9 @@ def test_expand_env_directly():
         ("node: [1]\n", "node", "expected a mapping, got a list"),
         ("node: {roles: [data, web]}\n", "node.roles[1]", "must be one of data, ingress, seats, workers, got 'web'"),
         ("node: {roles: [data, data]}\n", "node.roles", "duplicate role 'data'"),
+        ("node: {roles: [ingress, seats]}\n", "node.roles", "ingress needs the data role"),
+        ("node: {roles: [seats, workers, ingress]}\n", "node.roles",
+         "ingress and workers need the data role"),
         ("node: {roles: []}\n", "node.roles", "must not be empty"),
         ("node: {id: 'has space'}\n", "node.id", "got 'has space'"),
         ("stream: {type: nats}\n", "stream.servers", "at least one nats:// URL"),
@@ -316,7 +319,7 @@ LEAF = "{remotes: ['nats-leaf://127.0.0.1:7422']}"
         (f"stream: {{leaf: {LEAF}}}\n", "stream.leaf", "a data node must be a broker member, not a leaf"),
         (f"node: {{roles: [data, seats]}}\nstream: {{leaf: {LEAF}}}\n", "stream.leaf",
          "a data node must be a broker member, not a leaf"),
-        (f"node: {{roles: [ingress, seats]}}\nstream: {{cluster: {CLUSTER}}}\n", "stream.cluster",
+        (f"node: {{roles: [seats]}}\nstream: {{cluster: {CLUSTER}}}\n", "stream.cluster",
          "a node without the data role runs a leaf of the members, not a member"),
         (f"stream: {{cluster: {CLUSTER}, leaf: {LEAF}}}\n", "stream.leaf", "cannot be set together with stream.cluster"),
         (f"node: {{roles: [seats]}}\nstream: {{cluster: {CLUSTER}, leaf: {LEAF}}}\n", "stream.leaf",
@@ -353,7 +356,7 @@ def test_broker_kind_follows_the_stream_section(tmp_path):
     assert NodeConfig().stream.domain == "crewlet"
     member = load_node_config(write(tmp_path, f"node: {{id: a}}\nstream: {{cluster: {CLUSTER}}}\n"))
     assert member.stream.broker_kind == "member" and member.stream.cluster.leaf_listen is None
-    leaf = load_node_config(write(tmp_path, f"node: {{id: d, roles: [ingress, seats]}}\nstream: {{leaf: {LEAF}}}\n"))
+    leaf = load_node_config(write(tmp_path, f"node: {{id: d, roles: [seats]}}\nstream: {{leaf: {LEAF}}}\n"))
     assert leaf.stream.broker_kind == "leaf"
     # A node without data and without cluster or leaf runs a standalone broker (a single node).
     alone = load_node_config(write(tmp_path, "node: {id: s, roles: [seats]}\n"))
@@ -384,7 +387,7 @@ def test_fleet_example_files(monkeypatch, tmp_path):
     assert [c.node.id for c in cfgs.values()] == ["node-a", "node-b", "node-c", "node-d"]
     assert [c.stream.broker_kind for c in cfgs.values()] == ["member", "member", "member", "leaf"]
     assert all("data" in c.node.roles for c in members)
-    assert leaf.node.roles == ["ingress", "seats"]
+    assert leaf.node.roles == ["seats"]  # no data: seats only
     assert [c.data_dir for c in cfgs.values()] == [str(tmp_path / "fleet" / d) for d in "abcd"]
     assert {c.stream.replicas for c in cfgs.values()} == {3}
     assert {c.stream.domain for c in cfgs.values()} == {"crewlet"}
@@ -397,6 +400,6 @@ def test_fleet_example_files(monkeypatch, tmp_path):
     # Every address on loopback and no port used twice.
     addresses = [a for c in members for a in (c.stream.listen, c.stream.cluster.listen,
                                               c.stream.cluster.leaf_listen, c.ingress.listen)]
-    addresses += [leaf.stream.listen, leaf.ingress.listen]
+    addresses += [leaf.stream.listen]  # it runs no ingress
     assert all(a.startswith("127.0.0.1:") for a in addresses)
     assert len({a.rpartition(":")[2] for a in addresses}) == len(addresses)
