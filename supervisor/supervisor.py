@@ -35,6 +35,9 @@ from supervisor import states
 from supervisor.procs import EXIT_CONFIG, EXIT_UNAVAILABLE, ExitInfo
 from supervisor.spec import ChildSpec, Running, StartFailed, SupFlags
 
+# Seconds an abandoned start gets to clean up at least (brutal_kill included).
+ABANDON_MIN = 1.0
+
 Notify = Callable[..., None]
 
 
@@ -299,7 +302,7 @@ class Supervisor:
         incarnation = child.incarnation
         self._move(child, states.STARTING)
         try:
-            running = await self._unless_stopping(child.spec.start(incarnation - 1))
+            running = await self._unless_stopping(child, child.spec.start(incarnation - 1))
         except StartFailed as exc:
             info = exc.info
         except asyncio.CancelledError:
@@ -322,10 +325,15 @@ class Supervisor:
                      supervisor=self.name, reason=info.reason)
         raise StartFailed(info)
 
-    async def _unless_stopping(self, starting):
+    async def _unless_stopping(self, child: _Child, starting):
         """Await a child's start, abandoning it if this supervisor is asked to
         stop meanwhile: a start can wait up to ready_timeout, and the stop
-        (say, of a parent restarting us after the broker died) must not."""
+        (say, of a parent restarting us after the broker died) must not.
+
+        An abandoned start is cancelled and given the child's shutdown time
+        to clean up (kill the child it forked). A start that finished anyway
+        — it swallowed its cancel, as Python 3.11's ``wait_for`` can — has
+        its child stopped, never left running unsupervised."""
         start = asyncio.ensure_future(starting)
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
@@ -333,19 +341,25 @@ class Supervisor:
         except asyncio.CancelledError:
             # Cancelled ourselves: the start's own cleanup (killing the child
             # it forked) must have run before we go on.
-            start.cancel()
-            await asyncio.wait({start})
+            await self._abandon(child, start)
             raise
         finally:
             stop.cancel()
         if start.done():
             return start.result()
-        start.cancel()  # the child being started is killed by its start's cleanup
-        try:
-            await start
-        except (asyncio.CancelledError, StartFailed):
-            pass
+        await self._abandon(child, start)
         raise StartFailed(ExitInfo(None, None, "start abandoned: stopping"))
+
+    async def _abandon(self, child: _Child, start: asyncio.Future) -> None:
+        start.cancel()  # the child being started is killed by its start's cleanup
+        shutdown = child.spec.shutdown
+        wait = None if shutdown == S.INFINITY else ABANDON_MIN if shutdown == S.BRUTAL_KILL \
+            else max(float(shutdown), ABANDON_MIN)
+        await asyncio.wait({start}, timeout=wait)
+        if not start.done():
+            self._notify("child_start_overdue", "error", child=child.spec.id, supervisor=self.name)
+        elif not start.cancelled() and start.exception() is None:
+            await start.result().stop(shutdown)  # started despite the cancel: stop it
 
     async def _stop_child(self, child: _Child) -> None:
         running = child.running

@@ -173,3 +173,43 @@ def test_brutal_kill_of_a_task_child_waits_for_nothing_but_still_tears_it_down()
 
     info, took = _stop_task_child(_stubborn, S.BRUTAL_KILL, teardown)
     assert torn_down == [True] and took < 0.5, (torn_down, took)
+
+
+def test_a_start_abandoned_by_a_stop_leaves_nothing_running_even_if_it_swallowed_its_cancel():
+    """The start finishes despite its cancel (as 3.11's wait_for may let it):
+    the child it started is stopped, not left running unsupervised."""
+    import asyncio
+
+    from crewlet.runtime import run_loop
+    from supervisor.spec import ChildSpec
+    from supervisor.supervisor import Supervisor
+    from supervisor.task import TaskRunning
+
+    ran: list[str] = []
+
+    async def body():
+        ran.append("run")
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            ran.append("cancelled")
+            raise
+
+    async def start(incarnation):
+        try:
+            await asyncio.sleep(0.3)
+        except asyncio.CancelledError:
+            pass  # swallowed: the start goes on and returns a running child
+        return TaskRunning(asyncio.get_running_loop().create_task(body()), None)
+
+    async def main():
+        sup = Supervisor("s", S.SupFlags(), [ChildSpec("t", start, shutdown=1)],
+                         notify=lambda *a, **k: None)
+        starting = asyncio.create_task(sup.start())
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(sup.stop(), 5)
+        await asyncio.gather(starting, return_exceptions=True)
+        await asyncio.sleep(0.05)
+        return list(ran)  # before the loop's own end cancels whatever is left
+
+    assert run_loop(main(), leftovers=0.2) == ["run", "cancelled"]
