@@ -167,7 +167,7 @@ async def last(js: JetStreamContext, bucket: str, key: str, *, leader: bool = Fa
     may lag a write by a moment.
     """
     try:
-        msg = await js.get_msg(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}", direct=not leader)
+        msg = await js.get_msg(stream(bucket), subject=f"$KV.{bucket}.{key}", direct=not leader)
     except NotFoundError:
         return 0, None
     headers = msg.headers or {}

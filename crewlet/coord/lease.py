@@ -29,7 +29,6 @@ fencing token (a claim cannot know its own sequence before it is written).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -37,16 +36,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nats.js import JetStreamContext
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import APIError
 
-from crewlet.bus import kv_subject
+from crewlet.bus import Unanswered, kv_subject, publish_until
 from crewlet.coord.buckets import LEASES, last
 
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 _RENEW_ATTEMPTS = 2
-_RETRY_PAUSE = 0.1      # seconds before resending an unanswered write; doubles, up to 1 s
 
 
 class LeaseError(Exception):
@@ -166,28 +163,19 @@ class Leases:
         # write (say, a second claim expecting 0) would be "deduplicated" into
         # the first one's old acknowledgement without being stored.
         msg_id = f"{key}:{uuid.uuid4().hex}"
-        last_error: Exception | None = None
-        deadline = time.monotonic() + self.patience
-        pause = _RETRY_PAUSE
-        while True:
-            try:
-                ack = await self.js.publish(self._put + key, value, msg_ttl=self.ttl,
-                                            headers={_EXPECTED_LAST: str(expected),
-                                                     "Nats-Msg-Id": msg_id})
-                return ack.seq
-            except APIError as exc:
-                if exc.err_code in _WRONG_LAST_SEQUENCE:
-                    return None
-                raise LeaseError(f"writing {key}: {exc}") from exc
-            except (NoStreamResponseError, NatsTimeoutError) as exc:
-                last_error = exc
-            except Exception as exc:
-                raise LeaseError(f"writing {key}: {type(exc).__name__}: {exc}") from exc
-            if time.monotonic() + pause > deadline:
-                raise LeaseError(f"writing {key}: no answer within {self.patience:g}s: "
-                                 f"{type(last_error).__name__}")
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 1.0)
+        try:
+            ack = await publish_until(self.js, self._put + key, value, msg_id=msg_id,
+                                      headers={_EXPECTED_LAST: str(expected)}, msg_ttl=self.ttl,
+                                      deadline=time.monotonic() + self.patience)
+            return ack.seq
+        except APIError as exc:
+            if exc.err_code in _WRONG_LAST_SEQUENCE:
+                return None
+            raise LeaseError(f"writing {key}: {exc}") from exc
+        except Unanswered as exc:
+            raise LeaseError(f"writing {key}: no answer within {self.patience:g}s: {exc}") from exc
+        except Exception as exc:
+            raise LeaseError(f"writing {key}: {type(exc).__name__}: {exc}") from exc
 
     async def claim(self, key: str, *, expected: int = 0, **info: Any) -> Held | None:
         """Take *key* if nobody holds it; None if somebody does.
