@@ -14,6 +14,7 @@ row         consumer (durable)    stream  needs estate  who attaches
 ==========  ====================  ======  ============  =============================================
 MAILBOX     ``inbox-<seat>``      AGENTS  no            the holder of the seat's lease (seats role)
 CUSTODY     ``custody``           EVENTS  yes           data nodes (each turn event kept by one)
+NOTIFY      ``notify``            NOTIFY  no            any node (ingress runs it): deliveries to mail
 ==========  ====================  ======  ============  =============================================
 
 A name with a ``<param>`` placeholder is a family of consumers, one per
@@ -81,7 +82,13 @@ CUSTODY = Group(
         "would take its share of the events and keep them nowhere",
     role=DATA_ROLE)
 
-GROUPS: tuple[Group, ...] = (MAILBOX, CUSTODY)
+NOTIFY = Group(
+    name="notify", stream="NOTIFY", needs_estate=False,
+    attach="any node; the ingress role runs it",
+    why="a stored webhook delivery becomes mail to the seat it was routed to; that needs the "
+        "mailboxes only, so any node may, stateless or not")
+
+GROUPS: tuple[Group, ...] = (MAILBOX, CUSTODY, NOTIFY)
 
 
 def durable(group: Group, **params: str) -> str:

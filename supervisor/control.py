@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import zmq
@@ -22,7 +21,8 @@ from crewlet.config.model import NODE_ID_RE
 from crewlet.coord import buckets
 from crewlet.estate.ops import SEARCH_DEFAULT, SEARCH_MAX, OpError
 from crewlet.estate.router import EstateError
-from crewlet.queue.base import MailboxError, check_trigger
+from crewlet.queue.base import MailboxError
+from crewlet.queue.post import post
 
 if TYPE_CHECKING:
     from supervisor.node import Node
@@ -91,37 +91,12 @@ async def send(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     text = args.get("text")
     if not isinstance(text, str) or not text.strip():
         raise CommandError("text must be a non-empty string")
-    trigger = args.get("trigger") or uuid.uuid4().hex
+    wait = args.get("wait")
     try:
-        check_trigger(trigger)
+        return await post(fleet.nc, mailboxes, seat, text, sender=f"crewletctl@{node.cfg.node.id}",
+                          trigger=args.get("trigger") or None, wait=wait or None)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    wait = args.get("wait")
-    headers = {"Crewlet-From": f"crewletctl@{node.cfg.node.id}"}
-    if not wait:
-        seq = await mailboxes.send(seat, text, trigger=trigger, headers=headers)
-        return {"seat": seat, "seq": seq, "trigger": trigger, "turn": None}
-    # Listen before sending, so a quick turn's record is not missed.
-    done: asyncio.Future = asyncio.get_running_loop().create_future()
-
-    async def seen(msg) -> None:
-        try:
-            record = json.loads(msg.data)
-        except ValueError:
-            return
-        if record.get("trigger") == trigger and record.get("outcome") != "running" and not done.done():
-            done.set_result(record)
-
-    sub = await fleet.nc.subscribe(f"events.turn.{seat}", cb=seen)
-    try:
-        seq = await mailboxes.send(seat, text, trigger=trigger, headers=headers)
-        try:
-            turn = await asyncio.wait_for(done, float(wait))
-        except asyncio.TimeoutError:
-            turn = None
-    finally:
-        await sub.unsubscribe()
-    return {"seat": seat, "seq": seq, "trigger": trigger, "turn": turn}
 
 
 async def seats(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
@@ -175,11 +150,7 @@ async def dlq(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     seat = _seat_arg(company, args) if args.get("seat") is not None else None
     limit = args.get("limit") or 100
     letters = await mailboxes.dead_letters(seat, limit=int(limit))
-    return {"dead_letters": [{"seq": d.seq, "seat": d.seat, "reason": d.reason,
-                              "deliveries": d.deliveries, "original_seq": d.original_seq,
-                              "at": d.at, "trigger": d.headers.get("Crewlet-Trigger"),
-                              "text": d.data.decode(errors="replace")}
-                             for d in letters]}
+    return {"dead_letters": [d.row() for d in letters]}
 
 
 # ------------------------------------------------------------------ the estate

@@ -45,6 +45,7 @@ from crewlet.coord.lease import LeaseError, Leases
 from crewlet.coord.presence import DuplicateNode, Presence
 from crewlet.estate import log as estate_log
 from crewlet.estate.access import EstateAccess
+from crewlet.queue import notify
 from crewlet.queue.jetstream import JetStreamMailboxes
 from roles.workers.duties import fleet_shape
 from supervisor.procs import EXIT_CONFIG
@@ -311,6 +312,7 @@ class Fleet:
                     max_consumers=mailbox_capacity(len(seats)))
                 created = await self.mailboxes.ensure(seats)
                 await estate_log.ensure_stream(self._js, self.cfg.stream.replicas)
+                await notify.ensure_stream(self._js, self.cfg.stream.replicas)
                 log.event("mailboxes_ready", seats=len(seats), created=created,
                           took_ms=round((time.monotonic() - started) * 1000, 1))
                 return

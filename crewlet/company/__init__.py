@@ -1,4 +1,4 @@
-"""Tier B config: the company — seats, providers, schedules, budgets, retention.
+"""Tier B config: the company — seats, providers, schedules, budgets, retention, integrations.
 
     from crewlet.company import load_company
     from crewlet.config import ConfigError
@@ -19,13 +19,15 @@ every check; ``etc/company.yaml`` is the annotated sample)::
     schedules: [{name: standup, seat: pm, every: 1d, message: "..."}]   # every XOR cron
     budgets: {org: 500000, seats: {pm: 50000}}
     retention: {turns_days: 90, mail_days: 14}
-    integrations: {}                       # opaque, kept as given
+    integrations:                          # inbound webhooks at /v1/hooks/<name> (crewlet.hooks)
+      gh: {kind: github, secret_env: GITHUB_WEBHOOK_SECRET,   # github, slack or generic
+           routes: [{event: issues, repository: acme/web, seat: pm}]}   # first match wins
 
 A company is applied to the fleet with ``crewletctl apply``, which stores it
 as an append-only revision (:mod:`crewlet.coord.control_plane`).
 """
 
 from .load import load_company, parse_company
-from .model import Company, Provider, Schedule, Seat
+from .model import Company, Integration, Provider, Route, Schedule, Seat
 
-__all__ = ["Company", "Provider", "Schedule", "Seat", "load_company", "parse_company"]
+__all__ = ["Company", "Integration", "Provider", "Route", "Schedule", "Seat", "load_company", "parse_company"]

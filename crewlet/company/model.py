@@ -6,10 +6,16 @@ restate them.
 
 Checks that need one model's own fields are field validators (the error
 lands on the key). Checks that cross collections — a seat's provider, a
-schedule's seat, budget seat names, unique names — are model validators that
-raise :class:`At`, which names the precise key relative to the model; the
-loader (:mod:`crewlet.company.load`) joins it to the model's location, so
-the message reads ``seats[3].provider: unknown provider 'gpt', known: scripted``.
+schedule's or route's seat, budget seat names, unique names — are model
+validators that raise :class:`At`, which names the precise key relative to
+the model; the loader (:mod:`crewlet.company.load`) joins it to the model's
+location, so the message reads ``seats[3].provider: unknown provider 'gpt', known: scripted``.
+
+``integrations`` are inbound webhooks (:mod:`crewlet.hooks` holds their
+logic): each is served at ``/v1/hooks/<name>``, proves a delivery with the
+HMAC secret held in the environment variable ``secret_env`` on every ingress
+node (the secret itself never appears in a revision; a control-plane source
+for it is planned), and mails it to the seat of the first matching route.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationIn
 SEAT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # A provider name is part of KV keys (cooldowns: <provider>.<key id>).
 PROVIDER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+# An integration name is a URL part (/v1/hooks/<name>) and a KV key part.
+INTEGRATION_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # An environment variable name (api_key_env names one; it never holds the key).
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # schedules[].every: a positive whole number and one unit.
@@ -36,6 +44,8 @@ DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # schedules[].cron: the five classic fields, minute hour day-of-month month day-of-week.
 CRON_FIELD_RE = re.compile(r"^[0-9A-Za-z*?/,\-]+$")
 CRON_FIELDS = 5
+# integrations.<name>.*_header: an HTTP header name (a token; compared case-insensitively).
+HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 # Company.digest(): hex characters kept of the sha256.
 DIGEST_LENGTH = 16
 
@@ -43,6 +53,15 @@ ProviderKind = Literal["scripted", "openai", "anthropic", "cli"]
 HTTP_KINDS = ("openai", "anthropic")
 # providers.<name>.max_concurrent of a cli provider when not given (None for other kinds).
 CLI_MAX_CONCURRENT = 4
+
+IntegrationKind = Literal["github", "slack", "generic"]
+# The headers of a generic integration when not given (github and slack have their own, fixed).
+GENERIC_SIGNATURE_HEADER = "X-Signature-256"  # sha256=<hex> or <hex> of HMAC-SHA256(secret, body)
+GENERIC_DELIVERY_HEADER = "X-Delivery-Id"  # the sender's id of the delivery; a resend repeats it
+GENERIC_EVENT_HEADER = "X-Event-Type"  # what happened; routes may match it as `event`
+GENERIC_HEADERS = {"signature_header": GENERIC_SIGNATURE_HEADER,
+                   "delivery_header": GENERIC_DELIVERY_HEADER,
+                   "event_header": GENERIC_EVENT_HEADER}
 
 
 class At(ValueError):
@@ -80,8 +99,12 @@ SeatName = Annotated[str, _pattern(
     SEAT_NAME_RE, "must be 1-63 of a-z, 0-9, '_' or '-', starting with a letter or digit")]
 ProviderName = Annotated[str, _pattern(
     PROVIDER_NAME_RE, "must be 1-63 letters, digits, '_' or '-', starting with a letter or digit")]
+IntegrationName = Annotated[str, _pattern(
+    INTEGRATION_NAME_RE, "must be 1-63 of a-z, 0-9, '_' or '-', starting with a letter or digit")]
 EnvName = Annotated[str, _pattern(
     ENV_NAME_RE, "must be the name of an environment variable (not the key itself)")]
+HeaderName = Annotated[str, _pattern(
+    HEADER_NAME_RE, "must be an HTTP header name: 1-64 letters, digits or '-'")]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 Tokens = Annotated[int, Field(ge=0)]
 
@@ -271,6 +294,55 @@ class Schedule(_Model):
         return int(m.group(1)) * DURATION_UNITS[m.group(2)]
 
 
+class Route(_Model):
+    """Where a delivery goes: every field given must equal the delivery's fact
+    of that name (exactly; an absent field matches anything)."""
+
+    seat: str  # the seat that receives the delivery as mail
+    event: str | None = Field(None, min_length=1)  # e.g. issues (github), app_mention (slack)
+    repository: str | None = Field(None, min_length=1)  # owner/name (github; generic: the body's)
+    channel: str | None = Field(None, min_length=1)  # a channel id (slack; generic: the body's)
+    action: str | None = Field(None, min_length=1)  # e.g. opened (github), a message subtype (slack)
+
+    def matches(self, facts: Mapping[str, str]) -> bool:
+        """Does a delivery with *facts* take this route?"""
+        return all(want is None or facts.get(fact) == want
+                   for fact, want in (("event", self.event), ("repository", self.repository),
+                                      ("channel", self.channel), ("action", self.action)))
+
+
+class Integration(_Model):
+    """An inbound webhook, served at ``/v1/hooks/<name>``. Which keys apply
+    depends on ``kind``:
+
+    ======== ==============================================================
+    github   X-Hub-Signature-256, X-GitHub-Delivery, X-GitHub-Event (fixed)
+    slack    X-Slack-Signature over v0:<timestamp>:<body> (fixed)
+    generic  signature_header, delivery_header, event_header (defaults above)
+    ======== ==============================================================
+    """
+
+    kind: IntegrationKind  # who sends, and so how a delivery is proved and read
+    # env var, on every ingress node, holding the signing secret (never the secret itself;
+    # a control-plane source for it is planned)
+    secret_env: EnvName
+    # generic only: the header with sha256=<hex> (or <hex>) of HMAC-SHA256(secret, body)
+    signature_header: HeaderName | None = Field(None, validate_default=True)
+    delivery_header: HeaderName | None = Field(None, validate_default=True)  # generic only: the delivery id
+    event_header: HeaderName | None = Field(None, validate_default=True)  # generic only: the event type
+    routes: list[Route] = Field(min_length=1)  # the first whose fields all match takes the delivery
+
+    @field_validator("signature_header", "delivery_header", "event_header")
+    @classmethod
+    def _generic_only(cls, v: str | None, info: ValidationInfo) -> str | None:
+        kind = info.data.get("kind")
+        if kind == "generic":
+            return GENERIC_HEADERS[info.field_name] if v is None else v
+        if kind is not None and v is not None:
+            raise ValueError(f"only for kind generic, not {kind}")
+        return v
+
+
 class Budgets(_Model):
     org: Tokens | None = None  # tokens the whole company may spend; None: no cap
     seats: dict[str, Tokens] = Field(default_factory=dict)  # per-seat token caps, by seat name
@@ -291,7 +363,7 @@ class Company(_Model):
     schedules: list[Schedule] = Field(default_factory=list)  # periodic messages to seats
     budgets: Budgets = Field(default_factory=Budgets)  # token caps
     retention: Retention = Field(default_factory=Retention)  # how long records are kept
-    integrations: dict[str, dict[str, Any]] = Field(default_factory=dict)  # opaque for now; kept as given
+    integrations: dict[IntegrationName, Integration] = Field(default_factory=dict)  # webhooks, by name
 
     @model_validator(mode="after")
     def _references(self) -> Company:
@@ -305,6 +377,9 @@ class Company(_Model):
                      for i, s in enumerate(self.schedules) if s.seat not in seats]
         problems += [At(f"budgets.seats.{name}", f"unknown seat {name!r}")
                      for name in self.budgets.seats if name not in seats]
+        problems += [At(f"integrations.{name}.routes[{i}].seat", f"unknown seat {r.seat!r}")
+                     for name, integration in self.integrations.items()
+                     for i, r in enumerate(integration.routes) if r.seat not in seats]
         _raise_first(problems)
         return self
 

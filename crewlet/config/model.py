@@ -26,6 +26,8 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
                       field_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from crewlet import tokens
+
 # sun_path is 108 bytes including the terminating NUL.
 MAX_UNIX_SOCKET_PATH = 107
 # The ipc:// endpoints bound under run_dir; the longest name decides the check.
@@ -220,8 +222,64 @@ class StreamSection(_Section):
         return "leaf" if self.leaf is not None else "standalone"
 
 
+class ApiToken(_Section):
+    name: str  # what logs and the API show of the token (never the token)
+    sha256: str  # the token's sha256, hex: `crewletctl token` prints it
+    scopes: list[Literal["read", "write", "admin"]] = Field(min_length=1)  # admin > write > read
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not tokens.NAME_RE.match(v):
+            raise ValueError(f"must be 1-63 letters, digits, '_', '.', '@' or '-', got {v!r}")
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        if not tokens.SHA256_RE.match(v):
+            raise ValueError("must be the token's sha256, 64 lowercase hex digits (never the token itself)")
+        return v
+
+
 class IngressSection(_Section):
     listen: HostPort = "127.0.0.1:7420"  # HTTP address of the ingress role
+    # API tokens (hashed). Neither tokens nor tokens_file: the node makes one
+    # admin token on first start, in its run dir (crewlet.tokens).
+    tokens: list[ApiToken] = Field(default_factory=list)
+    tokens_file: str | None = None  # a file of lines "<sha256> <scopes> <name>"
+    metrics_open: bool = False  # /metrics without a token (a scraper on a trusted network)
+    cors_origins: list[str] = Field(default_factory=list)  # origins allowed cross-origin calls; none: CORS off
+    max_body: int = Field(1_048_576, ge=1024)  # bytes of a request body; more is a 413
+    # Seconds the live feed keeps a node that left, shown as gone, before it forgets it.
+    gone_for: float = Field(600.0, ge=0)
+
+    @field_validator("tokens_file")
+    @classmethod
+    def _tokens_file(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        v = _resolve_path(v, info)
+        try:
+            tokens.read_file(v)
+        except OSError as exc:
+            raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{v}: {exc}") from None
+        return v
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        for origin in v:
+            if origin != "*" and not re.match(r"^https?://[^/\s]+$", origin):
+                raise ValueError(f"expected origins like https://app.example.com (no path) or *, got {origin!r}")
+        return v
+
+    @property
+    def configured_tokens(self) -> bool:
+        """Tokens were configured (so no first-start admin token is made)."""
+        return bool(self.tokens) or self.tokens_file is not None
 
 
 class SupervisorSection(_Section):

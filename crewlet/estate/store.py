@@ -281,7 +281,9 @@ class Reader:
         limit = args.get("limit", LIST_DEFAULT)
         pages = []
         cur = txn.cursor(db=self.dbs["pages"])
-        if cur.set_range(prefix):
+        # after: the next page of a listing starts past that path.
+        start = max(prefix, args["after"].encode() + b"\x00") if "after" in args else prefix
+        if cur.set_range(start):
             for k, v in cur:
                 if not k.startswith(prefix) or len(pages) >= limit:
                     break
@@ -307,12 +309,27 @@ class Reader:
 
     def _q_turn_list(self, txn, args):
         limit = args.get("limit", LIST_DEFAULT)
+        before = seq_key(args["before"]) if "before" in args else None
+        since = args.get("since")
         if "seat" in args:
-            keys = [v for _, v in self._newest(txn, "index", join("turn", "seat", args["seat"], b""), limit)]
-            turns = [self._get(txn, "turns", k) for k in keys]
+            prefix = join("turn", "seat", args["seat"], b"")
+            rows = ((v, self._get(txn, "turns", v))
+                    for _, v in self._newest(txn, "index", prefix, None,
+                                             prefix + before if before else None))
         else:
-            turns = [unpack(v) for _, v in self._newest(txn, "turns", b"", limit)]
-        return {"turns": [t for t in turns if t is not None]}
+            rows = ((k, unpack(v)) for k, v in self._newest(txn, "turns", b"", None, before))
+        turns = []
+        for _, turn in rows:
+            if turn is None:
+                continue
+            # Newest first by log seq, which follows the start times closely but not
+            # exactly (records land when turns end): stop at the first older than since.
+            if since is not None and (turn.get("started_at") or 0) < since:
+                break
+            turns.append(turn)
+            if len(turns) >= limit:
+                break
+        return {"turns": turns}
 
     def _seat_rows(self, txn, table: str, seat: str, limit: int) -> list[Any]:
         rows = [unpack(v) for _, v in self._newest(txn, table, join(seat, b""), limit)]

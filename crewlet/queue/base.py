@@ -74,6 +74,13 @@ class DeadLetter:
     original_seq: int       # its sequence in the mailbox stream
     at: float               # when it became a dead letter (time.time())
 
+    def row(self) -> dict:
+        """What every surface shows of it (crewletctl dlq --json, GET /v1/dlq)."""
+        return {"seq": self.seq, "seat": self.seat, "reason": self.reason,
+                "deliveries": self.deliveries, "original_seq": self.original_seq, "at": self.at,
+                "trigger": self.headers.get(TRIGGER_HEADER), "sender": self.headers.get("Crewlet-From"),
+                "text": self.data.decode(errors="replace")}
+
 
 class Mailbox(ABC):
     """One seat's mailbox, attached by the node holding the seat's lease.
@@ -161,8 +168,8 @@ class Mailboxes(ABC):
         """Drop *seat*'s worked mail (acked, below the ack floor); how many messages went."""
 
     @abstractmethod
-    async def dead_letters(self, seat: str | None = None, limit: int = 100) -> list[DeadLetter]:
-        """Dead letters, oldest first, of one seat or of all."""
+    async def dead_letters(self, seat: str | None = None, limit: int = 100, after: int = 0) -> list[DeadLetter]:
+        """Dead letters, oldest first, of one seat or of all; *after*: only those past that seq."""
 
     @abstractmethod
     async def requeue(self, dlq_seq: int) -> int:

@@ -621,10 +621,10 @@ class JetStreamMailboxes(Mailboxes):
             original_seq=int(headers.get("Crewlet-Dlq-Stream-Seq") or 0),
             at=_epoch(stored.get("time")))
 
-    async def dead_letters(self, seat: str | None = None, limit: int = 100) -> list[DeadLetter]:
+    async def dead_letters(self, seat: str | None = None, limit: int = 100, after: int = 0) -> list[DeadLetter]:
         subject = DLQ_SUBJECT + (check_seat(seat) if seat is not None else ">")
         out: list[DeadLetter] = []
-        seq = 1
+        seq = after + 1
         while len(out) < limit:
             try:
                 got = await self._api(f"STREAM.MSG.GET.{DLQ_STREAM}", {"seq": seq, "next_by_subj": subject})

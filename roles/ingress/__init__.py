@@ -1,9 +1,22 @@
-"""The ingress role: the node's HTTP surface.
+"""The ingress role: the node's HTTP surface (DESIGN §10).
 
 Serves the ASGI app of :mod:`roles.ingress.app` with uvicorn on
 ``ingress.listen`` inside this child's own event loop (so the watchdog and
 heartbeats cover it). Signals stay the role runtime's: uvicorn's own handlers
 are not installed, and SIGTERM ends the server through ``ctx.stopping``.
+
+Beside the server, on the child's one NATS connection:
+
+* the :class:`~roles.ingress.projection.Projection`, this node's live
+  picture of the company, which the reads and the live feed answer from;
+* the estate router (:class:`~crewlet.estate.access.EstateAccess`), for
+  every tracker, knowledge-base and turn route;
+* the company in force (``ctx.companies()``);
+* one member of the ``NOTIFY`` consumer group, which turns stored webhook
+  deliveries into mail (:func:`crewlet.queue.notify.deliver`).
+
+The API's tokens are read once, at start (:func:`roles.ingress.auth.keyring`);
+with none configured, the node's first-start admin token is made here.
 """
 
 from __future__ import annotations
@@ -18,8 +31,22 @@ import uvicorn.lifespan.off  # noqa: F401
 import uvicorn.protocols.http.auto  # noqa: F401
 import uvicorn.protocols.websockets.auto  # noqa: F401
 
+from crewlet import log
+from crewlet.company.model import Company
+from crewlet.coord.control_plane import ControlPlane
+from crewlet.coord.holders import Holders
+from crewlet.estate.access import EstateAccess
+from crewlet.queue import notify
+from crewlet.queue.jetstream import JetStreamMailboxes
 from crewlet.runtime import RoleContext
+from roles.ingress import auth
 from roles.ingress.app import make_app
+from roles.ingress.front import Front
+from roles.ingress.metrics import Metrics
+from roles.ingress.projection import Projection
+
+# Turn records the live feed starts with, read from the estate.
+SEED_TURNS = 50
 
 
 class _Server(uvicorn.Server):
@@ -39,9 +66,25 @@ class _Server(uvicorn.Server):
 
 
 async def main(ctx: RoleContext) -> None:
-    host, _, port = ctx.config.ingress.listen.rpartition(":")
-    config = uvicorn.Config(make_app(ctx), host=host, port=int(port), lifespan="off",
-                            log_config=None, access_log=False, timeout_graceful_shutdown=2)
+    cfg = ctx.config
+    keyring = auth.keyring(cfg)
+    js = ctx.jetstream()
+    access = EstateAccess(cfg, ctx.nats, js, ctx.zmq).start()
+    holders = Holders.of_bucket(js, heartbeat=cfg.fleet.heartbeat)
+    projection = Projection(node_id=cfg.node.id, nc=ctx.nats, js=js, holders=holders,
+                            estate_view=access.view, run_dir=cfg.run_dir, zctx=ctx.zmq,
+                            heartbeat=cfg.fleet.heartbeat, gone_for=cfg.ingress.gone_for)
+    front = Front(cfg=cfg, nc=ctx.nats, js=js,
+                  mailboxes=JetStreamMailboxes(js, ctx.nats, ack_wait=cfg.fleet.ack_wait),
+                  router=access.router, projection=projection, control_plane=None, keyring=keyring,
+                  zctx=ctx.zmq)
+    front.metrics = Metrics(projection)
+    projection.on_turn = front.metrics.turn
+
+    host, _, port = cfg.ingress.listen.rpartition(":")
+    config = uvicorn.Config(make_app(ctx, front, keyring), host=host, port=int(port), lifespan="off",
+                            log_config=None, access_log=False, timeout_graceful_shutdown=2,
+                            ws="websockets-sansio")
     server = _Server(config)
     serving = asyncio.create_task(server.serve())
     listening = asyncio.create_task(server.listening.wait())
@@ -49,9 +92,59 @@ async def main(ctx: RoleContext) -> None:
     if not server.listening.is_set():
         listening.cancel()
         serving.result()  # raises what stopped it
-        raise SystemExit(f"ingress could not listen on {ctx.config.ingress.listen}")
+        raise SystemExit(f"ingress could not listen on {cfg.ingress.listen}")
+
+    background = [
+        asyncio.create_task(projection.run(), name="projection"),
+        asyncio.create_task(_follow_company(ctx, front), name="company"),
+        asyncio.create_task(_open_control_plane(front), name="control plane"),
+        asyncio.create_task(notify.deliver(js, front.mailboxes, roles=cfg.node.roles,
+                                           stopping=ctx.stopping.is_set, known=_known(front),
+                                           on_mail=lambda i, s: front.metrics.webhook(i, "mailed")),
+                            name="notify"),
+    ]
+    for task in background:
+        task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
+                               or ctx.fail(t.exception()))
     await ctx.ready()
     stop = asyncio.create_task(ctx.stopping.wait())
     await asyncio.wait({serving, stop}, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
     await serving
+    for task in background:
+        task.cancel()
+    await asyncio.gather(*background, return_exceptions=True)
+    await access.close()
+
+
+def _known(front: Front):
+    def known(seat: str) -> bool:
+        return front.company is not None and any(s.name == seat for s in front.company.seats)
+    return known
+
+
+async def _follow_company(ctx: RoleContext, front: Front) -> None:
+    seeded = False
+    async for current in ctx.companies():
+        try:
+            front.company = Company.model_validate(current["company"])
+        except Exception as exc:  # crewletd validated it; a mismatch is a bug to see, not to die of
+            log.event("ingress_company_refused", "error", error=f"{type(exc).__name__}: {exc}")
+            continue
+        front.projection.set_company(current)
+        if not seeded:
+            seeded = await _seed_turns(front)
+
+
+async def _seed_turns(front: Front) -> bool:
+    try:
+        answer = await front.router.read("turn.list", {"limit": SEED_TURNS}, timeout=10.0)
+    except Exception as exc:  # the feed starts empty; live turns fill it
+        log.event("ingress_turns_unseeded", "warning", error=f"{type(exc).__name__}: {exc}")
+        return False
+    await front.projection.seed_turns(list(reversed((answer or {}).get("turns") or [])))
+    return True
+
+
+async def _open_control_plane(front: Front) -> None:
+    front.control_plane = await ControlPlane.open(front.js, front.cfg.stream.replicas)

@@ -1,26 +1,121 @@
-"""The ingress ASGI application (Starlette).
+"""The ingress ASGI application: the API (``/v1``), health, metrics, the dashboard.
 
-* ``GET /healthz`` — this process answers: 200 with the node id.
+* ``GET /healthz`` — this process answers: 200 with the node id. No token.
 * ``GET /readyz`` — the node's children are all running: 200, else 503 with
-  the children that are not (asked of crewletd over ``control``).
+  the children that are not (asked of crewletd over ``control``). No token.
+* ``/v1/...`` — the API (:mod:`roles.ingress.api`); its OpenAPI 3.1 document
+  is ``/v1/openapi.json``, browsable at ``/docs``.
+* ``GET /metrics`` — Prometheus (:mod:`roles.ingress.metrics`).
+* ``GET /`` — the dashboard: static files talking to ``/v1``.
+
+Around every request: bodies past ``ingress.max_body`` are a 413 before a
+route reads them; every error is ``application/problem+json``
+(:mod:`roles.ingress.problems`); CORS only for ``ingress.cors_origins``.
 """
 
 from __future__ import annotations
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+import os
+import time
 
-from crewlet import ipc
-from crewlet.runtime import RoleContext
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.middleware.cors import CORSMiddleware
+
+import crewlet
+from crewlet import ipc, log
+from crewlet.tokens import Keyring
+from roles.ingress import auth
+from roles.ingress.api import company, dlq, estate, feed, fleet, hooks, seats
+from roles.ingress.front import Front
+from roles.ingress.problems import problem_response
+from roles.ingress import problems
+
+DASHBOARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboard")
+ROUTERS = (fleet.router, seats.router, estate.router, dlq.router, company.router, hooks.router,
+           feed.router)
 
 
-def make_app(ctx: RoleContext) -> Starlette:
-    async def healthz(request: Request) -> JSONResponse:
+class BodyLimit:
+    """A 413 for a body past *limit* bytes: by its Content-Length before the
+    route runs, or once a chunked body passes it."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        too_big = self._problem()
+        if length is not None:
+            try:
+                if int(length) > self.limit:
+                    return await too_big(scope, receive, send)
+            except ValueError:
+                return await problem_response(400, "bad_request", "Content-Length is not a number")(
+                    scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooBig()
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooBig:
+            await too_big(scope, receive, send)
+
+    def _problem(self) -> Response:
+        return problem_response(413, "body_too_large", f"the body is larger than this node takes "
+                                                       f"({self.limit} bytes: ingress.max_body)")
+
+
+class _TooBig(Exception):
+    pass
+
+
+def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) -> FastAPI:
+    cfg = ctx.config
+    app = FastAPI(title="crewlet", version=crewlet.__version__, openapi_url="/v1/openapi.json",
+                  docs_url="/docs", redoc_url=None,
+                  description="The HTTP API of a crewlet node: the fleet, the seats and their mail, "
+                              "turns, the tracker, the knowledge base, dead letters, webhooks and "
+                              "the live feed. Every /v1 route but the webhooks takes "
+                              "`Authorization: Bearer <token>`; errors are application/problem+json.")
+    app.state.front = front
+    app.state.keyring = keyring
+    problems.install(app)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        template = getattr(route, "path", None) or "unmatched"
+        took = time.perf_counter() - started
+        if front is not None and front.metrics is not None and template != "/v1/events":
+            front.metrics.api.labels(request.method, template, str(response.status_code)).observe(took)
+        caller = getattr(request.state, "caller", None)
+        if request.method != "GET" or response.status_code >= 500:
+            log.event("api_request", "info" if response.status_code < 500 else "warning",
+                      method=request.method, route=template, status=response.status_code,
+                      ms=round(took * 1000, 1), caller=caller.name if caller else None)
+        return response
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "node": ctx.node_id})
 
-    async def readyz(request: Request) -> JSONResponse:
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
         try:
             reply = await ipc.acall(ctx.zmq, ctx.run_dir, "status", timeout=2.0)
         except ipc.NodeUnreachable as exc:
@@ -31,4 +126,26 @@ def make_app(ctx: RoleContext) -> Starlette:
         body = {"ready": not waiting, "node": ctx.node_id, "not_running": waiting}
         return JSONResponse(body, 200 if not waiting else 503)
 
-    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz)])
+    metrics_auth = [] if cfg.ingress.metrics_open else [Depends(auth.READ)]
+
+    @app.get("/metrics", include_in_schema=False, dependencies=metrics_auth)
+    async def metrics() -> Response:
+        if front is None or front.metrics is None:
+            return problem_response(503, "unavailable", "metrics are not ready yet")
+        return Response(generate_latest(front.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    for router in ROUTERS:
+        app.include_router(router)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> Response:
+        return RedirectResponse("/ui/")
+
+    app.mount("/ui", StaticFiles(directory=DASHBOARD, html=True), name="dashboard")
+    if cfg.ingress.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cfg.ingress.cors_origins),
+                           allow_methods=["GET", "POST", "PUT", "PATCH"],
+                           allow_headers=["Authorization", "Content-Type", "Idempotency-Key",
+                                          "Last-Event-ID"])
+    app.add_middleware(BodyLimit, limit=cfg.ingress.max_body)
+    return app

@@ -70,6 +70,9 @@ def test_minimal_company_gets_the_defaults():
      "schedules[0].seat", "unknown seat 'ghost'"),
     (lambda d: d.update(budgets={"org": 10, "seats": {"pm": 5, "ghost": 1}}),
      "budgets.seats.ghost", "unknown seat 'ghost'"),
+    (lambda d: d.update(integrations={"gh": {"kind": "github", "secret_env": "GH_SECRET", "routes": [
+        {"seat": "pm"}, {"event": "push", "seat": "ghost"}]}}),
+     "integrations.gh.routes[1].seat", "unknown seat 'ghost'"),
 ])
 def test_each_cross_reference_error_names_its_key(mutate, key, words):
     data = minimal()
@@ -203,3 +206,57 @@ def test_cli_max_concurrent_defaults_to_4_and_belongs_to_cli_only():
     assert parse(minimal()).providers["local"].max_concurrent is None
     wrong = minimal(providers={"local": {"kind": "openai", "max_concurrent": 3}})
     assert error(wrong).key == "providers.local.max_concurrent"
+
+
+def github_integration(**overrides) -> dict:
+    data = {"kind": "github", "secret_env": "GH_SECRET",
+            "routes": [{"event": "issues", "repository": "acme/web", "seat": "pm"}, {"seat": "dev"}]}
+    data.update(overrides)
+    return data
+
+
+@pytest.mark.parametrize("integration, key, words", [
+    (github_integration(signature_header="X-Sig"), "integrations.gh.signature_header",
+     "only for kind generic, not github"),
+    (github_integration(delivery_header="X-Id"), "integrations.gh.delivery_header",
+     "only for kind generic, not github"),
+    (github_integration(event_header="X-Kind"), "integrations.gh.event_header",
+     "only for kind generic, not github"),
+    ({"kind": "github", "routes": [{"seat": "pm"}]}, "integrations.gh.secret_env", "required key is missing"),
+    (github_integration(secret_env="ghp-not-a-name!"), "integrations.gh.secret_env",
+     "must be the name of an environment variable"),
+    (github_integration(routes=[]), "integrations.gh.routes", "must not be empty"),
+    (github_integration(routes=[{"seat": "pm", "repo": "acme/web"}]), "integrations.gh.routes[0].repo",
+     "unknown key"),
+    (github_integration(kind="gitlab"), "integrations.gh.kind", "must be one of github, slack, generic"),
+    (github_integration(kind="generic", signature_header="X Sig"), "integrations.gh.signature_header",
+     "must be an HTTP header name"),
+])
+def test_integration_errors_name_their_key(integration, key, words):
+    err = error(minimal(integrations={"gh": integration}))
+    assert err.key == key
+    assert str(err).startswith(f"acme.yaml: {key}: {words}")
+
+
+def test_bad_integration_name():
+    # Lower case only, unlike a provider's: it is a URL part, /v1/hooks/<name>.
+    err = error(minimal(integrations={"GitHub": github_integration()}))
+    assert err.key == "integrations.GitHub" and err.problem.startswith("must be 1-63 of a-z")
+    assert error(minimal(integrations={"gh/v2": github_integration()})).key == "integrations.gh/v2"
+
+
+def test_integrations_get_their_defaults_and_round_trip():
+    company = parse(minimal(integrations={
+        "gh": github_integration(),
+        "slack": {"kind": "slack", "secret_env": "SLACK_SECRET",
+                  "routes": [{"channel": "C1", "seat": "dev"}]},
+        "alerts": {"kind": "generic", "secret_env": "ALERTS_SECRET", "delivery_header": "X-Request-Id",
+                   "routes": [{"event": "firing", "seat": "dev"}]}}))
+    gh, alerts = company.integrations["gh"], company.integrations["alerts"]
+    assert gh.signature_header is gh.delivery_header is gh.event_header is None
+    assert (alerts.signature_header, alerts.delivery_header, alerts.event_header) == (
+        "X-Signature-256", "X-Request-Id", "X-Event-Type")
+    assert gh.routes[0].matches({"event": "issues", "repository": "acme/web", "action": "opened"})
+    assert not gh.routes[0].matches({"event": "issues", "repository": "acme/api"})
+    assert gh.routes[1].matches({})
+    assert Company.model_validate(company.model_dump(mode="json")) == company  # as stored in a revision

@@ -140,6 +140,7 @@ def test_full_file_round_trip(tmp_path):
     dumped = cfg.model_dump()
     expected = yaml.safe_load(FULL)
     expected["node"]["labels"]["rack"] = "12"  # numbers are accepted as strings
+    expected["ingress"] = {**NodeConfig().ingress.model_dump(), "listen": "[::1]:8080"}
     expected["debug"]["faults"] = [
         {"role": "seats", "kind": "crash", "after": 0, "seconds": 3600, "code": 9, "once": True},
         {"role": "workers", "kind": "wedge", "after": 2, "seconds": 5, "code": 1, "once": False},

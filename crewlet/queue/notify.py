@@ -1,0 +1,169 @@
+"""``NOTIFY``: webhook deliveries on their way to a seat's mailbox.
+
+Where an outside event enters (DESIGN §10): ingress checks a delivery's
+signature, claims its id in ``claims`` (first node wins across the fleet),
+:func:`store`\\ s it here and only then answers the sender's 2xx. The
+:data:`~crewlet.groups.NOTIFY` consumer group then turns each stored delivery
+into mail to the seat it was routed to (:func:`deliver`), with the delivery
+id as the mail's trigger, and acks it once the mailbox has it.
+
+So a delivery, once answered, is either in ``NOTIFY`` or already mail; and a
+delivery the sender sends again (a retry, a second node) is:
+
+* a stored one: answered ``duplicate`` and dropped (the claim says stored);
+* one whose node died between claiming and storing: stored by the retry
+  (the claim says claimed, not stored, so the retry takes it over). Storing
+  twice is harmless: ``NOTIFY`` drops a repeat of the message id within its
+  duplicate window, the mailbox likewise, and the seat's ledger skips a
+  trigger already worked.
+
+The sender never got a 2xx for a delivery nobody stored, so it is never lost
+silently: it is the sender's to retry (GitHub's redeliver, Slack's retries).
+
+Message: subject ``notify.<integration>``, body the mail text, headers
+``Crewlet-Seat`` and ``Crewlet-Trigger``; ``Nats-Msg-Id`` is
+``<integration>:<delivery id>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Callable
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, KeyWrongLastSequenceError, NotFoundError
+
+from crewlet import groups, log
+from crewlet.bus import MAX_READERS, publish_until
+from crewlet.coord import buckets
+from crewlet.queue.base import MailboxError
+
+STREAM = "NOTIFY"
+SUBJECT = "notify."                # + integration
+SEAT_HEADER = "Crewlet-Seat"
+TRIGGER_HEADER = "Crewlet-Trigger"
+KEEP_DAYS = 7                      # a delivery not made into mail by then is dropped
+ACK_WAIT = 30.0                    # a node that died holding a delivery: it comes back after this
+RETRY_DELAY = 5.0                  # a mailbox that would not take it: asked again after this
+BATCH = 32
+FETCH_WAIT = 5.0
+STORE_PATIENCE = 10.0              # seconds a store is resent while unanswered (leader election)
+# Claim states (the claims bucket's value, JSON).
+CLAIMED, STORED = "claimed", "stored"
+_ERR_STREAM_NAME_IN_USE = 10058
+
+
+def claim_key(integration: str, delivery: str) -> str:
+    return f"{integration}.{delivery}"
+
+
+def stream_config(replicas: int) -> StreamConfig:
+    return StreamConfig(name=STREAM, subjects=[SUBJECT + ">"], retention=RetentionPolicy.LIMITS,
+                        storage=StorageType.FILE, num_replicas=replicas,
+                        max_age=KEEP_DAYS * 86400, duplicate_window=120, max_consumers=MAX_READERS)
+
+
+async def ensure_stream(js, replicas: int) -> None:
+    """``NOTIFY`` exists (an existing one is left as it is)."""
+    try:
+        await js.stream_info(STREAM)
+        return
+    except NotFoundError:
+        pass
+    try:
+        await js.add_stream(stream_config(replicas))
+        log.event("notify_stream_created", replicas=replicas)
+    except BadRequestError as exc:
+        if exc.err_code != _ERR_STREAM_NAME_IN_USE:
+            raise
+
+
+async def claim(js, integration: str, delivery: str, *, node: str, seat: str) -> str | None:
+    """Claim *delivery* of *integration*: None if this call made the claim,
+    else the state the claim already had (:data:`CLAIMED` or :data:`STORED`)."""
+    kv = await js.key_value(buckets.CLAIMS.name)
+    key = claim_key(integration, delivery)
+    value = json.dumps({"state": CLAIMED, "node": node, "seat": seat, "at": time.time()}).encode()
+    try:
+        await kv.create(key, value)
+        return None
+    except KeyWrongLastSequenceError:
+        pass
+    entry = await kv.get(key)
+    try:
+        return json.loads(entry.value).get("state") or CLAIMED
+    except (ValueError, AttributeError):
+        return CLAIMED
+
+
+async def mark_stored(js, integration: str, delivery: str, *, node: str, seat: str) -> None:
+    kv = await js.key_value(buckets.CLAIMS.name)
+    await kv.put(claim_key(integration, delivery),
+                 json.dumps({"state": STORED, "node": node, "seat": seat, "at": time.time()}).encode())
+
+
+async def store(js, integration: str, delivery: str, seat: str, text: str) -> bool:
+    """Store a delivery in ``NOTIFY``; True if it was already there (a repeat
+    within the duplicate window). Raises :class:`~crewlet.bus.Unanswered`."""
+    ack = await publish_until(js, SUBJECT + integration, text.encode(), msg_id=f"{integration}:{delivery}",
+                              headers={SEAT_HEADER: seat, TRIGGER_HEADER: delivery},
+                              deadline=time.monotonic() + STORE_PATIENCE)
+    return bool(getattr(ack, "duplicate", False))
+
+
+async def deliver(js, mailboxes, *, roles, stopping: Callable[[], bool],
+                  known: Callable[[str], bool], on_mail: Callable[[str, str], Any] = lambda i, s: None) -> None:
+    """Be one of the :data:`~crewlet.groups.NOTIFY` group: make each stored
+    delivery mail to its seat, until *stopping*. *known* says whether a seat
+    is still in the company (a delivery for a removed seat is dropped, logged)."""
+    groups.check_attach(groups.NOTIFY, roles)
+    name = groups.durable(groups.NOTIFY)
+    config = ConsumerConfig(durable_name=name, ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT,
+                            deliver_policy=DeliverPolicy.ALL, max_ack_pending=1000)
+    psub = None
+    pause = 0.2
+    while not stopping():
+        try:
+            if psub is None:
+                await ensure_stream_existing(js)
+                psub = await js.pull_subscribe(SUBJECT + ">", durable=name, stream=STREAM, config=config)
+                log.event("notify_attached", consumer=name)
+            try:
+                msgs = await psub.fetch(BATCH, timeout=FETCH_WAIT)
+            except asyncio.TimeoutError:
+                continue
+            for msg in msgs:
+                await _one(msg, mailboxes, known, on_mail)
+            pause = 0.2
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # no stream yet, a leader moving: try again
+            log.event("notify_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+            psub = None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+
+async def ensure_stream_existing(js) -> None:
+    await js.stream_info(STREAM)
+
+
+async def _one(msg, mailboxes, known: Callable[[str], bool], on_mail) -> None:
+    headers = msg.headers or {}
+    seat, trigger = headers.get(SEAT_HEADER), headers.get(TRIGGER_HEADER)
+    integration = msg.subject[len(SUBJECT):]
+    if not seat or not trigger or not known(seat):
+        log.event("notify_dropped", "warning", integration=integration, seat=seat, trigger=trigger,
+                  why="no seat or trigger" if not seat or not trigger else "seat not in the company")
+        await msg.term()
+        return
+    try:
+        await mailboxes.send(seat, msg.data, trigger=trigger, headers={"Crewlet-From": f"hook:{integration}"})
+    except (MailboxError, ValueError) as exc:
+        log.event("notify_mail_failed", "warning", seat=seat, trigger=trigger, error=str(exc))
+        await msg.nak(delay=RETRY_DELAY)
+        return
+    await msg.ack_sync()
+    on_mail(integration, seat)

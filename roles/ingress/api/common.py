@@ -1,0 +1,78 @@
+"""What the route modules share: cursors, Idempotency-Key, estate errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from typing import Any, Awaitable, TypeVar
+
+from fastapi import Header
+
+from crewlet.estate.ops import OpError
+from crewlet.estate.router import BadRequest, NobodyAnswered, OutcomeUnknown
+from roles.ingress.problems import Problem
+
+T = TypeVar("T")
+
+# An Idempotency-Key: it becomes an op id or a trigger, so printable and short.
+KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+# Seconds a route gives the estate router (it asks data nodes in turn within it).
+ESTATE_WAIT = 15.0
+
+
+def encode_cursor(position: dict[str, Any]) -> str:
+    """An opaque cursor for the next page: what the listing resumes from."""
+    raw = json.dumps(position, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None, *keys: str) -> dict[str, Any]:
+    """The position a cursor holds ({} without one); 400 for one we did not make."""
+    if not cursor:
+        return {}
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        position = json.loads(raw)
+        if not isinstance(position, dict) or set(position) - set(keys):
+            raise ValueError
+    except ValueError:
+        raise Problem(400, "bad_cursor", "cursor is not one this listing gave out: pass the `next` "
+                                         "of the previous page unchanged") from None
+    return position
+
+
+def idempotency_key(key: str | None = Header(None, alias="Idempotency-Key",
+                                             description="Makes a retry of this write land once: "
+                                                         "1-100 of A-Z, a-z, 0-9, '_', '-'")) -> str | None:
+    if key is not None and not KEY_RE.match(key):
+        raise Problem(400, "bad_idempotency_key", "Idempotency-Key must be 1-100 of A-Z, a-z, 0-9, "
+                                                  "'_' or '-'")
+    return key
+
+
+async def estate(call: Awaitable[T]) -> T:
+    """*call* to the estate router, its failures as problems."""
+    try:
+        return await call
+    except OpError as exc:
+        raise Problem(422, "invalid", str(exc)) from None
+    except BadRequest as exc:
+        raise Problem(400, "bad_request", str(exc)) from None
+    except OutcomeUnknown as exc:
+        raise Problem(503, "outcome_unknown", f"{exc}; send the same request with the same "
+                                              "Idempotency-Key to learn its outcome",
+                      headers={"Retry-After": "5"}, op=exc.op_id, answers=exc.answers) from None
+    except NobodyAnswered as exc:
+        raise Problem(503, "estate_unavailable", str(exc), headers={"Retry-After": "5"},
+                      answers=exc.answers) from None
+
+
+def refused(outcome: dict[str, Any]) -> Problem:
+    """The problem of a write the estate refused (its outcome's ``error``)."""
+    why = str(outcome.get("error") or "refused")
+    if why.startswith("no task") and "parent" not in why or why.startswith("no page"):
+        return Problem(404, "not_found", why)
+    if " is at rev " in why or " is at version " in why:
+        return Problem(409, "conflict", why)
+    return Problem(409, "refused", why)

@@ -1,0 +1,76 @@
+"""Dead letters: mail that spent its delivery budget, and putting one back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel
+
+from crewlet.estate import ops
+from crewlet.queue.base import MailboxError
+from roles.ingress.api.common import decode_cursor, encode_cursor
+from roles.ingress.auth import READ, WRITE
+from roles.ingress.front import front
+from roles.ingress.problems import Problem, responses
+
+router = APIRouter(prefix="/v1", tags=["dead letters"], responses=responses(401, 403, 422, 503))
+
+
+class DeadLetter(BaseModel):
+    seq: int
+    seat: str
+    reason: str
+    deliveries: int
+    original_seq: int
+    at: float
+    trigger: str | None
+    sender: str | None
+    text: str
+
+
+class DeadLetterPage(BaseModel):
+    items: list[DeadLetter]
+    next: str | None
+
+
+class Requeued(BaseModel):
+    requeued: int
+    seq: int
+    seat: str | None = None
+
+
+@router.get("/dlq", response_model=DeadLetterPage, summary="Dead letters, oldest first")
+async def list_dead(request: Request, seat: str | None = Query(None, pattern=ops.SEAT_NAME),
+                    limit: int = Query(100, ge=1, le=500), cursor: str | None = None,
+                    _=Depends(READ)) -> DeadLetterPage:
+    f = front(request)
+    if seat is not None:
+        f.need_seat(seat)
+    after = decode_cursor(cursor, "after").get("after", 0)
+    if not isinstance(after, int) or after < 0:
+        raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
+    try:
+        letters = await f.mailboxes.dead_letters(seat, limit=limit + 1, after=after)
+    except MailboxError as exc:
+        raise Problem(503, "dlq_unavailable", f"the dead letters could not be read: {exc}",
+                      headers={"Retry-After": "2"}) from None
+    rows: list[dict[str, Any]] = [d.row() for d in letters[:limit]]
+    nxt = encode_cursor({"after": rows[-1]["seq"]}) if len(letters) > limit else None
+    return DeadLetterPage(items=rows, next=nxt)
+
+
+@router.post("/dlq/{seq}/requeue", response_model=Requeued, summary="Put a dead letter back in its mailbox",
+             responses=responses(404))
+async def requeue(request: Request, seq: int = Path(ge=1), _=Depends(WRITE)) -> Requeued:
+    f = front(request)
+    try:
+        new = await f.mailboxes.requeue(seq)
+    except LookupError as exc:
+        raise Problem(404, "not_found", str(exc)) from None
+    except MailboxError as exc:
+        if str(exc).startswith("no dead letter"):
+            raise Problem(404, "not_found", f"{exc} (already requeued, or never one)") from None
+        raise Problem(503, "dlq_unavailable", f"could not requeue dead letter {seq}: {exc}",
+                      headers={"Retry-After": "2"}) from None
+    return Requeued(requeued=seq, seq=new)

@@ -1,0 +1,302 @@
+"""Turns, the tracker, the knowledge base: every route through the estate router.
+
+Exactly as a seat's tools reach the estate (DESIGN §10): this node's copy
+when it is in service, else a peer's; nobody answering is a 503 naming what
+each data node said; a search nobody could run is ``searched: false``.
+Writes are ops issued by the operator (``operator@<node>``); an
+``Idempotency-Key`` is the op's id, so the same request sent again lands
+once and answers the first outcome.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from crewlet.estate import ops
+from roles.ingress.api.common import (ESTATE_WAIT, decode_cursor, encode_cursor, estate,
+                                      idempotency_key, refused)
+from roles.ingress.auth import READ, WRITE
+from roles.ingress.front import Front, front
+from roles.ingress.problems import Problem, responses
+
+router = APIRouter(prefix="/v1", responses=responses(401, 403, 422, 503))
+
+Status = Literal["open", "doing", "blocked", "done", "cancelled"]
+SeatName = Field(pattern=ops.SEAT_NAME)
+TaskId = Path(pattern=ops.TASK_ID, description="A task id, like T12")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Turn(_Open):
+    seat: str
+    trigger: str
+    outcome: str
+    seq: int | None = None
+
+
+class TurnPage(BaseModel):
+    items: list[Turn]
+    next: str | None = Field(description="Cursor of the next page; null on the last")
+
+
+class Task(_Open):
+    id: str
+    title: str
+    status: str
+    assignee: str | None = None
+    labels: list[str] = []
+    parent: str | None = None
+    rev: int
+
+
+class Comment(_Open):
+    id: str
+    task: str
+    body: str
+
+
+class TaskPage(BaseModel):
+    items: list[Task]
+    next: str | None
+
+
+class TaskDetail(BaseModel):
+    task: Task
+    comments: list[Comment]
+
+
+class Page(_Open):
+    path: str
+    title: str
+    version: int
+
+
+class PageList(BaseModel):
+    items: list[Page]
+    next: str | None
+
+
+class SearchResult(BaseModel):
+    hits: list[dict[str, Any]]
+    searched: bool = Field(description="false: no data node could run the search (not: nothing matched)")
+    node: str | None
+    answers: dict[str, str]
+
+
+class TaskCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str = Field(min_length=1, max_length=ops.TITLE_MAX)
+    body: str = Field("", max_length=ops.TASK_BODY_MAX)
+    status: Status = "open"
+    assignee: str | None = Field(None, pattern=ops.SEAT_NAME)
+    labels: list[str] = Field(default_factory=list, max_length=50)
+    parent: str | None = Field(None, pattern=ops.TASK_ID)
+
+
+class TaskChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str | None = Field(None, min_length=1, max_length=ops.TITLE_MAX)
+    body: str | None = Field(None, max_length=ops.TASK_BODY_MAX)
+    status: Status | None = None
+    assignee: str | None = Field(None, description="A seat, or \"\" to unassign", pattern=r"^$|" + ops.SEAT_NAME)
+    labels: list[str] | None = Field(None, max_length=50)
+    expect_rev: int | None = Field(None, ge=1, description="Refused (409) unless the task is at this rev")
+
+
+class CommentNew(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    body: str = Field(min_length=1, max_length=ops.COMMENT_MAX)
+
+
+class PageWrite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str = Field(min_length=1, max_length=ops.TITLE_MAX)
+    body: str = Field(max_length=ops.PAGE_BODY_MAX)
+    expect_version: int | None = Field(None, ge=1, description="Refused (409) unless the page is at this version")
+
+
+class Written(_Open):
+    ok: bool = True
+    seq: int | None = None
+
+
+def _labels_ok(labels: list[str] | None) -> None:
+    if labels and any(not 1 <= len(x) <= 100 for x in labels):
+        raise Problem(422, "invalid", "body.labels: each label is 1-100 characters")
+
+
+async def _write(f: Front, kind: str, args: dict[str, Any], key: str | None) -> dict[str, Any]:
+    op = ops.make_op(kind, args, node=f.node_id, id=ops.op_id("api", key) if key else None)
+    outcome = await estate(f.router.write(op, timeout=ops_wait(kind)))
+    if f.metrics is not None:
+        f.metrics.router("write", "ok" if outcome.get("ok") else "refused")
+    if not outcome.get("ok"):
+        raise refused(outcome)
+    return outcome
+
+
+def ops_wait(kind: str) -> float:
+    return ESTATE_WAIT * 4  # a write may wait out a leader election on one node, then ask the next
+
+
+async def _read(f: Front, query: str, args: dict[str, Any]) -> dict[str, Any]:
+    try:
+        answer = await estate(f.router.read(query, args, timeout=ESTATE_WAIT))
+    except Problem:
+        if f.metrics is not None:
+            f.metrics.router("read", "failed")
+        raise
+    if f.metrics is not None:
+        f.metrics.router("read", "ok")
+    return answer or {}
+
+
+# ------------------------------------------------------------------ turns
+
+@router.get("/turns", response_model=TurnPage, tags=["turns"], summary="Turn records, newest first")
+async def turns(request: Request, seat: str | None = Query(None, pattern=ops.SEAT_NAME),
+                since: float | None = Query(None, ge=0, description="Only turns started at or after "
+                                                                      "this unix time"),
+                limit: int = Query(50, ge=1, le=ops.LIST_MAX), cursor: str | None = None,
+                _=Depends(READ)) -> TurnPage:
+    f = front(request)
+    at = decode_cursor(cursor, "before")
+    args: dict[str, Any] = {"limit": limit}
+    if seat is not None:
+        args["seat"] = seat
+    if since is not None:
+        args["since"] = since
+    if "before" in at:
+        if not isinstance(at["before"], int) or at["before"] < 1:
+            raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
+        args["before"] = at["before"]
+    rows = (await _read(f, "turn.list", args)).get("turns") or []
+    last = rows[-1].get("seq") if len(rows) == limit and rows else None
+    return TurnPage(items=rows, next=encode_cursor({"before": last}) if isinstance(last, int) else None)
+
+
+# ------------------------------------------------------------------ tasks
+
+@router.get("/tasks", response_model=TaskPage, tags=["tasks"], summary="Tasks, newest first")
+async def list_tasks(request: Request, status: Status | None = None,
+                     assignee: str | None = Query(None, pattern=ops.SEAT_NAME),
+                     limit: int = Query(ops.LIST_DEFAULT, ge=1, le=ops.LIST_MAX),
+                     cursor: str | None = None, _=Depends(READ)) -> TaskPage:
+    f = front(request)
+    at = decode_cursor(cursor, "after")
+    args: dict[str, Any] = {"limit": limit}
+    if status:
+        args["status"] = status
+    if assignee:
+        args["assignee"] = assignee
+    if "after" in at:
+        if not isinstance(at["after"], str) or not re.match(ops.TASK_ID, at["after"]):
+            raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
+        args["after"] = at["after"]
+    rows = (await _read(f, "task.list", args)).get("tasks") or []
+    nxt = encode_cursor({"after": rows[-1]["id"]}) if len(rows) == limit and rows else None
+    return TaskPage(items=rows, next=nxt)
+
+
+@router.get("/tasks/{id}", response_model=TaskDetail, tags=["tasks"], summary="One task with its comments",
+            responses=responses(404))
+async def get_task(request: Request, id: str = TaskId, _=Depends(READ)) -> TaskDetail:
+    answer = await _read(front(request), "task.get", {"id": id})
+    if not answer.get("task"):
+        raise Problem(404, "not_found", f"no task {id}")
+    return TaskDetail(task=answer["task"], comments=answer.get("comments") or [])
+
+
+@router.post("/tasks", status_code=201, response_model=TaskDetail, tags=["tasks"],
+             summary="Open a task", responses=responses(404, 409))
+async def create_task(request: Request, body: TaskCreate, key: str | None = Depends(idempotency_key),
+                      _=Depends(WRITE)) -> TaskDetail:
+    _labels_ok(body.labels)
+    args = body.model_dump(exclude_none=True)
+    outcome = await _write(front(request), "task.create", args, key)
+    task = (outcome.get("result") or {}).get("task") or {}
+    return TaskDetail(task=task, comments=[])
+
+
+@router.patch("/tasks/{id}", response_model=TaskDetail, tags=["tasks"], summary="Change a task",
+              responses=responses(404, 409))
+async def change_task(request: Request, body: TaskChange, id: str = TaskId,
+                      key: str | None = Depends(idempotency_key), _=Depends(WRITE)) -> TaskDetail:
+    _labels_ok(body.labels)
+    args = {"id": id, **body.model_dump(exclude_unset=True)}
+    if args.get("assignee") is None and "assignee" in args:
+        args["assignee"] = ""
+    for k in [k for k, v in args.items() if v is None]:
+        del args[k]
+    outcome = await _write(front(request), "task.update", args, key)
+    task = (outcome.get("result") or {}).get("task") or {}
+    return TaskDetail(task=task, comments=[])
+
+
+@router.post("/tasks/{id}/comments", status_code=201, response_model=Comment, tags=["tasks"],
+             summary="Comment on a task", responses=responses(404, 409))
+async def comment(request: Request, body: CommentNew, id: str = TaskId,
+                  key: str | None = Depends(idempotency_key), _=Depends(WRITE)) -> Comment:
+    outcome = await _write(front(request), "task.comment", {"id": id, "body": body.body}, key)
+    return Comment(**((outcome.get("result") or {}).get("comment") or {}))
+
+
+# ------------------------------------------------------------------ pages
+
+@router.get("/pages", response_model=PageList, tags=["pages"], summary="Knowledge-base pages, by path")
+async def list_pages(request: Request, prefix: str = Query("", max_length=200),
+                     limit: int = Query(ops.LIST_DEFAULT, ge=1, le=ops.LIST_MAX),
+                     cursor: str | None = None, _=Depends(READ)) -> PageList:
+    at = decode_cursor(cursor, "after")
+    args: dict[str, Any] = {"limit": limit, "prefix": prefix}
+    if "after" in at:
+        if not isinstance(at["after"], str) or not re.match(ops.PAGE_PATH, at["after"]):
+            raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
+        args["after"] = at["after"]
+    rows = (await _read(front(request), "page.list", args)).get("pages") or []
+    nxt = encode_cursor({"after": rows[-1]["path"]}) if len(rows) == limit and rows else None
+    return PageList(items=rows, next=nxt)
+
+
+PagePath = Path(pattern=ops.PAGE_PATH, description="A page path, like ops/runbook")
+
+
+@router.get("/pages/{path:path}", response_model=Page, tags=["pages"], summary="One page with its body",
+            responses=responses(404))
+async def get_page(request: Request, path: str = PagePath, _=Depends(READ)) -> Page:
+    page = (await _read(front(request), "page.read", {"path": path})).get("page")
+    if not page:
+        raise Problem(404, "not_found", f"no page {path}")
+    return Page(**page)
+
+
+@router.put("/pages/{path:path}", response_model=Page, tags=["pages"], summary="Write a page (create or replace)",
+            responses=responses(409))
+async def put_page(request: Request, body: PageWrite, response: Response, path: str = PagePath,
+                   key: str | None = Depends(idempotency_key), _=Depends(WRITE)) -> Page:
+    outcome = await _write(front(request), "page.write", {"path": path, **body.model_dump(exclude_none=True)},
+                           key)
+    page = (outcome.get("result") or {}).get("page") or {}
+    if page.get("version") == 1:
+        response.status_code = 201
+    return Page(**page)
+
+
+# ------------------------------------------------------------------ search
+
+@router.get("/search", response_model=SearchResult, tags=["pages"], summary="Search the knowledge base")
+async def search(request: Request, q: str = Query(min_length=1, max_length=500, pattern=r"\S"),
+                 limit: int = Query(ops.SEARCH_DEFAULT, ge=1, le=ops.SEARCH_MAX), _=Depends(READ)) -> SearchResult:
+    f = front(request)
+    answer = await estate(f.router.search(q, limit, timeout=ESTATE_WAIT))
+    if f.metrics is not None:
+        f.metrics.router("search", "ok" if answer.searched else "unsearched")
+    return SearchResult(hits=list(answer.hits), searched=bool(answer.searched), node=answer.node,
+                        answers=dict(answer.answers or {}))

@@ -1,0 +1,128 @@
+"""The live feed: ``GET /v1/events`` (Server-Sent Events) and ``/v1/ws`` (WebSocket).
+
+Both carry the same events (:mod:`roles.ingress.feed`): first a ``snapshot``
+(the whole state: nodes, duties, seats, recent turns) unless the client came
+back with an id this feed still holds, then each change as it is seen.
+
+* SSE: ``Authorization: Bearer`` like every route; send ``Last-Event-ID`` (a
+  browser's EventSource does it by itself) to resume. A comment line every
+  :data:`KEEPALIVE` seconds keeps proxies from closing a quiet stream.
+* WebSocket: a browser cannot set headers on one, so the token may instead
+  be the first message, ``{"token": "...", "last_event_id": "..."}``, within
+  :data:`WS_AUTH_WAIT` seconds; each event is then one JSON message
+  ``{"id", "event", "data"}``. A refused token closes with code 4401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import APIRouter, Depends, Header, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import StreamingResponse
+
+from crewlet.tokens import Keyring
+from roles.ingress.auth import READ
+from roles.ingress.feed import Event, Subscription
+from roles.ingress.front import front
+from roles.ingress.problems import responses
+
+router = APIRouter(prefix="/v1", tags=["live"])
+
+KEEPALIVE = 15.0
+WS_AUTH_WAIT = 5.0
+WS_REFUSED = 4401     # the close code of a WebSocket whose token was refused
+
+
+def _opening(request_front, sub: Subscription) -> list[Event]:
+    """What a new subscription is sent first: what it missed, or a snapshot."""
+    if sub.missed is not None:
+        return sub.missed
+    p = request_front.projection
+    return [Event(p.feed.last_id, "snapshot", p.snapshot(), p.clock())]
+
+
+@router.get("/events", summary="The live feed (Server-Sent Events)", responses={
+    **responses(401, 403),
+    200: {"description": "An event stream: snapshot, then turn, node, seat, duty, copy, mailboxes, "
+                         "children and company events", "content": {"text/event-stream": {}}}},
+    response_class=StreamingResponse)
+async def events(request: Request, last_event_id: str | None = Header(None, alias="Last-Event-ID"),
+                 _=Depends(READ)) -> StreamingResponse:
+    f = front(request)
+    feed = f.projection.feed
+    sub = feed.subscribe(last_event_id)
+    opening = _opening(f, sub)
+
+    async def stream():
+        try:
+            yield b"retry: 1000\n\n"
+            for event in opening:
+                yield event.sse()
+            while True:
+                try:
+                    event = await asyncio.wait_for(sub.queue.get(), KEEPALIVE)
+                except asyncio.TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
+                if event is None:  # dropped for falling behind: the client resumes by id
+                    return
+                yield event.sse()
+        finally:
+            feed.unsubscribe(sub)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+@router.websocket("/ws")
+async def ws(socket: WebSocket) -> None:
+    f = socket.app.state.front
+    ring: Keyring = socket.app.state.keyring
+    await socket.accept()
+    header = socket.headers.get("authorization") or ""
+    token = header[7:].strip() if header.lower().startswith("bearer ") else None
+    last_id = None
+    if token is None:
+        try:
+            first = json.loads(await asyncio.wait_for(socket.receive_text(), WS_AUTH_WAIT))
+            token, last_id = first.get("token"), first.get("last_event_id")
+        except (asyncio.TimeoutError, ValueError, AttributeError, WebSocketDisconnect):
+            token = None
+    grant = ring.check(token) if isinstance(token, str) else None
+    if grant is None or "read" not in grant.scopes:
+        await socket.close(WS_REFUSED, "unauthorized: send {\"token\": ...} first, or Authorization")
+        return
+    feed = f.projection.feed
+    sub = feed.subscribe(last_id if isinstance(last_id, str) else None)
+    try:
+        for event in _opening(f, sub):
+            await socket.send_json(event.message())
+        receiving = asyncio.create_task(_drain(socket))
+        try:
+            while True:
+                getting = asyncio.create_task(sub.queue.get())
+                done, _ = await asyncio.wait({getting, receiving}, return_when=asyncio.FIRST_COMPLETED)
+                if receiving in done:
+                    getting.cancel()
+                    return
+                event = getting.result()
+                if event is None:
+                    await socket.close(1013, "fell behind: reconnect with the last id")
+                    return
+                await socket.send_json(event.message())
+        finally:
+            receiving.cancel()
+    except WebSocketDisconnect:
+        pass
+    finally:
+        feed.unsubscribe(sub)
+
+
+async def _drain(socket: WebSocket) -> None:
+    """Read (and ignore) what the client sends, until it goes."""
+    try:
+        while True:
+            await socket.receive_text()
+    except (WebSocketDisconnect, RuntimeError):
+        return

@@ -1,0 +1,55 @@
+"""What the API's routes reach: one :class:`Front` per ingress process.
+
+Made by :func:`roles.ingress.main` after the child connected, put on
+``app.state.front``; a route gets it with :func:`front`. Everything here
+uses the ingress child's own NATS connection: ingress never asks crewletd
+for anything but its own children and readiness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+
+from crewlet.company.model import Company
+from crewlet.config import NodeConfig
+from crewlet.tokens import Keyring
+from roles.ingress.problems import Problem
+
+
+@dataclass
+class Front:
+    cfg: NodeConfig
+    nc: Any                      # the child's NATS connection
+    js: Any                      # JetStream over it
+    mailboxes: Any               # crewlet.queue.jetstream.JetStreamMailboxes
+    router: Any                  # crewlet.estate.router.Router (EstateAccess's)
+    projection: Any              # roles.ingress.projection.Projection
+    control_plane: Any           # crewlet.coord.control_plane.ControlPlane (None until opened)
+    keyring: Keyring
+    zctx: Any = None             # the child's ZeroMQ context (crewletd's control socket)
+    company: Company | None = None
+    metrics: Any = None          # roles.ingress.metrics.Metrics
+
+    @property
+    def node_id(self) -> str:
+        return self.cfg.node.id
+
+    def need_company(self) -> Company:
+        if self.company is None:
+            raise Problem(503, "no_company", "no company is applied yet: POST /v1/company, or "
+                                             "crewletctl apply FILE", headers={"Retry-After": "5"})
+        return self.company
+
+    def need_seat(self, seat: str) -> str:
+        company = self.need_company()
+        if seat not in {s.name for s in company.seats}:
+            raise Problem(404, "no_such_seat", f"no seat named {seat!r} in company "
+                                               f"{company.company.name}")
+        return seat
+
+
+def front(request: Request) -> Front:
+    return request.app.state.front
