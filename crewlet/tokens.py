@@ -142,7 +142,7 @@ def ensure_admin_token(run_dir: str) -> tuple[str, bool]:
     except FileNotFoundError:
         pass
     token = new_token()
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, (token + "\n").encode())

@@ -78,13 +78,15 @@ class Fleet:
     """
 
     def __init__(self, cfg: NodeConfig, boot: str, publish: Callable[..., None],
-                 broadcast: Callable[[str, dict], None], seed: tuple | None = None, zctx=None):
+                 broadcast: Callable[[str, dict], None], seed: tuple | None = None, zctx=None,
+                 children: Callable[[], list[dict[str, Any]]] | None = None):
         self.cfg = cfg
         self.boot = boot
         self.publish = publish        # log an event and tell local subscribers
         self.broadcast = broadcast    # tell local subscribers only (big payloads)
         self.seed = seed              # (Company, source): applied if the fleet has none
         self.zctx = zctx              # crewletd's ZeroMQ context (this node's estate copy)
+        self.children = children      # this node's role children, in brief (told with the presence)
         self.estate: EstateAccess | None = None  # set once joined
         self.started_at = time.time()
         self.nc = None
@@ -123,7 +125,9 @@ class Fleet:
                 "labels": dict(node.labels), "version": crewlet.__version__,
                 "protocol": crewlet.PROTOCOL_VERSION, "boot": self.boot,
                 "max_concurrent": node.max_concurrent, "started_at": self.started_at,
-                "rev": (self.applied or {}).get("rev")}
+                "rev": (self.applied or {}).get("rev"),
+                # Each heartbeat: what peers' dashboards show of this node's children.
+                "children": self.children() if self.children is not None else None}
 
     # ------------------------------------------------------------ lifecycle
 

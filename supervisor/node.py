@@ -36,7 +36,7 @@ import zmq
 import zmq.asyncio
 
 import crewlet
-from crewlet import bus, ipc, log, runtime, sysd
+from crewlet import bus, ipc, log, runtime, sysd, tokens
 from crewlet.config import NodeConfig
 from crewlet.watchdog import Watchdog
 from roles import broker
@@ -134,7 +134,7 @@ class Node:
 
         async def setup() -> None:
             fleet["now"] = self.fleet = Fleet(self.cfg, self.boot, self.publish, self.broadcast,
-                                              seed=self.seed, zctx=self._ctx)
+                                              seed=self.seed, zctx=self._ctx, children=self.children_brief)
             await self.fleet.setup()
 
         async def run() -> None:
@@ -296,16 +296,29 @@ class Node:
         broker = ["broker"] if self.cfg.stream.type == "embedded" else []
         return broker + ["fleet"] + self.cfg.children()
 
-    def status(self) -> dict[str, Any]:
-        children = []
+    def children_brief(self) -> list[dict[str, Any]]:
+        """Each child's name, state, restarts and last exit: what this node's
+        presence tells the fleet (ingress's dashboards of other nodes show it)."""
+        return [{"name": c["name"], "state": c["state"], "pid": c.get("pid"),
+                 "restarts": c.get("restarts", 0), "last_exit": c.get("last_exit")}
+                for c in self._children_rows()]
+
+    def _children_rows(self) -> list[dict[str, Any]]:
+        """Every child this node should run, as its supervisor has it."""
+        rows = []
         current = {c["name"]: c for c in (self.root.children() if self.root else [])
                    if c["type"] == S.WORKER}
         for name in self.expected_children():
             # Not under a running supervisor (it is being started or restarted).
             c = current.get(name) or {"name": name, "type": S.WORKER, "pid": None,
                                       "state": "stopped", "uptime_s": None, "started_at": None}
-            c = {**c, "restarts": max(0, self._starts.get(name, 0) - 1),
-                 "last_exit": c.get("last_exit") or self._last_exit.get(name)}
+            rows.append({**c, "restarts": max(0, self._starts.get(name, 0) - 1),
+                         "last_exit": c.get("last_exit") or self._last_exit.get(name)})
+        return rows
+
+    def status(self) -> dict[str, Any]:
+        children = []
+        for c in self._children_rows():
             proc = self._stats.get(c["pid"]) if c["pid"] else None
             cpu, rss = None, None
             if proc is not None:
@@ -325,6 +338,7 @@ class Node:
                 "uptime_s": round(time.time() - self.started_at, 3),
                 "data_dir": self.cfg.data_dir, "config": self.cfg.source,
                 "broker": {"type": self.cfg.stream.type, "servers": bus.servers_of(self.cfg.stream)},
+                "api": self._api(),
                 "ready": self._ready and not self._stop.is_set(),
                 "stopping": self._stop.is_set(),
                 "cpu_percent": me.cpu_percent(None), "rss_bytes": me.memory_info().rss,
@@ -336,6 +350,17 @@ class Node:
                  "intensity": sup.flags.intensity, "period": sup.flags.period}
                 for sup in self._supervisors()],
         }
+
+    def _api(self) -> dict[str, Any] | None:
+        """Where this node's HTTP API and dashboard are, and where its first
+        token is kept (None: tokens are configured, or it has no ingress)."""
+        if "ingress" not in self.cfg.node.roles:
+            return None
+        ingress = self.cfg.ingress
+        host, _, port = ingress.listen.rpartition(":")
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        return {"url": f"http://{host}:{port}/",
+                "token_file": None if ingress.configured_tokens else tokens.admin_token_path(self.cfg.run_dir)}
 
     def _supervisors(self) -> list[Supervisor]:
         found, todo = [], [self.root] if self.root else []

@@ -233,6 +233,12 @@ def node_header(node: dict[str, Any]) -> Table:
     grid.add_row("broker", " ".join([str(broker.get("type") or NONE), *broker.get("servers", [])]))
     grid.add_row("config", str(node.get("config") or NONE))
     grid.add_row("data dir", str(node.get("data_dir") or NONE))
+    api = node.get("api")
+    if isinstance(api, dict):
+        where = f"{api.get('url')}  (dashboard; the API is /v1, its docs /docs)"
+        grid.add_row("api", where)
+        grid.add_row("api token", str(api["token_file"]) if api.get("token_file")
+                     else "configured (ingress.tokens)")
     return grid
 
 
