@@ -95,6 +95,7 @@ class Projection:
         self.copies: dict[str, dict[str, Any] | None] = {}
         self.sampled_at: float | None = None
         self._seen_turns: collections.OrderedDict[tuple, None] = collections.OrderedDict()
+        self._shown: dict[str, dict[str, Any]] = {}      # node key -> the row the feed last told
         self.on_turn: Callable[[dict[str, Any]], None] = lambda record: None  # each new record seen live
         holders.on_change = self._lease_changed
 
@@ -133,19 +134,30 @@ class Projection:
     # ------------------------------------------------------------- changes
 
     def _lease_changed(self, key: str, was, now) -> None:
+        """A lease appeared, moved, went — or was only renewed (a new revision):
+        the feed hears of what a reader would see change, not of renewals."""
         kind, _, name = key.partition(".")
+        holder = (now.node, now.token) if now is not None else None
+        before = (was.node, was.token) if was is not None else None
         if kind == "node":
-            if now is None and was is not None:
-                self.gone[name] = {**was.info, "gone_at": self.clock()}
-                self.feed.publish("node", {"id": name, "state": "gone", "gone_at": self.clock()})
-            elif now is not None:
-                self.gone.pop(name, None)
-                self.feed.publish("node", self._node_row(name, now))
-        elif kind == "seat":
-            self.feed.publish("seat", {"seat": name, "owner": now.node if now else None,
-                                       "token": now.token if now else None})
-        elif kind == "duty":
-            self.feed.publish("duty", {"name": name, "node": now.node if now else None})
+            if now is None:
+                if was is not None:
+                    self.gone[name] = {**was.info, "gone_at": self.clock()}
+                    self._shown.pop(key, None)
+                    self.feed.publish("node", {"id": name, "state": "gone", "gone_at": self.clock()})
+                return
+            self.gone.pop(name, None)
+            row = self._node_row(name, now)
+            if self._shown.get(key) != row:  # a renewal that changed nothing shown is not news
+                self._shown[key] = row
+                self.feed.publish("node", row)
+        elif before != holder:
+            if kind == "seat":
+                self.feed.publish("seat", {"seat": name, "owner": now.node if now else None,
+                                           "token": now.token if now else None})
+            elif kind == "duty":
+                self.feed.publish("duty", {"name": name, "node": now.node if now else None,
+                                           "token": now.token if now else None})
 
     async def _turn_seen(self, msg) -> None:
         try:
@@ -253,25 +265,27 @@ class Projection:
         return {"name": c["company"]["company"]["name"], "rev": c.get("rev"), "epoch": c.get("epoch"),
                 "digest": c.get("digest"), "seats": len(self.seat_names)}
 
-    def _node_row(self, node: str, owner) -> dict[str, Any]:
+    def _node_row(self, node: str, owner, seats: dict | None = None,
+                  duties: dict | None = None) -> dict[str, Any]:
+        """A live node as the API and the feed show it (*seats*, *duties*: the
+        leases, when the caller has them listed already)."""
         info = dict(owner.info)
         children = self.children if node == self.node_id else info.get("children")
+        seats = self.holders.of("seat.") if seats is None else seats
+        duties = self.holders.of("duty.") if duties is None else duties
         return {"id": node, "state": "up", "roles": info.get("roles") or [],
                 "broker": info.get("broker"), "labels": info.get("labels") or {},
                 "version": info.get("version"), "started_at": info.get("started_at"),
                 "rev": info.get("rev"), "max_concurrent": info.get("max_concurrent"),
-                "children": children, "copy": self.copies.get(node), "gone_at": None}
+                "children": children, "copy": self.copies.get(node), "gone_at": None,
+                "seats": sum(1 for o in seats.values() if o.node == node),
+                "duties": sorted(k.removeprefix("duty.") for k, o in duties.items() if o.node == node)}
 
     def nodes(self) -> list[dict[str, Any]]:
         live = {k.removeprefix("node."): o for k, o in self.holders.of("node.").items()}
         seats = self.holders.of("seat.")
         duties = self.holders.of("duty.")
-        rows = []
-        for node, owner in live.items():
-            row = self._node_row(node, owner)
-            row["seats"] = sum(1 for o in seats.values() if o.node == node)
-            row["duties"] = sorted(k.removeprefix("duty.") for k, o in duties.items() if o.node == node)
-            rows.append(row)
+        rows = [self._node_row(node, owner, seats, duties) for node, owner in live.items()]
         for node, info in self.gone.items():
             if node not in live:
                 rows.append({"id": node, "state": "gone", "roles": info.get("roles") or [],
