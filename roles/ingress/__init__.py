@@ -118,16 +118,14 @@ async def main(ctx: RoleContext) -> None:
 
 
 def _known(front: Front):
-    def known(seat: str) -> bool:
-        return front.company is not None and any(s.name == seat for s in front.company.seats)
-    return known
+    return lambda seat: seat in front.seat_names
 
 
 async def _follow_company(ctx: RoleContext, front: Front) -> None:
     seeded = False
     async for current in ctx.companies():
         try:
-            front.company = Company.model_validate(current["company"])
+            front.set_company(Company.model_validate(current["company"]))
         except Exception as exc:  # crewletd validated it; a mismatch is a bug to see, not to die of
             log.event("ingress_company_refused", "error", error=f"{type(exc).__name__}: {exc}")
             continue

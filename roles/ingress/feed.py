@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import json
 import secrets
@@ -41,8 +42,9 @@ class Event:
     data: dict[str, Any]
     at: float
 
+    @functools.cached_property
     def sse(self) -> bytes:
-        """The event as a Server-Sent Events block."""
+        """The event as a Server-Sent Events block: encoded once, however many read it."""
         return (f"id: {self.id}\nevent: {self.kind}\ndata: "
                 f"{json.dumps(self.data, separators=(',', ':'), default=str)}\n\n").encode()
 

@@ -31,6 +31,7 @@ class Front:
     keyring: Keyring
     zctx: Any = None             # the child's ZeroMQ context (crewletd's control socket)
     company: Company | None = None
+    seat_names: frozenset[str] = frozenset()  # the company's seats (a lookup per request, at any size)
     metrics: Any = None          # roles.ingress.metrics.Metrics
 
     @property
@@ -43,9 +44,13 @@ class Front:
                                              "crewletctl apply FILE", headers={"Retry-After": "5"})
         return self.company
 
+    def set_company(self, company: Company) -> None:
+        self.company = company
+        self.seat_names = frozenset(s.name for s in company.seats)
+
     def need_seat(self, seat: str) -> str:
         company = self.need_company()
-        if seat not in {s.name for s in company.seats}:
+        if seat not in self.seat_names:
             raise Problem(404, "no_such_seat", f"no seat named {seat!r} in company "
                                                f"{company.company.name}")
         return seat
