@@ -58,7 +58,7 @@ async def events(request: Request, last_event_id: str | None = Header(None, alia
         try:
             yield b"retry: 1000\n\n"
             for event in opening:
-                yield event.sse()
+                yield event.sse
             while True:
                 try:
                     event = await asyncio.wait_for(sub.queue.get(), KEEPALIVE)
@@ -67,7 +67,7 @@ async def events(request: Request, last_event_id: str | None = Header(None, alia
                     continue
                 if event is None:  # dropped for falling behind: the client resumes by id
                     return
-                yield event.sse()
+                yield event.sse
         finally:
             feed.unsubscribe(sub)
 
