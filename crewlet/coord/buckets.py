@@ -31,7 +31,7 @@ leases     node.<id>, seat.<id>, duty.<name>, conv.<id>    who is alive, who run
 config     rev.<n>, active                                 company revisions, the epoch
 status     node.<id>, estate.<id>, evicted.<id>            revision reached, estate copy, eviction
 ledger     <trigger id>                                    has a trigger been worked
-claims     <integration>.<delivery id>                     inbound delivery dedupe
+claims     <integration>.<delivery id>                     delivery dedupe, a week
 cooldowns  <provider>.<key id>                             provider key cooling
 rate       <valve>                                         the notification valve
 budgets    org, seat.<id>                                  token spend against caps
@@ -60,13 +60,17 @@ class Bucket:
     history: int = 1
     # Seconds a limit marker (an expiry, seen by watchers as a PURGE) stays.
     limit_marker_ttl: float | None = None
+    # Seconds a key lives past its last write (the stream's max_age); None: for ever.
+    max_age: float | None = None
 
 
 LEASES = Bucket("leases", limit_marker_ttl=60)
 CONFIG = Bucket("config")
 STATUS = Bucket("status")
 LEDGER = Bucket("ledger")
-CLAIMS = Bucket("claims")
+# A delivery id is remembered a week: senders retry within hours (GitHub's
+# redeliveries, Slack's three retries); one posted again later is new mail.
+CLAIMS = Bucket("claims", max_age=7 * 86400)
 COOLDOWNS = Bucket("cooldowns")
 RATE = Bucket("rate")
 BUDGETS = Bucket("budgets")
@@ -97,8 +101,16 @@ async def ensure(js: JetStreamContext, bucket: Bucket, replicas: int) -> KeyValu
         # Direct gets are ~25 % faster and answer from any replica (DESIGN §4).
         kv = await js.create_key_value(bucket=bucket.name, history=bucket.history,
                                        replicas=replicas, direct=True,
-                                       limit_marker_ttl=bucket.limit_marker_ttl)
-    await limit_consumers(js, stream(bucket.name), MAX_WATCHES)
+                                       limit_marker_ttl=bucket.limit_marker_ttl,
+                                       ttl=bucket.max_age)
+    info = await js.stream_info(stream(bucket.name))
+    if bucket.max_age and not info.config.max_age:
+        # A bucket made before it had an age limit: nothing on the broker may
+        # grow with time (the claims of issue 11's webhooks would).
+        info.config.max_age = bucket.max_age
+        await js.update_stream(info.config)
+        log.event("bucket_aged", stream=info.config.name, max_age=bucket.max_age)
+    await limit_consumers(js, stream(bucket.name), MAX_WATCHES, info)
     return kv
 
 
