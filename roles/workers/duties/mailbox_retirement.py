@@ -37,7 +37,7 @@ GRACE_INTERVALS = 5
 async def run(ctx) -> None:
     mailboxes = JetStreamMailboxes(ctx.role.jetstream(), ctx.role.nats)
     dropped_since: dict[str, float] = {}  # seat -> when this duty first saw it dropped
-    last_trim = 0.0
+    last_trim: float | None = None  # monotonic; None: not yet (the first pass trims)
     while True:
         company = ctx.company()
         if company is not None:
@@ -59,7 +59,7 @@ async def run(ctx) -> None:
             for seat in list(dropped_since):
                 if seat not in existing or seat in current:
                     dropped_since.pop(seat)  # gone, or back in the company
-            if time.monotonic() - last_trim >= TRIM_EVERY:
+            if last_trim is None or time.monotonic() - last_trim >= TRIM_EVERY:
                 last_trim = time.monotonic()
                 await _trim(mailboxes, sorted(existing & current))
         await asyncio.sleep(ctx.interval)
