@@ -30,15 +30,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from typing import Any, Callable
 
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, KeyWrongLastSequenceError, NotFoundError
 
 from crewlet import groups, log
 from crewlet.bus import MAX_READERS, publish_until
 from crewlet.coord import buckets
 from crewlet.queue.base import MailboxError
+from crewlet.queue.jetstream import api_prefix, create_consumer
 
 STREAM = "NOTIFY"
 SUBJECT = "notify."                # + integration
@@ -48,6 +50,7 @@ KEEP_DAYS = 7                      # a delivery not made into mail by then is dr
 ACK_WAIT = 30.0                    # a node that died holding a delivery: it comes back after this
 RETRY_DELAY = 5.0                  # a mailbox that would not take it: asked again after this
 BATCH = 32
+MAX_ACK_PENDING = 1000
 FETCH_WAIT = 5.0
 STORE_PATIENCE = 10.0              # seconds a store is resent while unanswered (leader election)
 # Claim states (the claims bucket's value, JSON).
@@ -57,6 +60,18 @@ _ERR_STREAM_NAME_IN_USE = 10058
 
 def claim_key(integration: str, delivery: str) -> str:
     return f"{integration}.{delivery}"
+
+
+# The claims bucket's handle per JetStream context: opening one asks the
+# stream for its info, a round trip per delivery otherwise (bench/api.py).
+_claims: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+async def _claims_kv(js):
+    kv = _claims.get(js)
+    if kv is None:
+        kv = _claims[js] = await js.key_value(buckets.CLAIMS.name)
+    return kv
 
 
 def stream_config(replicas: int) -> StreamConfig:
@@ -83,7 +98,7 @@ async def ensure_stream(js, replicas: int) -> None:
 async def claim(js, integration: str, delivery: str, *, node: str, seat: str) -> str | None:
     """Claim *delivery* of *integration*: None if this call made the claim,
     else the state the claim already had (:data:`CLAIMED` or :data:`STORED`)."""
-    kv = await js.key_value(buckets.CLAIMS.name)
+    kv = await _claims_kv(js)
     key = claim_key(integration, delivery)
     value = json.dumps({"state": CLAIMED, "node": node, "seat": seat, "at": time.time()}).encode()
     try:
@@ -105,7 +120,7 @@ async def claim(js, integration: str, delivery: str, *, node: str, seat: str) ->
 
 
 async def mark_stored(js, integration: str, delivery: str, *, node: str, seat: str) -> None:
-    kv = await js.key_value(buckets.CLAIMS.name)
+    kv = await _claims_kv(js)
     await kv.put(claim_key(integration, delivery),
                  json.dumps({"state": STORED, "node": node, "seat": seat, "at": time.time()}).encode())
 
@@ -119,41 +134,51 @@ async def store(js, integration: str, delivery: str, seat: str, text: str) -> bo
     return bool(getattr(ack, "duplicate", False))
 
 
-async def deliver(js, mailboxes, *, roles, stopping: Callable[[], bool],
+async def deliver(js, nc, mailboxes, *, roles, stopping: Callable[[], bool],
                   known: Callable[[str], bool], on_mail: Callable[[str, str], Any] = lambda i, s: None) -> None:
     """Be one of the :data:`~crewlet.groups.NOTIFY` group: make each stored
     delivery mail to its seat, until *stopping*. *known* says whether a seat
-    is still in the company (a delivery for a removed seat is dropped, logged)."""
+    is still in the company (a delivery for a removed seat is dropped, logged).
+
+    The group's consumer is created with ``action: create`` (never silently
+    updating one another node made, DESIGN §4) and then bound to."""
     groups.check_attach(groups.NOTIFY, roles)
     name = groups.durable(groups.NOTIFY)
-    config = ConsumerConfig(durable_name=name, ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT,
-                            deliver_policy=DeliverPolicy.ALL, max_ack_pending=1000)
-    psub = None
+    config = {"name": name, "durable_name": name, "deliver_policy": "all", "ack_policy": "explicit",
+              "ack_wait": int(ACK_WAIT * 1e9), "max_ack_pending": MAX_ACK_PENDING,
+              "replay_policy": "instant", "num_replicas": 0}  # 0: the stream's replicas
     pause = 0.2
+    failing = False  # logged once per spell of failures (the stream is made after we start)
     while not stopping():
+        psub = None
         try:
-            if psub is None:
-                await ensure_stream_existing(js)
-                psub = await js.pull_subscribe(SUBJECT + ">", durable=name, stream=STREAM, config=config)
-                log.event("notify_attached", consumer=name)
-            try:
-                msgs = await psub.fetch(BATCH, timeout=FETCH_WAIT)
-            except asyncio.TimeoutError:
-                continue
-            for msg in msgs:
-                await _one(msg, mailboxes, known, on_mail)
-            pause = 0.2
+            await js.stream_info(STREAM)
+            if await create_consumer(nc, api_prefix(js), STREAM, config):
+                log.event("notify_consumer_created", consumer=name)
+            psub = await js.pull_subscribe_bind(durable=name, stream=STREAM)
+            log.event("notify_attached", consumer=name)
+            pause, failing = 0.2, False
+            while not stopping():
+                try:
+                    msgs = await psub.fetch(BATCH, timeout=FETCH_WAIT)
+                except asyncio.TimeoutError:
+                    continue
+                for msg in msgs:
+                    await _one(msg, mailboxes, known, on_mail)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # no stream yet, a leader moving: try again
-            log.event("notify_failed", "warning", error=f"{type(exc).__name__}: {exc}")
-            psub = None
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 5.0)
-
-
-async def ensure_stream_existing(js) -> None:
-    await js.stream_info(STREAM)
+            if not failing:
+                log.event("notify_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+            failing = True
+        finally:
+            if psub is not None:
+                try:
+                    await psub.unsubscribe()
+                except Exception:
+                    pass
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 5.0)
 
 
 async def _one(msg, mailboxes, known: Callable[[str], bool], on_mail) -> None:

@@ -98,7 +98,7 @@ async def main(ctx: RoleContext) -> None:
         asyncio.create_task(projection.run(), name="projection"),
         asyncio.create_task(_follow_company(ctx, front), name="company"),
         asyncio.create_task(_open_control_plane(front), name="control plane"),
-        asyncio.create_task(notify.deliver(js, front.mailboxes, roles=cfg.node.roles,
+        asyncio.create_task(notify.deliver(js, ctx.nats, front.mailboxes, roles=cfg.node.roles,
                                            stopping=ctx.stopping.is_set, known=_known(front),
                                            on_mail=lambda i, s: front.metrics.webhook(i, "mailed")),
                             name="notify"),
