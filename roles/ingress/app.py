@@ -11,6 +11,12 @@
 Around every request: bodies past ``ingress.max_body`` are a 413 before a
 route reads them; every error is ``application/problem+json``
 (:mod:`roles.ingress.problems`); CORS only for ``ingress.cors_origins``.
+
+The OpenAPI document says so too (:func:`_document_problems`): FastAPI's own
+422 (``application/json``, its ``HTTPValidationError``) is replaced by the
+problem it really is, an error is documented as ``application/problem+json``
+only (FastAPI adds ``application/json`` beside it), and every operation that
+takes a body may answer 413.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 import crewlet
@@ -65,7 +72,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooBig()
+                    raise _TooBig(self._detail())
             return message
 
         try:
@@ -73,13 +80,42 @@ class BodyLimit:
         except _TooBig:
             await too_big(scope, receive, send)
 
+    def _detail(self) -> str:
+        return f"the body is larger than this node takes ({self.limit} bytes: ingress.max_body)"
+
     def _problem(self) -> Response:
-        return problem_response(413, "body_too_large", f"the body is larger than this node takes "
-                                                       f"({self.limit} bytes: ingress.max_body)")
+        return problem_response(413, "body_too_large", self._detail())
 
 
-class _TooBig(Exception):
-    pass
+class _TooBig(StarletteHTTPException):
+    """Raised by a chunked body's receive once it passes the limit. An HTTP
+    exception, so FastAPI's body parsing lets it through (anything else it
+    answers as a 400 "error parsing the body") and the app's handler answers
+    it as the 413 problem (:mod:`roles.ingress.problems`)."""
+
+    def __init__(self, detail: str):
+        super().__init__(413, detail)
+
+
+def _document_problems(doc: dict) -> dict:
+    """*doc*, the generated OpenAPI document, saying what the app answers around
+    the routes: validation errors as problems, a 413 wherever a body is taken."""
+    problem = {k: v for k, v in problems.responses(422)[422].items() if k != "model"}
+    too_big = {k: v for k, v in problems.responses(413)[413].items() if k != "model"}
+    for operations in doc.get("paths", {}).values():
+        for operation in operations.values():
+            answers = operation.get("responses", {})
+            if "422" in answers and problems.MEDIA_TYPE not in answers["422"].get("content", {}):
+                answers["422"] = problem
+            for answer in answers.values():
+                if problems.MEDIA_TYPE in answer.get("content", {}):
+                    answer["content"].pop("application/json", None)
+            if "requestBody" in operation:
+                answers.setdefault("413", too_big)
+    schemas = doc.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    return doc
 
 
 def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) -> FastAPI:
@@ -93,6 +129,18 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
     app.state.front = front
     app.state.keyring = keyring
     problems.install(app)
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = _document_problems(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi
+    # Inside observe (a middleware added later wraps it): observe's receive runs the
+    # route's in a task group, which would hand a chunked body's 413 to FastAPI as an
+    # ExceptionGroup (answered 400 "error parsing the body"); and so 413s are observed.
+    app.add_middleware(BodyLimit, limit=cfg.ingress.max_body)
 
     @app.middleware("http")
     async def observe(request: Request, call_next):
@@ -136,6 +184,9 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
 
     for router in ROUTERS:
         app.include_router(router)
+    # FastAPI keeps included routers whole (not their routes): what a 405's Allow names.
+    app.state.route_methods = [(route.path_regex, route.methods) for router in ROUTERS
+                               for route in router.routes if getattr(route, "methods", None)]
 
     @app.get("/", include_in_schema=False)
     async def root() -> Response:
@@ -147,5 +198,4 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
                            allow_methods=["GET", "POST", "PUT", "PATCH"],
                            allow_headers=["Authorization", "Content-Type", "Idempotency-Key",
                                           "Last-Event-ID"])
-    app.add_middleware(BodyLimit, limit=cfg.ingress.max_body)
     return app

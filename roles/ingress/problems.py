@@ -6,7 +6,9 @@ machine ``code`` (stable, snake_case: what a client branches on) and a human
 along (``answers``: what each data node said, for a 503 of the estate).
 
 The handlers installed by :func:`install` turn everything else into one too:
-FastAPI's validation errors (422, naming each field), Starlette's 404/405,
+FastAPI's validation errors (422, naming each field), Starlette's 404/405
+(a 405's ``Allow`` names every method of the path, not only one route's:
+``app.state.route_methods``, ``[(path regex, methods)]``, set by the app),
 and any other exception (500, logged with its traceback; the body says only
 that it is a bug, never the exception's text).
 """
@@ -84,9 +86,17 @@ def _field(loc: tuple) -> str:
     return ".".join(str(p) for p in loc)
 
 
+def _error(e: dict[str, Any]) -> dict[str, str]:
+    loc = tuple(e.get("loc") or ())
+    if e.get("type") == "json_invalid":  # loc is ("body", <character>): not a field
+        where = f" at character {loc[1]}" if len(loc) > 1 else ""
+        why = (e.get("ctx") or {}).get("error") or e.get("msg")
+        return {"field": "the body", "problem": f"not JSON: {why}{where}"}
+    return {"field": _field(loc), "problem": str(e.get("msg"))}
+
+
 def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = [{"field": _field(tuple(e.get("loc") or ())), "problem": str(e.get("msg"))}
-              for e in exc.errors()]
+    errors = [_error(e) for e in exc.errors()]
     detail = "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:5])
     if len(errors) > 5:
         detail += f" (+{len(errors) - 5} more)"
@@ -97,15 +107,29 @@ def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     detail = exc.detail if isinstance(exc.detail, str) else _title(exc.status_code)
     if exc.status_code == 404 and detail == "Not Found":
         detail = f"no such route: {request.method} {request.url.path}"
-    elif exc.status_code == 405:
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405:
         detail = f"{request.method} is not allowed on {request.url.path}"
+        # Starlette's Allow is the first matching route's methods: a path served by two
+        # routes (GET and POST /v1/company) would advertise only one of them.
+        headers["Allow"] = _allowed(request) or headers.get("Allow", "")
     return problem_response(exc.status_code, _HTTP_CODES.get(exc.status_code, "error"), detail,
-                            headers=getattr(exc, "headers", None))
+                            headers=headers or None)
+
+
+def _allowed(request: Request) -> str:
+    methods: set[str] = set()
+    for regex, allowed in getattr(request.app.state, "route_methods", ()):
+        if regex.match(request.scope["path"]):
+            methods |= set(allowed)
+    return ", ".join(sorted(methods))
 
 
 def _bug(request: Request, exc: Exception) -> JSONResponse:
+    # From the exception: a handler runs outside the except block, where format_exc()
+    # has nothing ("NoneType: None").
     log.event("api_internal_error", "error", method=request.method, path=request.url.path,
-              error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+              error=f"{type(exc).__name__}: {exc}", traceback="".join(traceback.format_exception(exc)))
     return problem_response(500, "internal", "the API failed on this request: a bug, logged on the "
                                              "node; nothing was changed unless the route says otherwise")
 

@@ -1,4 +1,11 @@
-"""What the route modules share: cursors, Idempotency-Key, estate errors."""
+"""What the route modules share: cursors, Idempotency-Key, estate errors.
+
+A cursor is opaque: only the ``next`` of a page is one, and anything else is
+a 400 ``bad_cursor`` (never a 422 or a 5xx), so its documented pattern is
+documentation only (``json_schema_extra``), not a check that would answer
+422 first. The Idempotency-Key is documented the same way: a bad one is a
+400 ``bad_idempotency_key``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import json
 import re
 from typing import Any, Awaitable, TypeVar
 
-from fastapi import Header
+from fastapi import Header, Query
 
 from crewlet.estate.ops import OpError
 from crewlet.estate.router import BadRequest, NobodyAnswered, OutcomeUnknown
@@ -19,6 +26,21 @@ T = TypeVar("T")
 KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 # Seconds a route gives the estate router (it asks data nodes in turn within it).
 ESTATE_WAIT = 15.0
+# Characters of a cursor: ours are a few dozen. A longer one is not ours, and is
+# not decoded (deeply nested JSON would blow the parser's recursion limit: a 500).
+CURSOR_MAX = 1000
+# The largest sequence a cursor or a path may name: JetStream's and the estate
+# log's are uint64; past it the broker or the store refuses the request (a 503).
+SEQ_MAX = 2**64 - 1
+# The largest integer a request may carry (a rev, a version, a dead letter's seq):
+# exact in every JSON parser (JavaScript's Number.MAX_SAFE_INTEGER), where SEQ_MAX
+# is not, and far past any the estate or the broker will reach. Unbounded, an int
+# past uint64 failed the op's msgpack (a 503) or the broker's request (a 503).
+INT_MAX = 2**53 - 1
+
+CURSOR = Query(None, description="The `next` of the previous page, unchanged (none or empty: the first "
+                                  "page); anything else is a 400 `bad_cursor`",
+               json_schema_extra={"pattern": "^[A-Za-z0-9_-]*$", "maxLength": CURSOR_MAX})
 
 
 def encode_cursor(position: dict[str, Any]) -> str:
@@ -32,19 +54,30 @@ def decode_cursor(cursor: str | None, *keys: str) -> dict[str, Any]:
     if not cursor:
         return {}
     try:
+        if len(cursor) > CURSOR_MAX:
+            raise ValueError
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         position = json.loads(raw)
         if not isinstance(position, dict) or set(position) - set(keys):
             raise ValueError
-    except ValueError:
+    except (ValueError, RecursionError):
         raise Problem(400, "bad_cursor", "cursor is not one this listing gave out: pass the `next` "
                                          "of the previous page unchanged") from None
     return position
 
 
+def seq_at(position: dict[str, Any], key: str, low: int = 1, high: int = SEQ_MAX) -> int:
+    """The sequence a cursor's *key* holds; 400 unless an int in ``low..high``."""
+    value = position[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
+    return value
+
+
 def idempotency_key(key: str | None = Header(None, alias="Idempotency-Key",
                                              description="Makes a retry of this write land once: "
-                                                         "1-100 of A-Z, a-z, 0-9, '_', '-'")) -> str | None:
+                                                         "1-100 of A-Z, a-z, 0-9, '_', '-'",
+                                             json_schema_extra={"pattern": KEY_RE.pattern})) -> str | None:
     if key is not None and not KEY_RE.match(key):
         raise Problem(400, "bad_idempotency_key", "Idempotency-Key must be 1-100 of A-Z, a-z, 0-9, "
                                                   "'_' or '-'")

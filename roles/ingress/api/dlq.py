@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from crewlet.estate import ops
 from crewlet.queue.base import MailboxError
-from roles.ingress.api.common import decode_cursor, encode_cursor
+from roles.ingress.api.common import CURSOR, INT_MAX, SEQ_MAX, decode_cursor, encode_cursor, seq_at
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import front
 from roles.ingress.problems import Problem, responses
@@ -40,16 +40,17 @@ class Requeued(BaseModel):
     seat: str | None = None
 
 
-@router.get("/dlq", response_model=DeadLetterPage, summary="Dead letters, oldest first")
+@router.get("/dlq", response_model=DeadLetterPage, summary="Dead letters, oldest first",
+            responses=responses(400, 404))
 async def list_dead(request: Request, seat: str | None = Query(None, pattern=ops.SEAT_NAME),
-                    limit: int = Query(100, ge=1, le=500), cursor: str | None = None,
+                    limit: int = Query(100, ge=1, le=500), cursor: str | None = CURSOR,
                     _=Depends(READ)) -> DeadLetterPage:
     f = front(request)
     if seat is not None:
         f.need_seat(seat)
-    after = decode_cursor(cursor, "after").get("after", 0)
-    if not isinstance(after, int) or after < 0:
-        raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
+    at = decode_cursor(cursor, "after")
+    # The listing reads from after + 1, which must be a sequence the broker takes.
+    after = seq_at(at, "after", low=0, high=SEQ_MAX - 1) if "after" in at else 0
     try:
         letters = await f.mailboxes.dead_letters(seat, limit=limit + 1, after=after)
     except MailboxError as exc:
@@ -62,7 +63,7 @@ async def list_dead(request: Request, seat: str | None = Query(None, pattern=ops
 
 @router.post("/dlq/{seq}/requeue", response_model=Requeued, summary="Put a dead letter back in its mailbox",
              responses=responses(404))
-async def requeue(request: Request, seq: int = Path(ge=1), _=Depends(WRITE)) -> Requeued:
+async def requeue(request: Request, seq: int = Path(ge=1, le=INT_MAX), _=Depends(WRITE)) -> Requeued:
     f = front(request)
     try:
         new = await f.mailboxes.requeue(seq)

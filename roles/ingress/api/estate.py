@@ -2,32 +2,43 @@
 
 Exactly as a seat's tools reach the estate (DESIGN §10): this node's copy
 when it is in service, else a peer's; nobody answering is a 503 naming what
-each data node said; a search nobody could run is ``searched: false``.
+each data node said; a search nobody could run is ``searched: false``, and
+one with no word to look for (no letter or digit: ``?!``) matches nothing, so
+it answers no hits without asking anybody (the document cannot say "a letter
+or digit" the same way to every regex engine; "not only spaces" it can).
 Writes are ops issued by the operator (``operator@<node>``); an
-``Idempotency-Key`` is the op's id, so the same request sent again lands
-once and answers the first outcome.
+``Idempotency-Key`` names the op, with the op's kind and the task or page it
+writes, so the same request sent again lands once and answers the first
+outcome, and the same key sent with another kind of write is another op (not
+the first one's outcome, in a shape the route does not answer).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from crewlet.estate import ops
-from roles.ingress.api.common import (ESTATE_WAIT, decode_cursor, encode_cursor, estate,
-                                      idempotency_key, refused)
+from crewlet.estate.search import fts_query
+from roles.ingress.api.common import (CURSOR, ESTATE_WAIT, INT_MAX, SEQ_MAX, decode_cursor,
+                                      encode_cursor, estate, idempotency_key, refused, seq_at)
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import Front, front
 from roles.ingress.problems import Problem, responses
 
-router = APIRouter(prefix="/v1", responses=responses(401, 403, 422, 503))
+# 400: a cursor this listing did not give out, a bad Idempotency-Key, a body that is
+# not JSON, or a request the estate router refuses as malformed. A write's WRITE comes
+# before its Idempotency-Key: dependencies run in order, and a token is checked first.
+router = APIRouter(prefix="/v1", responses=responses(400, 401, 403, 422, 503))
 
 Status = Literal["open", "doing", "blocked", "done", "cancelled"]
 SeatName = Field(pattern=ops.SEAT_NAME)
 TaskId = Path(pattern=ops.TASK_ID, description="A task id, like T12")
+# A label, as the tracker takes them (the document says so, not only the route).
+Label = Annotated[str, Field(min_length=1, max_length=100)]
 
 
 class _Open(BaseModel):
@@ -96,7 +107,7 @@ class TaskCreate(BaseModel):
     body: str = Field("", max_length=ops.TASK_BODY_MAX)
     status: Status = "open"
     assignee: str | None = Field(None, pattern=ops.SEAT_NAME)
-    labels: list[str] = Field(default_factory=list, max_length=50)
+    labels: list[Label] = Field(default_factory=list, max_length=50)
     parent: str | None = Field(None, pattern=ops.TASK_ID)
 
 
@@ -106,8 +117,9 @@ class TaskChange(BaseModel):
     body: str | None = Field(None, max_length=ops.TASK_BODY_MAX)
     status: Status | None = None
     assignee: str | None = Field(None, description="A seat, or \"\" to unassign", pattern=r"^$|" + ops.SEAT_NAME)
-    labels: list[str] | None = Field(None, max_length=50)
-    expect_rev: int | None = Field(None, ge=1, description="Refused (409) unless the task is at this rev")
+    labels: list[Label] | None = Field(None, max_length=50)
+    expect_rev: int | None = Field(None, ge=1, le=INT_MAX,
+                                   description="Refused (409) unless the task is at this rev")
 
 
 class CommentNew(BaseModel):
@@ -119,7 +131,8 @@ class PageWrite(BaseModel):
     model_config = ConfigDict(extra="forbid")
     title: str = Field(min_length=1, max_length=ops.TITLE_MAX)
     body: str = Field(max_length=ops.PAGE_BODY_MAX)
-    expect_version: int | None = Field(None, ge=1, description="Refused (409) unless the page is at this version")
+    expect_version: int | None = Field(None, ge=1, le=INT_MAX,
+                                       description="Refused (409) unless the page is at this version")
 
 
 class Written(_Open):
@@ -127,13 +140,11 @@ class Written(_Open):
     seq: int | None = None
 
 
-def _labels_ok(labels: list[str] | None) -> None:
-    if labels and any(not 1 <= len(x) <= 100 for x in labels):
-        raise Problem(422, "invalid", "body.labels: each label is 1-100 characters")
-
-
 async def _write(f: Front, kind: str, args: dict[str, Any], key: str | None) -> dict[str, Any]:
-    op = ops.make_op(kind, args, node=f.node_id, id=ops.op_id("api", key) if key else None)
+    # The key alone would make a task.create and a later page.write under it one op:
+    # the page route would be answered the task's outcome.
+    target = str(args.get("id") or args.get("path") or "")
+    op = ops.make_op(kind, args, node=f.node_id, id=ops.op_id("api", kind, target, key) if key else None)
     outcome = await estate(f.router.write(op, timeout=ops_wait(kind)))
     if f.metrics is not None:
         f.metrics.router("write", "ok" if outcome.get("ok") else "refused")
@@ -164,7 +175,7 @@ async def _read(f: Front, query: str, args: dict[str, Any]) -> dict[str, Any]:
 async def turns(request: Request, seat: str | None = Query(None, pattern=ops.SEAT_NAME),
                 since: float | None = Query(None, ge=0, description="Only turns started at or after "
                                                                       "this unix time"),
-                limit: int = Query(50, ge=1, le=ops.LIST_MAX), cursor: str | None = None,
+                limit: int = Query(50, ge=1, le=ops.LIST_MAX), cursor: str | None = CURSOR,
                 _=Depends(READ)) -> TurnPage:
     f = front(request)
     at = decode_cursor(cursor, "before")
@@ -174,9 +185,7 @@ async def turns(request: Request, seat: str | None = Query(None, pattern=ops.SEA
     if since is not None:
         args["since"] = since
     if "before" in at:
-        if not isinstance(at["before"], int) or at["before"] < 1:
-            raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
-        args["before"] = at["before"]
+        args["before"] = seq_at(at, "before")
     rows = (await _read(f, "turn.list", args)).get("turns") or []
     last = rows[-1].get("seq") if len(rows) == limit and rows else None
     return TurnPage(items=rows, next=encode_cursor({"before": last}) if isinstance(last, int) else None)
@@ -188,7 +197,7 @@ async def turns(request: Request, seat: str | None = Query(None, pattern=ops.SEA
 async def list_tasks(request: Request, status: Status | None = None,
                      assignee: str | None = Query(None, pattern=ops.SEAT_NAME),
                      limit: int = Query(ops.LIST_DEFAULT, ge=1, le=ops.LIST_MAX),
-                     cursor: str | None = None, _=Depends(READ)) -> TaskPage:
+                     cursor: str | None = CURSOR, _=Depends(READ)) -> TaskPage:
     f = front(request)
     at = decode_cursor(cursor, "after")
     args: dict[str, Any] = {"limit": limit}
@@ -197,7 +206,8 @@ async def list_tasks(request: Request, status: Status | None = None,
     if assignee:
         args["assignee"] = assignee
     if "after" in at:
-        if not isinstance(at["after"], str) or not re.match(ops.TASK_ID, at["after"]):
+        if (not isinstance(at["after"], str) or not re.match(ops.TASK_ID, at["after"])
+                or int(at["after"][1:]) > SEQ_MAX):  # a task's number is its log seq
             raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
         args["after"] = at["after"]
     rows = (await _read(f, "task.list", args)).get("tasks") or []
@@ -216,9 +226,8 @@ async def get_task(request: Request, id: str = TaskId, _=Depends(READ)) -> TaskD
 
 @router.post("/tasks", status_code=201, response_model=TaskDetail, tags=["tasks"],
              summary="Open a task", responses=responses(404, 409))
-async def create_task(request: Request, body: TaskCreate, key: str | None = Depends(idempotency_key),
-                      _=Depends(WRITE)) -> TaskDetail:
-    _labels_ok(body.labels)
+async def create_task(request: Request, body: TaskCreate, _=Depends(WRITE),
+                      key: str | None = Depends(idempotency_key)) -> TaskDetail:
     args = body.model_dump(exclude_none=True)
     outcome = await _write(front(request), "task.create", args, key)
     task = (outcome.get("result") or {}).get("task") or {}
@@ -227,9 +236,8 @@ async def create_task(request: Request, body: TaskCreate, key: str | None = Depe
 
 @router.patch("/tasks/{id}", response_model=TaskDetail, tags=["tasks"], summary="Change a task",
               responses=responses(404, 409))
-async def change_task(request: Request, body: TaskChange, id: str = TaskId,
-                      key: str | None = Depends(idempotency_key), _=Depends(WRITE)) -> TaskDetail:
-    _labels_ok(body.labels)
+async def change_task(request: Request, body: TaskChange, id: str = TaskId, _=Depends(WRITE),
+                      key: str | None = Depends(idempotency_key)) -> TaskDetail:
     args = {"id": id, **body.model_dump(exclude_unset=True)}
     if args.get("assignee") is None and "assignee" in args:
         args["assignee"] = ""
@@ -242,8 +250,8 @@ async def change_task(request: Request, body: TaskChange, id: str = TaskId,
 
 @router.post("/tasks/{id}/comments", status_code=201, response_model=Comment, tags=["tasks"],
              summary="Comment on a task", responses=responses(404, 409))
-async def comment(request: Request, body: CommentNew, id: str = TaskId,
-                  key: str | None = Depends(idempotency_key), _=Depends(WRITE)) -> Comment:
+async def comment(request: Request, body: CommentNew, id: str = TaskId, _=Depends(WRITE),
+                  key: str | None = Depends(idempotency_key)) -> Comment:
     outcome = await _write(front(request), "task.comment", {"id": id, "body": body.body}, key)
     return Comment(**((outcome.get("result") or {}).get("comment") or {}))
 
@@ -253,7 +261,7 @@ async def comment(request: Request, body: CommentNew, id: str = TaskId,
 @router.get("/pages", response_model=PageList, tags=["pages"], summary="Knowledge-base pages, by path")
 async def list_pages(request: Request, prefix: str = Query("", max_length=200),
                      limit: int = Query(ops.LIST_DEFAULT, ge=1, le=ops.LIST_MAX),
-                     cursor: str | None = None, _=Depends(READ)) -> PageList:
+                     cursor: str | None = CURSOR, _=Depends(READ)) -> PageList:
     at = decode_cursor(cursor, "after")
     args: dict[str, Any] = {"limit": limit, "prefix": prefix}
     if "after" in at:
@@ -278,9 +286,11 @@ async def get_page(request: Request, path: str = PagePath, _=Depends(READ)) -> P
 
 
 @router.put("/pages/{path:path}", response_model=Page, tags=["pages"], summary="Write a page (create or replace)",
-            responses=responses(409))
+            # 404: a path with a line break matches no route (the path convertor's "." stops there)
+            responses={**responses(404, 409),
+                       201: {"model": Page, "description": "Created: the page is new"}})
 async def put_page(request: Request, body: PageWrite, response: Response, path: str = PagePath,
-                   key: str | None = Depends(idempotency_key), _=Depends(WRITE)) -> Page:
+                   _=Depends(WRITE), key: str | None = Depends(idempotency_key)) -> Page:
     outcome = await _write(front(request), "page.write", {"path": path, **body.model_dump(exclude_none=True)},
                            key)
     page = (outcome.get("result") or {}).get("page") or {}
@@ -292,9 +302,15 @@ async def put_page(request: Request, body: PageWrite, response: Response, path: 
 # ------------------------------------------------------------------ search
 
 @router.get("/search", response_model=SearchResult, tags=["pages"], summary="Search the knowledge base")
-async def search(request: Request, q: str = Query(min_length=1, max_length=500, pattern=r"\S"),
+async def search(request: Request, q: str = Query(min_length=1, max_length=500, pattern=r"\S",
+                                                  description="Words; only those with a letter or digit "
+                                                              "are looked for"),
                  limit: int = Query(ops.SEARCH_DEFAULT, ge=1, le=ops.SEARCH_MAX), _=Depends(READ)) -> SearchResult:
     f = front(request)
+    try:
+        fts_query(q)
+    except ValueError:  # no word to look for: nothing can match (the router would say 400)
+        return SearchResult(hits=[], searched=True, node=None, answers={})
     answer = await estate(f.router.search(q, limit, timeout=ESTATE_WAIT))
     if f.metrics is not None:
         f.metrics.router("search", "ok" if answer.searched else "unsearched")

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from crewlet.estate import ops
 from crewlet.queue.base import MailboxError
 from crewlet.queue.post import post
-from roles.ingress.api.common import decode_cursor, encode_cursor, idempotency_key
+from roles.ingress.api.common import CURSOR, decode_cursor, encode_cursor, idempotency_key
 from roles.ingress.api.estate import Turn, _read
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import front
@@ -68,8 +68,9 @@ class Sent(BaseModel):
     turn: dict[str, Any] | None = Field(description="With wait: the turn, if it ended in time")
 
 
-@router.get("/seats", response_model=SeatPage, summary="Every seat: owner, mailbox, last turn")
-async def list_seats(request: Request, limit: int = Query(100, ge=1, le=1000), cursor: str | None = None,
+@router.get("/seats", response_model=SeatPage, summary="Every seat: owner, mailbox, last turn",
+            responses=responses(400))
+async def list_seats(request: Request, limit: int = Query(100, ge=1, le=1000), cursor: str | None = CURSOR,
                      _=Depends(READ)) -> SeatPage:
     f = front(request)
     f.need_company()
@@ -99,9 +100,9 @@ async def get_seat(request: Request, seat: str = SeatPath, _=Depends(READ)) -> S
 
 
 @router.post("/seats/{seat}/mail", status_code=202, response_model=Sent, summary="Send a seat mail",
-             responses=responses(404))
-async def mail(request: Request, body: Mail, seat: str = SeatPath, key: str | None = Depends(idempotency_key),
-               grant=Depends(WRITE)) -> Sent:
+             responses=responses(400, 404))
+async def mail(request: Request, body: Mail, seat: str = SeatPath, grant=Depends(WRITE),
+               key: str | None = Depends(idempotency_key)) -> Sent:  # the token first: a 401 before a 400
     f = front(request)
     f.need_seat(seat)
     try:
