@@ -250,7 +250,9 @@ class IngressSection(_Section):
     tokens_file: str | None = None  # a file of lines "<sha256> <scopes> <name>"
     metrics_open: bool = False  # /metrics without a token (a scraper on a trusted network)
     cors_origins: list[str] = Field(default_factory=list)  # origins allowed cross-origin calls; none: CORS off
-    max_body: int = Field(1_048_576, ge=1024)  # bytes of a request body; more is a 413
+    # Bytes of a request body; more is a 413. A page's body (200,000 characters) may take
+    # 2.4 MB as JSON when every character is escaped.
+    max_body: int = Field(4_194_304, ge=1024)
     # Seconds the live feed keeps a node that left, shown as gone, before it forgets it.
     gone_for: float = Field(600.0, ge=0)
 

@@ -538,6 +538,10 @@ def test_an_admin_applies_a_company_revision_and_an_invalid_one_is_a_422_naming_
     now = wait_for(in_force, 20, what=f"revision {applied['rev']} in force")
     assert now["name"] == "Lantern Software (API)" and now["digest"] == applied["digest"]
     assert now["company"]["seats"][1]["persona"].endswith("You also review API changes.")
+    # The same company again (a retry whose answer was lost): no second revision.
+    again = main.ok("POST", "/v1/company", 200, json=company)
+    assert again == {**applied, "changed": False}, again
+    assert main.ok("GET", "/v1/company")["rev"] == applied["rev"]
 
     wrong = copy.deepcopy(company)
     wrong["seats"][2]["provider"] = "nowhere"

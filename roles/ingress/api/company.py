@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from crewlet.company import parse_company
@@ -34,6 +35,7 @@ class Applied(BaseModel):
     epoch: int
     digest: str
     seats: int
+    changed: bool = Field(description="false: this company was in force already (200), no revision made")
 
 
 @router.get("/company", response_model=Revision, summary="The company revision in force on this node")
@@ -47,7 +49,9 @@ async def get_company(request: Request, _=Depends(READ)) -> Revision:
                     company=current["company"])
 
 
-@router.post("/company", status_code=201, response_model=Applied, responses=responses(400, 415, 422),
+@router.post("/company", status_code=201, response_model=Applied,
+             responses={**responses(400, 415, 422),
+                        200: {"model": Applied, "description": "In force already: nothing changed"}},
              summary="Apply a company revision (admin)",
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": {"type": "object"}},
@@ -55,7 +59,9 @@ async def get_company(request: Request, _=Depends(READ)) -> Revision:
 async def apply_company(request: Request, grant=Depends(ADMIN)) -> Applied:
     """The body is a company file: JSON, or YAML with a YAML content type. It is
     validated whole first; a bad one is a 422 naming the key, and nothing is
-    stored. Every node of the fleet then applies the new revision."""
+    stored. Every node of the fleet then applies the new revision (201). The
+    company in force already is a 200 with ``changed: false``: applying is
+    idempotent by content, so a retry makes no second revision."""
     f = front(request)
     kind = (request.headers.get("content-type") or "application/json").split(";")[0].strip().lower()
     raw = await request.body()
@@ -80,7 +86,15 @@ async def apply_company(request: Request, grant=Depends(ADMIN)) -> Applied:
     if f.control_plane is None:
         raise Problem(503, "unavailable", "the control plane is not open yet", headers={"Retry-After": "2"})
     try:
+        # The company in force already: a retry of an apply that landed (its answer lost),
+        # or a deploy that changed nothing. Answered as it stands: no new revision.
+        active = await f.control_plane.active()
+        if active is not None:
+            current = await f.control_plane.revision(active["rev"])
+            if current.get("digest") == company.digest():
+                return JSONResponse(Applied(rev=active["rev"], epoch=active["epoch"], digest=company.digest(),
+                                            seats=len(company.seats), changed=False).model_dump())
         rev, epoch = await f.control_plane.apply(company, source, by=grant.name)
     except ControlPlaneError as exc:
         raise Problem(503, "control_plane_unavailable", str(exc), headers={"Retry-After": "5"}) from None
-    return Applied(rev=rev, epoch=epoch, digest=company.digest(), seats=len(company.seats))
+    return Applied(rev=rev, epoch=epoch, digest=company.digest(), seats=len(company.seats), changed=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from crewlet.estate import ops
 from crewlet.queue.base import MailboxError
@@ -35,9 +35,8 @@ class DeadLetterPage(BaseModel):
 
 
 class Requeued(BaseModel):
-    requeued: int
-    seq: int
-    seat: str | None = None
+    requeued: int = Field(description="The dead letter's seq, now gone from the DLQ")
+    seq: int = Field(description="The mail's new seq in its seat's mailbox")
 
 
 @router.get("/dlq", response_model=DeadLetterPage, summary="Dead letters, oldest first",

@@ -45,8 +45,15 @@ class Accepted(BaseModel):
     duplicate: bool
 
 
-@router.post("/hooks/{integration}", response_model=Accepted, summary="Receive a webhook delivery",
+class Challenge(BaseModel):
+    challenge: str
+
+
+@router.post("/hooks/{integration}", summary="Receive a webhook delivery",
+             response_model=Accepted | Challenge,
              responses={**responses(400, 401, 404, 503),
+                        200: {"description": "Stored (or a repeat of one stored); a Slack "
+                                             "url_verification is answered its challenge"},
                         202: {"model": Accepted, "description": "Accepted, but no route matched: not stored"}},
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": {"type": "object"}}}}})
