@@ -128,7 +128,9 @@ QUERIES: dict[str, dict[str, Any]] = {
     "page.list": _obj(prefix=_str(0, 200), limit=_LIMIT, after=_PATH),
     "page.search": _obj(("query",), query=_str(1, 500),
                         limit={"type": "integer", "minimum": 1, "maximum": SEARCH_MAX}),
-    "file.list": _obj(project=_str(pattern=PROJECT), limit=_LIMIT),
+    "file.list": _obj(project=_str(pattern=PROJECT), limit=_LIMIT,
+                      after=_obj(("project", "path"), project=_str(pattern=PROJECT),
+                                 path=_str(1, FILE_PATH_MAX))),
     # before: only records below that log seq (the next page); since: only turns started at or after
     "turn.list": _obj(seat=_NAME, limit=_LIMIT, before={"type": "integer", "minimum": 1},
                       since={"type": "number", "minimum": 0}),

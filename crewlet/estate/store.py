@@ -300,7 +300,11 @@ class Reader:
         limit = args.get("limit", LIST_DEFAULT)
         files = []
         cur = txn.cursor(db=self.dbs["files"])
-        if cur.set_range(prefix):
+        # after: the next page starts past that (project, path).
+        start = prefix
+        if "after" in args:
+            start = max(prefix, join(args["after"]["project"], args["after"]["path"]) + b"\x00")
+        if cur.set_range(start):
             for k, v in cur:
                 if not k.startswith(prefix) or len(files) >= limit:
                     break

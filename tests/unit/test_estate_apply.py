@@ -244,3 +244,28 @@ def test_op_ids_are_printable_ascii_and_long_ones_are_named_by_a_digest():
     assert len(long) <= ops.OP_ID_MAX and long.startswith("cto:")
     assert long == ops.op_id("cto", "task.create", "t" * 300)  # stable
     assert ops.op_id("cto", "task.create", "t1.0.0") == "cto:task.create:t1.0.0"
+
+
+def test_listings_resume_past_where_a_page_ended(copy):
+    """What the API's cursors carry: turn.list's before and since, page.list's
+    and file.list's after."""
+    s = copy()
+    sha = "ab" * 32
+    run(s, *[op("turn.record", {"record": {"seat": "cto", "trigger": f"t{i}", "outcome": "done",
+                                           "started_at": 100.0 + i}}, seat="cto", token=1)
+             for i in range(5)],
+        *[op("page.write", {"path": f"eng/p{i}", "title": "t", "body": "b"}) for i in range(3)],
+        op("page.write", {"path": "ops/x", "title": "t", "body": "b"}),
+        *[op("file.register", {"project": p, "path": f"f{i}", "size": 1, "sha256": sha})
+          for p in ("a", "b") for i in range(2)])
+    newest = q(s, "turn.list", seat="cto", limit=2)["turns"]
+    assert [t["trigger"] for t in newest] == ["t4", "t3"]
+    older = q(s, "turn.list", seat="cto", limit=2, before=newest[-1]["seq"])["turns"]
+    assert [t["trigger"] for t in older] == ["t2", "t1"]
+    assert [t["trigger"] for t in q(s, "turn.list", before=older[-1]["seq"])["turns"]] == ["t0"]
+    assert [t["trigger"] for t in q(s, "turn.list", seat="cto", since=102.0)["turns"]] == ["t4", "t3", "t2"]
+    assert [p["path"] for p in q(s, "page.list", prefix="eng/", after="eng/p0")["pages"]] == ["eng/p1", "eng/p2"]
+    assert [p["path"] for p in q(s, "page.list", after="eng/p2")["pages"]] == ["ops/x"]
+    rest = q(s, "file.list", after={"project": "a", "path": "f1"})["files"]
+    assert [(f["project"], f["path"]) for f in rest] == [("b", "f0"), ("b", "f1")]
+    assert q(s, "file.list", project="a", after={"project": "a", "path": "f1"})["files"] == []

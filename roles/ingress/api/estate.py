@@ -89,6 +89,20 @@ class Page(_Open):
     version: int
 
 
+class File(_Open):
+    id: str
+    project: str
+    path: str
+    size: int
+    sha256: str
+    version: int
+
+
+class FileList(BaseModel):
+    items: list[File]
+    next: str | None
+
+
 class PageList(BaseModel):
     items: list[Page]
     next: str | None
@@ -316,3 +330,26 @@ async def search(request: Request, q: str = Query(min_length=1, max_length=500, 
         f.metrics.router("search", "ok" if answer.searched else "unsearched")
     return SearchResult(hits=list(answer.hits), searched=bool(answer.searched), node=answer.node,
                         answers=dict(answer.answers or {}))
+
+
+# ------------------------------------------------------------------ files
+
+@router.get("/files", response_model=FileList, tags=["files"],
+            summary="Files seats registered, by project and path")
+async def list_files(request: Request, project: str | None = Query(None, pattern=ops.PROJECT),
+                     limit: int = Query(ops.LIST_DEFAULT, ge=1, le=ops.LIST_MAX),
+                     cursor: str | None = CURSOR, _=Depends(READ)) -> FileList:
+    at = decode_cursor(cursor, "project", "path")
+    args: dict[str, Any] = {"limit": limit}
+    if project is not None:
+        args["project"] = project
+    if at:
+        if (set(at) != {"project", "path"} or not isinstance(at["project"], str)
+                or not re.match(ops.PROJECT, at["project"]) or not isinstance(at["path"], str)
+                or not 1 <= len(at["path"]) <= ops.FILE_PATH_MAX):
+            raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
+        args["after"] = at
+    rows = (await _read(front(request), "file.list", args)).get("files") or []
+    nxt = (encode_cursor({"project": rows[-1]["project"], "path": rows[-1]["path"]})
+           if len(rows) == limit and rows else None)
+    return FileList(items=rows, next=nxt)
