@@ -104,6 +104,15 @@ def test_status_view_shows_node_children_and_supervisors():
         assert expected in out, expected
 
 
+def test_status_view_says_where_the_api_and_its_first_token_are():
+    status = sample(child("ingress"))
+    status["node"]["api"] = {"url": "http://127.0.0.1:7420/", "token_file": "/tmp/cw1/data/run/api-token"}
+    out = text(render.status_view(status, NOW))
+    assert "http://127.0.0.1:7420/" in out and "/tmp/cw1/data/run/api-token" in out
+    status["node"]["api"]["token_file"] = None  # tokens configured: there is no file to name
+    assert "configured (ingress.tokens)" in text(render.status_view(status, NOW))
+
+
 def test_status_view_with_null_fields():
     down = child("seats", "backoff", pid=None, uptime_s=None, cpu_percent=None, rss_bytes=None)
     row = next(line for line in text(render.status_view(sample(down), NOW)).splitlines() if "seats" in line
