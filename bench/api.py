@@ -419,26 +419,6 @@ class ApiNode(Crewletd):
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
         super().start("--company", self.company_path)
 
-    def processes(self) -> dict[str, psutil.Process]:
-        """crewletd, its broker, its role children by name, the zygote, anything else."""
-        assert self.proc is not None
-        me = psutil.Process(self.proc.pid)
-        found: dict[str, psutil.Process] = {"crewletd": me}
-        roles = {c["pid"]: c["name"] for c in (self.status() or {}).get("children", []) if c.get("pid")}
-        for p in me.children(recursive=True):
-            try:
-                if p.name() == "nats-server":
-                    found["broker"] = p
-                elif roles.get(p.pid) not in (None, "broker", "fleet"):
-                    found[roles[p.pid]] = p
-                elif "zygote" in " ".join(p.cmdline()):
-                    found["zygote"] = p
-                else:
-                    found[f"other {p.pid}"] = p
-            except psutil.Error:
-                pass
-        return found
-
 
 async def wait_ready(node: ApiNode, timeout: float) -> dict[str, float]:
     """Until ingress serves with the node's token, every seat but the sink is held by this
@@ -922,7 +902,7 @@ async def measure_feed(node: ApiNode, bare_url: str, args: argparse.Namespace, m
     # on each side only while it runs: 2 x N connections at once would skew both).
     half = args.turns // 2
     first, second = list(range(half)), list(range(half, args.turns))
-    procs = await asyncio.to_thread(node.processes)
+    procs = await asyncio.to_thread(node.processes, others=True)
     meter = CpuMeter({**procs, "bench": me}).start()
     # The broker's hop alone first: turn end -> the record at a core-NATS subscriber, no SSE open.
     await feed_crewlet(node, args, list(range(max(3, args.turns // 2))), out["hop_alone"], 0)
@@ -993,7 +973,7 @@ async def measure(node: ApiNode, server: NatsServer, base: str, args: argparse.N
     bare.start()
     await bare.wait()
     me = psutil.Process()
-    node_procs = await asyncio.to_thread(node.processes)
+    node_procs = await asyncio.to_thread(node.processes, others=True)
     rep["pids"] = {k: p.pid for k, p in node_procs.items()}
     procs = {"crewlet": {**node_procs, "bench": me},
              "bare": {"app": psutil.Process(bare.proc.pid), "broker": psutil.Process(server.pid), "bench": me}}

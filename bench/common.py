@@ -295,6 +295,27 @@ class Crewletd:
             return None
         return reply.get("result") if reply.get("ok") else None
 
+    def processes(self, *, others: bool = False) -> dict[str, psutil.Process]:
+        """crewletd, its broker (the descendant named nats-server), the zygote and the
+        role children by name; with *others*, every other descendant too (``other <pid>``)."""
+        assert self.proc is not None
+        me = psutil.Process(self.proc.pid)
+        found: dict[str, psutil.Process] = {"crewletd": me}
+        roles = {c["pid"]: c["name"] for c in (self.status() or {}).get("children", []) if c.get("pid")}
+        for p in me.children(recursive=True):
+            try:
+                if p.name() == "nats-server":
+                    found["broker"] = p
+                elif roles.get(p.pid) not in (None, "broker", "fleet"):
+                    found[roles[p.pid]] = p
+                elif "zygote" in " ".join(p.cmdline()):
+                    found["zygote"] = p
+                elif others:
+                    found[f"other {p.pid}"] = p
+            except psutil.Error:
+                pass
+        return found
+
     def warnings(self, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any]]:
         """The warning and error records in its log's bytes [start, end)."""
         try:

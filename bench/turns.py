@@ -358,24 +358,6 @@ class CrewletNode(Crewletd):
         held = stats.get("held")
         return held if isinstance(held, int) else len(stats.get("seats") or {})
 
-    def processes(self) -> dict[str, psutil.Process]:
-        """crewletd, its broker (the descendant named nats-server), the zygote, the role children."""
-        assert self.proc is not None
-        me = psutil.Process(self.proc.pid)
-        found: dict[str, psutil.Process] = {"crewletd": me}
-        roles = {c["pid"]: c["name"] for c in (self.status() or {}).get("children", []) if c.get("pid")}
-        for p in me.children(recursive=True):
-            try:
-                if p.name() == "nats-server":
-                    found["broker"] = p
-                elif roles.get(p.pid) not in (None, "broker", "fleet"):
-                    found[roles[p.pid]] = p
-                elif "zygote" in " ".join(p.cmdline()):
-                    found["zygote"] = p
-            except psutil.Error:
-                pass
-        return found
-
     def wait_seats(self, timeout: float, progress: list[dict]) -> tuple[float, float]:
         """Seconds from the start until all seats were held, and until the seats
         process worked them all; a sample every :data:`NOTE_EVERY` s goes to *progress*."""

@@ -185,7 +185,7 @@ class Fleet:
             raise Exit(EXIT_CONFIG, f"{cfg.source}: node.id: {exc}") from None
         self.publish("fleet_joined", token=self.presence.held.token)
         if self.zctx is not None:
-            self.estate = EstateAccess(cfg, self.nc, js, self.zctx).start()
+            self.estate = EstateAccess(cfg, self.nc, js, self.zctx, holders=self.holders).start()
         self.control = await ControlPlane.open(js, cfg.stream.replicas)
         active = await self.control.active()
         if active is None and self.seed is not None:

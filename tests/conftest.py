@@ -211,31 +211,50 @@ def node_config(dir: str, **overrides: Any) -> dict:
     return cfg
 
 
-@pytest.fixture
-def make_node(short_tmp):
-    """Factory: ``make_node(**config_overrides)`` writes a config; ``.start()`` runs it."""
-    nodes: list[Node] = []
+class Nodes:
+    """A factory of nodes in one short temp dir: ``nodes(**config_overrides)``
+    writes a config (:func:`node_config`) and gives the :class:`Node`, not
+    started; :meth:`close` stops them all (SIGTERM, then SIGKILL of whatever is
+    left) and removes the dir. :func:`make_node` is one per test; a module's
+    fixture makes its own to share nodes between tests."""
 
-    def make(**overrides: Any) -> Node:
-        d = os.path.join(short_tmp, f"n{len(nodes)}")
+    def __init__(self, dir: str | None = None):
+        self.dir = dir or tempfile.mkdtemp(prefix="cw", dir="/tmp")  # short: socket paths
+        self.owned = dir is None
+        self.nodes: list[Node] = []
+
+    def __call__(self, **overrides: Any) -> Node:
+        d = os.path.join(self.dir, f"n{len(self.nodes)}")
         os.makedirs(d)
         cfg = node_config(d, **overrides)
         path = os.path.join(d, "crewlet.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(cfg, f)
         node = Node(d, path, cfg)
-        nodes.append(node)
+        self.nodes.append(node)
         return node
 
-    yield make
-    for node in nodes:
-        if node.proc is not None and node.proc.poll() is None:
-            node.proc.send_signal(signal.SIGTERM)
-            try:
-                node.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                pass
-        node.kill_all()
+    def close(self) -> None:
+        for node in self.nodes:  # all told at once: they stop side by side
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGTERM)
+        for node in self.nodes:
+            if node.proc is not None:
+                try:
+                    node.proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    pass
+            node.kill_all()
+        if self.owned:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def make_node(short_tmp):
+    """Factory: ``make_node(**config_overrides)`` writes a config; ``.start()`` runs it."""
+    nodes = Nodes(short_tmp)
+    yield nodes
+    nodes.close()
 
 
 def alive(pid: int) -> bool:

@@ -29,8 +29,10 @@ class EstateAccess:
     """Invariant: ``router`` is usable once :meth:`start` returned; nothing
     here outlives :meth:`close`."""
 
-    def __init__(self, cfg: NodeConfig, nc, js, zctx):
-        self.view = EstateView(js)
+    def __init__(self, cfg: NodeConfig, nc, js, zctx, *, holders=None):
+        # holders: the process's one watch of leases, which the view then reads
+        # its presences from (crewlet.estate.view); its maker runs it.
+        self.view = EstateView(js, holders=holders)
         self.local = (LocalCopy(zctx, node_id=cfg.node.id, run_dir=cfg.run_dir, data_dir=cfg.data_dir)
                       if DATA_ROLE in cfg.node.roles else None)
         self.floor = NodeFloor(cfg.data_dir)

@@ -87,7 +87,8 @@ def _str(lo: int = 1, hi: int | None = None, **extra: Any) -> dict[str, Any]:
 
 _NAME = _str(pattern=SEAT_NAME)  # a seat
 _LABELS = {"type": "array", "items": _str(1, 100), "maxItems": 50}
-_REV = {"type": "integer", "minimum": 1}
+# At most 2**53 - 1: exact in every JSON parser, and an int msgpack always encodes.
+_REV = {"type": "integer", "minimum": 1, "maximum": 2**53 - 1}
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": LIST_MAX}
 _TASK = _str(pattern=TASK_ID)
 _PATH = _str(pattern=PAGE_PATH)

@@ -27,6 +27,11 @@ others (reference, "How a request reaches the estate").
 A node without a presence lease is no data node, whatever its last status
 record says: a node that left or lapsed is not asked.
 
+Given the process's :class:`~crewlet.coord.holders.Holders` (which already
+follows ``leases``), the view reads the presences from it rather than keep a
+watch of its own: one consumer fewer on ``KV_leases`` per process (issue 10's
+rule, DESIGN §4). Whoever made the holders runs them.
+
 :meth:`EstateView.of` makes a view from given states, for code (and tests)
 that decide an order without a broker.
 """
@@ -104,10 +109,11 @@ def with_lag(states: Iterable[NodeState]) -> list[NodeState]:
 class EstateView:
     """The data nodes and their states, kept by watchers (:meth:`run`)."""
 
-    def __init__(self, js, *, clock: Callable[[], float] = time.time):
+    def __init__(self, js, *, clock: Callable[[], float] = time.time, holders=None):
         self.js = js
         self.clock = clock
-        self._presence: dict[str, dict[str, Any]] = {}   # node -> its presence value
+        self.holders = holders                           # the presences' source, if given
+        self._presence: dict[str, dict[str, Any]] = {}   # node -> its presence value (no holders)
         self._records: dict[str, dict[str, Any]] = {}    # node -> its applier's record
         self._evicted: dict[str, dict[str, Any]] = {}    # node -> eviction record
         self._fixed: list[NodeState] | None = None
@@ -131,8 +137,13 @@ class EstateView:
         now = self.clock()
         return with_lag(
             _state(node, presence, self._records.get(node), self._evicted.get(node), now)
-            for node, presence in sorted(self._presence.items())
+            for node, presence in sorted(self._presences().items())
             if DATA_ROLE in (presence.get("roles") or ()))
+
+    def _presences(self) -> dict[str, dict[str, Any]]:
+        if self.holders is None:
+            return self._presence
+        return {key[len("node."):]: owner.info for key, owner in self.holders.of("node.").items()}
 
     def record(self, node: str) -> dict[str, Any] | None:
         """*node*'s applier record (``status`` ``estate.<node>``), as written."""
@@ -167,9 +178,16 @@ class EstateView:
         if self._fixed is not None:
             return
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._watch(LEASES.name, NODE_KEYS, self._presence))
+            if self.holders is None:
+                group.create_task(self._watch(LEASES.name, NODE_KEYS, self._presence))
+            else:
+                group.create_task(self._holders_listed())
             group.create_task(self._watch(STATUS.name, ESTATE_KEYS, self._records))
             group.create_task(self._watch(STATUS.name, EVICTED_KEYS, self._evicted))
+
+    async def _holders_listed(self) -> None:
+        await self.holders.listed.wait()
+        self._listed_one(f"{LEASES.name}/{NODE_KEYS}")
 
     async def _watch(self, bucket: str, keys: str, into: dict[str, dict[str, Any]]) -> None:
         """Keep *into* (node id -> JSON value) equal to *bucket*'s *keys*, for

@@ -69,8 +69,8 @@ async def main(ctx: RoleContext) -> None:
     cfg = ctx.config
     keyring = auth.keyring(cfg)
     js = ctx.jetstream()
-    access = EstateAccess(cfg, ctx.nats, js, ctx.zmq).start()
-    holders = Holders.of_bucket(js, heartbeat=cfg.fleet.heartbeat)
+    holders = Holders.of_bucket(js, heartbeat=cfg.fleet.heartbeat)  # run by the projection
+    access = EstateAccess(cfg, ctx.nats, js, ctx.zmq, holders=holders).start()
     projection = Projection(node_id=cfg.node.id, nc=ctx.nats, js=js, holders=holders,
                             estate_view=access.view, run_dir=cfg.run_dir, zctx=ctx.zmq,
                             heartbeat=cfg.fleet.heartbeat, gone_for=cfg.ingress.gone_for)

@@ -85,7 +85,7 @@ async def main(ctx: RoleContext) -> None:
     mailboxes = JetStreamMailboxes(js, ctx.nats)
     # The seats' tools reach the estate through the router: this node's own
     # copy first when it is a data node, else the data nodes over NATS.
-    estate = EstateAccess(ctx.config, ctx.nats, js, ctx.zmq).start()
+    estate = EstateAccess(ctx.config, ctx.nats, js, ctx.zmq, holders=holders).start()
     engine = TurnEngine(node=ctx.node_id, run_dir=ctx.run_dir, mark=mark, mailboxes=mailboxes,
                         ledger=Ledger(js, ttl=86400 * 15), budgets=Budgets(js),
                         cooldowns=Cooldowns(js), sweeper=sweeper,

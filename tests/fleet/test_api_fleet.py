@@ -21,11 +21,11 @@ import uuid
 
 import pytest
 
-from tests.conftest import wait_for
-from tests.estate import copy_of, query
+from tests.conftest import Nodes, wait_for
+from tests.estate import query
 from tests.fleet.test_cluster import make_members
 from tests.fleet.test_fleet import apply
-from tests.integration.test_hooks_api import (SECRETS, ModuleNodes, api_token, api_url, company_in_force,
+from tests.integration.test_hooks_api import (SECRETS, api_token, api_url, company_in_force,
                                               github_delivery, http, post_hook, secrets_env, settled_mail,
                                               wait_trimmed_once)
 from tests.seats import held, write_company
@@ -60,7 +60,7 @@ integrations:
 @pytest.fixture(scope="module")
 def fleet():
     """Three data nodes with ingress, the company applied: ``(nodes, tokens)``."""
-    made = ModuleNodes()
+    made = Nodes()
     try:
         nodes, _ = make_members(made, ids=IDS, cluster="apitest", fleet=FAST, supervisor=PATIENT)
         for node in nodes:  # not waiting for each: a member is ready only once a quorum is

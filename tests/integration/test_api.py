@@ -25,10 +25,6 @@ import copy
 import json
 import os
 import re
-import shutil
-import signal
-import subprocess
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,7 +38,7 @@ from websockets.sync.client import connect as ws_connect
 from crewlet import tokens
 from crewlet.queue.base import DELIVERY_BUDGET
 from crewlet.queue.jetstream import JetStreamMailboxes
-from tests.conftest import Node, node_config, wait_for
+from tests.conftest import Node, Nodes, wait_for
 from tests.seats import SAMPLE, held, node_url, read_nats
 
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
@@ -100,42 +96,19 @@ class Api:
 
 
 @dataclass
-class Nodes:
+class Apis:
     main: Api
     guarded: Api
 
 
-def configured_node(base: str, name: str, **overrides) -> Node:
-    """A node whose config (conftest's, with *overrides*) is written in *base*/*name*;
-    not started. (conftest's make_node is per test: these nodes serve a module.)"""
-    d = os.path.join(base, name)
-    os.makedirs(d)
-    cfg = node_config(d, **overrides)
-    path = os.path.join(d, "crewlet.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg, f)
-    return Node(d, path, cfg)
-
-
-def stop_node(node: Node) -> None:
-    """SIGTERM, then whatever is left of its tree SIGKILLed."""
-    if node.proc is not None and node.proc.poll() is None:
-        node.proc.send_signal(signal.SIGTERM)
-        try:
-            node.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            pass
-    node.kill_all()
-
-
 @pytest.fixture(scope="module")
 def nodes():
-    base = tempfile.mkdtemp(prefix="cw", dir="/tmp")  # short: socket paths
+    made = Nodes()
     secrets = {scope: tokens.new_token() for scope in tokens.SCOPES}
     started: list[Node] = []
     try:
-        main = configured_node(base, "main", fleet=FAST)
-        guarded = configured_node(base, "guarded", node={"id": "g1"}, fleet=FAST, ingress={
+        main = made(fleet=FAST)
+        guarded = made(node={"id": "g1"}, fleet=FAST, ingress={
             "metrics_open": True, "max_body": MAX_BODY, "tokens": [
                 {"name": NAMES[scope], "sha256": tokens.digest(secret), "scopes": [scope]}
                 for scope, secret in secrets.items()]})
@@ -150,16 +123,14 @@ def nodes():
             node.wait_running()
         wait_for(lambda: len(held(main)) == 30, 60, what="all 30 seats of main held")
         wait_for(lambda: {"ceo", "cto"} <= set(held(guarded)), 30, what="ceo and cto of guarded held")
-        apis = Nodes(Api(main, {"admin": tokens.read_admin_token(main.run_dir)}), Api(guarded, secrets))
+        apis = Apis(Api(main, {"admin": tokens.read_admin_token(main.run_dir)}), Api(guarded, secrets))
         for api in (apis.main, apis.guarded):  # the ingress follows the company on its own
             wait_for(lambda: api("GET", "/v1/company").json().get("rev"), 20, what="the company in ingress")
         yield apis
         for api in (apis.main, apis.guarded):
             api.http.close()
     finally:
-        for node in started:
-            stop_node(node)
-        shutil.rmtree(base, ignore_errors=True)
+        made.close()
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,6 @@ in test_api) is not what this module is about.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -43,8 +41,8 @@ from schemathesis.checks import positive_data_acceptance
 from crewlet import tokens
 from crewlet.config import NodeConfig
 from roles.ingress.app import make_app
-from tests.conftest import wait_for
-from tests.integration.test_api import FAST, configured_node, stop_node
+from tests.conftest import Nodes, wait_for
+from tests.integration.test_api import FAST
 from tests.seats import SAMPLE, held
 
 # Generated cases per operation in the fuzzing phase (examples and coverage come on
@@ -73,8 +71,8 @@ class AdminToken:
 
 @pytest.fixture(scope="module")
 def node():
-    base = tempfile.mkdtemp(prefix="cw", dir="/tmp")
-    node = configured_node(base, "n", fleet=FAST, ingress={
+    made = Nodes()
+    node = made(fleet=FAST, ingress={
         "max_body": 8 * 1024 * 1024,
         "tokens": [{"name": "schemathesis", "sha256": tokens.digest(TOKEN), "scopes": ["admin"]}]})
     try:
@@ -88,8 +86,7 @@ def node():
                  20, what="the company in ingress")
         yield node
     finally:
-        stop_node(node)
-        shutil.rmtree(base, ignore_errors=True)
+        made.close()
 
 
 def test_the_node_serves_the_document_under_test(node):

@@ -23,10 +23,7 @@ import http.client as http_client
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
-import tempfile
 import threading
 import time
 import urllib.error
@@ -43,7 +40,7 @@ from crewlet.coord import buckets
 from crewlet.queue import notify
 from crewlet.queue.base import TRIGGER_HEADER
 from crewlet.queue.jetstream import EVENTS_STREAM as EVENTS, STREAM as AGENTS, SUBJECT as INBOX
-from tests.conftest import Node, node_config, wait_for
+from tests.conftest import Nodes, wait_for
 from tests.seats import SAMPLE, held, node_url, read_nats
 
 pytestmark = pytest.mark.timeout(240)
@@ -243,39 +240,6 @@ def hooks_company(dir: str, integrations: dict | None = None) -> str:
     return path
 
 
-class ModuleNodes:
-    """Like conftest's ``make_node``, for a module-scoped fixture: nodes made in
-    one short temp dir, stopped (then killed) at :meth:`close`."""
-
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="cw", dir="/tmp")
-        self.nodes: list[Node] = []
-
-    def __call__(self, **overrides: Any) -> Node:
-        d = os.path.join(self.dir, f"n{len(self.nodes)}")
-        os.makedirs(d)
-        cfg = node_config(d, **overrides)
-        path = os.path.join(d, "crewlet.yaml")
-        with open(path, "w") as f:
-            yaml.safe_dump(cfg, f)
-        node = Node(d, path, cfg)
-        self.nodes.append(node)
-        return node
-
-    def close(self) -> None:
-        for node in self.nodes:
-            if node.proc is not None and node.proc.poll() is None:
-                node.proc.send_signal(signal.SIGTERM)
-        for node in self.nodes:
-            if node.proc is not None:
-                try:
-                    node.proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    pass
-            node.kill_all()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 def secrets_env(secrets: dict[str, str] = SECRETS) -> list[str]:
     """A ``Node.start`` prefix putting *secrets* in crewletd's environment."""
     return ["env", *(f"{name}={value}" for name, value in secrets.items())]
@@ -291,12 +255,8 @@ def company_in_force(node, token: str) -> bool:
 
 
 def wait_trimmed_once(nodes, timeout: float = 30) -> None:
-    """``mailbox_retirement`` trims worked mail on its first pass when the
-    machine has been up an hour (monotonic time past TRIM_EVERY), then not for
+    """``mailbox_retirement`` trims worked mail on its first pass, then not for
     an hour: wait for that pass, so mail counted afterwards stays counted."""
-    from roles.workers.duties.mailbox_retirement import TRIM_EVERY
-    if time.monotonic() < TRIM_EVERY:
-        return
     wait_for(lambda: any(any(e.get("event") == "mailboxes_trimmed" for e in n.events()) for n in nodes),
              timeout, interval=0.2, what="mailbox_retirement's first trim")
 
@@ -304,7 +264,7 @@ def wait_trimmed_once(nodes, timeout: float = 30) -> None:
 @pytest.fixture(scope="module")
 def hub():
     """One node for the module: the sample's seats plus our integrations."""
-    made = ModuleNodes()
+    made = Nodes()
     try:
         node = made(node={"id": "h1"}, fleet=FAST)
         node.start(prefix=secrets_env(), args=("--company", hooks_company(made.dir)))
