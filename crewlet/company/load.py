@@ -8,7 +8,8 @@ validated :class:`~crewlet.company.model.Company` or raise
 company file.
 
 The rules are Tier A's (:mod:`crewlet.config.load`): YAML with duplicate
-keys rejected; in every string *value* (never a key) ``${VAR}`` is the
+keys rejected, a file over ``YAML_MAX_BYTES`` or aliases expanding past
+``ALIAS_NODES_MAX`` nodes refused; in every string *value* (never a key) ``${VAR}`` is the
 environment variable (unset is an error), ``${VAR:-default}`` falls back
 when VAR is unset or empty, ``$$`` is a literal ``$``; an empty file is an
 empty mapping (and so lacks the required keys).
@@ -23,23 +24,13 @@ from pydantic import ValidationError
 
 from crewlet.company.model import At, Company
 from crewlet.config import ConfigError
-from crewlet.config.load import _problem, _show, dotted, expand_tree, parse_yaml  # Tier A's rules, shared on purpose
+from crewlet.config.load import _problem, _show, dotted, expand_tree, parse_yaml, read_text  # Tier A's rules, shared on purpose
 
 
 def load_company(path: str | os.PathLike) -> Company:
     """Read, expand and validate the company file at *path*."""
     file = os.fspath(path)
-    try:
-        with open(file, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise ConfigError(file, None, "no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(file, None, "is a directory, not a company file") from None
-    except OSError as e:
-        raise ConfigError(file, None, f"cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(file, None, f"not UTF-8 text: {e.reason} at byte {e.start}") from None
+    text = read_text(file, "a company file")
     return parse_company(text, file)
 
 

@@ -22,6 +22,17 @@ node.id
     unset or empty the id falls back to the model default and a warning is
     added to ``NodeConfig.warnings``: every node of a fleet needs its own id.
 
+YAML that costs more than it says
+    A file over ``YAML_MAX_BYTES`` is refused unread. Anchors and aliases
+    (``&base`` / ``*base``, ``<<: *base``) are allowed, since they are
+    ordinary YAML and ``yaml.safe_dump`` writes them for shared objects; but
+    the document is measured as a tree *with every alias expanded* before
+    anything is built from it, and refused when aliases add more than
+    ``ALIAS_NODES_MAX`` nodes (a "billion laughs" bomb of a few hundred
+    bytes expands to millions: expansion, ``${VAR}`` and validation walk
+    the tree, not the graph) or when an alias is inside its own anchor (a
+    recursive document). Nesting deeper than Python can parse is refused too.
+
 Errors
     Every config problem raises :class:`ConfigError`, whose ``str`` is one
     line, ``<file>: <key>: <problem>``, fit for a log or a terminal; a
@@ -109,6 +120,15 @@ def expand_tree(obj: object, env: Mapping[str, str], loc: tuple, file: str) -> o
     return obj
 
 
+# Bytes of a config file (either tier): a company revision must fit the broker's
+# 1 MiB message, so twice that leaves room for comments; PyYAML parses ~1 MB/s.
+YAML_MAX_BYTES = 2 * 1024 * 1024
+# Nodes aliases may add to a document, every alias expanded: generous for shared
+# providers, personas and placements (10,000 seats each aliasing a 10-node mapping),
+# and walked, expanded and validated in well under a second.
+ALIAS_NODES_MAX = 100_000
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader that rejects duplicate keys, which plain YAML silently resolves
     to the last one, hiding an edit that seems to have no effect."""
@@ -129,30 +149,102 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _read_yaml(path: str) -> object:
+def read_text(path: str, what: str = "a config file") -> str:
+    """The UTF-8 text of the file at *path*, at most ``YAML_MAX_BYTES``;
+    ConfigError naming *path* otherwise. Shared by every config tier."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read(YAML_MAX_BYTES + 1)  # never more than one byte past the limit
     except FileNotFoundError:
         raise ConfigError(path, None, "no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(path, None, f"is a directory, not {what}") from None
     except OSError as e:
         raise ConfigError(path, None, f"cannot read: {e.strerror or e}") from None
+    if len(raw) > YAML_MAX_BYTES:
+        raise ConfigError(path, None, f"too big: over the limit of {YAML_MAX_BYTES} bytes "
+                                      f"({YAML_MAX_BYTES // 1024 // 1024} MiB) a config file may have")
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(path, None, f"not UTF-8 text: {e.reason} at byte {e.start}") from None
-    return parse_yaml(text, path)
+
+
+def _read_yaml(path: str) -> object:
+    return parse_yaml(read_text(path), path)
+
+
+def _at(node: yaml.Node) -> str:
+    mark = node.start_mark
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _measure(root: yaml.Node, source: str) -> None:
+    """Refuse *root* if aliases expand it by more than ALIAS_NODES_MAX nodes or
+    make it recursive. The composer gives an alias the very node object of its
+    anchor, so a node met twice is an alias use: each node's expanded size is
+    computed once (memoised), which keeps this linear in the file however big
+    the expansion, and a node met again while still being measured is a cycle."""
+    sizes: dict[int, int] = {}
+    measuring: set[int] = set()
+    added = 0
+
+    def size(node: yaml.Node, key: str) -> int:
+        nonlocal added
+        known = sizes.get(id(node))
+        if known is not None:
+            added += known
+            if added > ALIAS_NODES_MAX:
+                raise ConfigError(source, key or None, f"aliases expand the document by more than "
+                                  f"{ALIAS_NODES_MAX} nodes (an alias bomb?): this one repeats the anchor "
+                                  f"at {_at(node)}")
+            return known
+        if id(node) in measuring:
+            raise ConfigError(source, key or None, f"recursive alias: the anchor at {_at(node)} "
+                              "contains an alias of itself")
+        measuring.add(id(node))
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            for i, child in enumerate(node.value):
+                total += size(child, f"{key}[{i}]")
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+                total += size(k, key) + size(v, f"{key}.{name}" if key else str(name))
+        measuring.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    size(root, "")
 
 
 def parse_yaml(text: str, source: str) -> object:
     """YAML *text* as data; duplicate keys and syntax errors are ConfigErrors
-    naming *source*, the line and the column. Shared by every config tier."""
+    naming *source*, the line and the column; so are a text over
+    ``YAML_MAX_BYTES`` and aliases past ``ALIAS_NODES_MAX`` (see above).
+    Shared by every config tier."""
+    if len(text) > YAML_MAX_BYTES:  # characters: at least as many bytes
+        raise ConfigError(source, None, f"too big: over the limit of {YAML_MAX_BYTES} bytes "
+                                        f"({YAML_MAX_BYTES // 1024 // 1024} MiB) a config file may have")
+    loader = _Loader(text)
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _measure(root, source)
+        return loader.construct_document(root)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(source, None, f"invalid YAML{where}: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise ConfigError(source, None, f"invalid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(source, None, "invalid YAML: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise ConfigError(source, None, f"invalid YAML: {str(e).partition(';')[0]}") from None
+    finally:
+        loader.dispose()
 
 
 def _show(value: object) -> str:
@@ -181,9 +273,14 @@ def _problem(err: dict) -> str:
         return "must be one of " + ", ".join(re.findall(r"'([^']*)'", ctx["expected"])) + got
     if kind in ("too_short", "string_too_short"):
         return "must not be empty" if ctx.get("min_length") == 1 else f"must have at least {ctx.get('min_length')} items"
+    if kind == "finite_number":
+        return f"must be a finite number{got}"
     for op, sym in (("greater_than_equal", ">="), ("greater_than", ">"), ("less_than_equal", "<="), ("less_than", "<")):
         if kind == op:
-            return f"must be {sym} {next(iter(ctx.values()))}{got}"
+            bound = next(iter(ctx.values()))
+            if isinstance(bound, float) and bound.is_integer():
+                bound = int(bound)  # 86400, not 86400.0
+            return f"must be {sym} {bound}{got}"
     for prefix, want in (("int", "an integer"), ("float", "a number"), ("bool", "true or false"),
                          ("string", "a string"), ("list", "a list"), ("dict", "a mapping"), ("model", "a mapping")):
         if kind.startswith(prefix + "_") and kind.endswith(("_type", "_parsing", "_from_float")):

@@ -11,6 +11,11 @@ field validators that read earlier fields from ``info.data`` (so the error
 lands on the precise key) and use ``validate_default`` so they also run when
 the key is absent.
 
+Every number has bounds the runtime can live with, each with its reason in
+the field's comment: below them a node storms (restarts, writes, wakeups),
+above them a value overflows a NATS setting or an int64, or leaves seats and
+mail waiting for hours. ``HOUR`` and ``DAY`` name the usual ceilings.
+
 The model is validated with an optional context ``{"base_dir": <dir>}``: the
 config file's directory, against which relative paths are resolved.
 """
@@ -38,6 +43,13 @@ NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 CHILD_FOR_ROLE = {"data": "data_applier", "ingress": "ingress", "seats": "seats", "workers": "workers"}
 
 Role = Literal["data", "ingress", "seats", "workers"]
+
+# Ceilings of durations, in seconds.
+HOUR = 3600.0
+DAY = 86400.0
+# Ceiling of per-node counts (turn slots, claims and releases a sweep): more than the
+# ~10,000 seats a company revision holds within the broker's 1 MiB message.
+COUNT_MAX = 100_000
 
 
 def _host_port(value: str) -> str:
@@ -82,7 +94,9 @@ LeafUrl = Annotated[str, _url("nats-leaf", "nats", "tls", "ws", "wss")]
 
 class _Section(BaseModel):
     # Numbers are accepted where strings are expected (e.g. `id: 7`, label values).
-    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+    # No number is infinite or NaN (YAML's .inf and .nan): every one is a count or a
+    # duration the runtime turns into an int, a timer or a NATS setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True, allow_inf_nan=False)
 
 
 # Roles that read this node's own copy of the estate, so need the data role.
@@ -93,7 +107,8 @@ class NodeSection(_Section):
     id: str = "node-0"  # this node's name in the fleet: distinct and stable per node
     roles: list[Role] = Field(default_factory=lambda: ["data", "ingress", "seats", "workers"], min_length=1)  # what this node runs
     labels: dict[str, str] = Field(default_factory=dict)  # free-form tags for placement and display
-    max_concurrent: int = Field(32, ge=1)  # agent turns this node runs at once
+    # Agent turns this node runs at once: each is a live task with its memory; >10,000 is a typo.
+    max_concurrent: int = Field(32, ge=1, le=10_000)
 
     @field_validator("id")
     @classmethod
@@ -148,6 +163,30 @@ def is_route_to_self(route: str, listen: str) -> bool:
     if parts.port is None or str(parts.port) != port:
         return False
     return parts.hostname == host or (parts.hostname in _LOOPBACK and host in _LOOPBACK)
+
+
+_ANY_HOST = {"0.0.0.0", "::", ""}
+
+
+def same_socket(a: str, b: str) -> bool:
+    """True if host:port *a* and *b* cannot both be bound: the same port, and the
+    same host, or loopback names both, or either the unspecified address."""
+    (ha, _, pa), (hb, _, pb) = a.rpartition(":"), b.rpartition(":")
+    ha, hb = ha.strip("[]"), hb.strip("[]")
+    return pa == pb and (ha == hb or ha in _ANY_HOST or hb in _ANY_HOST
+                         or (ha in _LOOPBACK and hb in _LOOPBACK))
+
+
+def broker_listens(stream: "StreamSection") -> list[tuple[str, str]]:
+    """(key, host:port) of every address the embedded broker binds, in the file's order."""
+    if stream.type != "embedded":
+        return []
+    out = [("listen", stream.listen)]
+    if stream.cluster is not None:
+        out.append(("cluster.listen", stream.cluster.listen))
+        if stream.cluster.leaf_listen is not None:
+            out.append(("cluster.leaf_listen", stream.cluster.leaf_listen))
+    return out
 
 
 class ClusterSection(_Section):
@@ -252,9 +291,11 @@ class IngressSection(_Section):
     cors_origins: list[str] = Field(default_factory=list)  # origins allowed cross-origin calls; none: CORS off
     # Bytes of a request body; more is a 413. A page's body (200,000 characters) may take
     # 2.4 MB as JSON when every character is escaped.
-    max_body: int = Field(4_194_304, ge=1024)
-    # Seconds the live feed keeps a node that left, shown as gone, before it forgets it.
-    gone_for: float = Field(600.0, ge=0)
+    # Held whole in memory before it is parsed, hence at most 64 MiB.
+    max_body: int = Field(4_194_304, ge=1024, le=64 * 1024 * 1024)
+    # Seconds the live feed keeps a node that left, shown as gone, before it forgets it;
+    # at most a day (a fleet's churn would pile up rows).
+    gone_for: float = Field(600.0, ge=0, le=DAY)
 
     @field_validator("tokens_file")
     @classmethod
@@ -285,18 +326,37 @@ class IngressSection(_Section):
 
 
 class SupervisorSection(_Section):
-    intensity: int = Field(5, ge=0)  # restarts allowed within `period` before the supervisor gives up and escalates
-    period: float = Field(30.0, gt=0)  # the window `intensity` is counted over
-    backoff_min: float = Field(0.1, ge=0)  # wait before the 2nd consecutive restart of a child; the 1st is immediate
-    backoff_max: float = Field(10.0, validate_default=True)  # cap of the doubling restart backoff
-    stable_after: float = Field(10.0, gt=0)  # a child up this long has its backoff reset
+    # Restarts allowed within `period` before the supervisor gives up and escalates;
+    # at most 10,000 (each is kept in the restart history for `period`).
+    intensity: int = Field(5, ge=0, le=10_000)
+    # The window `intensity` is counted over: under a second the limit never trips
+    # (a restart storm goes on for ever); over a day it is never forgotten.
+    period: float = Field(30.0, ge=1, le=DAY)
+    # Wait before the 2nd consecutive restart of a child (the 1st is immediate); at most
+    # an hour, like backoff_max.
+    backoff_min: float = Field(0.1, ge=0, le=HOUR)
+    # Cap of the doubling restart backoff: a child stays down at most an hour.
+    backoff_max: float = Field(10.0, le=HOUR, validate_default=True)
+    # A child up this long has its backoff reset: 0.1 s at least, or every crash looks
+    # stable and restarts at once; a day at most.
+    stable_after: float = Field(10.0, ge=0.1, le=DAY)
     auto_shutdown: Literal["never", "any_significant", "all_significant"] = "never"  # stop the node when significant children exit
-    shutdown_timeout: float = Field(10.0, gt=0)  # role children: SIGTERM, then SIGKILL after this
-    broker_shutdown_timeout: float = Field(30.0, gt=0)  # the same for the broker, which flushes JetStream
-    ready_timeout: float = Field(30.0, gt=0)  # not ready by then: killed, and counted as a failed start
-    wedge_after: float = Field(10.0, gt=0)  # a role's event loop stalled this long: the child exits 75
-    heartbeat_interval: float = Field(1.0, gt=0, validate_default=True)  # how often a child reports to the supervisor
-    heartbeat_grace: float = Field(5.0, ge=0)  # silent past wedge_after + this: SIGKILL from the supervisor
+    # Role children: SIGTERM, then SIGKILL after this; 0.1 s lets one flush, an hour
+    # is the most a stop (and systemd's TimeoutStopSec) should wait.
+    shutdown_timeout: float = Field(10.0, ge=0.1, le=HOUR)
+    # The same for the broker, which flushes JetStream; the same bounds.
+    broker_shutdown_timeout: float = Field(30.0, ge=0.1, le=HOUR)
+    # Not ready by then: killed, and counted as a failed start. A child needs a second to
+    # fork, import and connect; under that every start fails (a restart storm).
+    ready_timeout: float = Field(30.0, ge=1, le=HOUR)
+    # A role's event loop stalled this long: the child exits 75. Under a second a busy
+    # loop or a GC pause kills children (a restart storm); an hour at most.
+    wedge_after: float = Field(10.0, ge=1, le=HOUR)
+    # How often a child reports to the supervisor: each beat is a message to crewletd, so
+    # not more than 10 a second (1e-6 was a restart storm); below wedge_after.
+    heartbeat_interval: float = Field(1.0, ge=0.1, validate_default=True)
+    # Silent past wedge_after + this: SIGKILL from the supervisor; an hour at most.
+    heartbeat_grace: float = Field(5.0, ge=0, le=HOUR)
 
     @field_validator("backoff_max")
     @classmethod
@@ -327,8 +387,8 @@ class Fault(_Section):
     # orphan: start a short-lived process whose parent exits at once;
     # grandchild: start a long-lived process that ignores SIGTERM.
     kind: Literal["wedge", "crash", "mute", "orphan", "grandchild"]
-    after: float = Field(0.0, ge=0)  # seconds after the child reports ready
-    seconds: float = Field(3600.0, gt=0)  # how long a wedge blocks the loop; ignored for other kinds
+    after: float = Field(0.0, ge=0, le=DAY)  # seconds after the child reports ready; a test lasts less than a day
+    seconds: float = Field(3600.0, gt=0, le=DAY)  # how long a wedge blocks the loop; ignored for other kinds; a day at most
     code: int = Field(1, ge=0, le=255)  # exit code of a crash
     once: bool = True  # only in the child's first incarnation (restart count 0)
 
@@ -344,14 +404,20 @@ class FleetSection(_Section):
     """The fleet's timing constants (DESIGN §4): the defaults are the design's;
     tests shorten them. Every node of a fleet should use the same values."""
 
-    heartbeat: float = Field(15.0, gt=0)  # presence and lease renewals, and the admission freshness
-    lease_ttl: float = Field(45.0, ge=1, validate_default=True)  # a lease not renewed this long lapses
-    sweep: float = Field(5.0, gt=0)  # the seat sweep's interval
-    claims_per_sweep: int = Field(4, ge=1)  # a claim spawns a seat's MCP children
-    releases_per_sweep: int = Field(2, ge=1)  # a release interrupts a live agent
+    # Presence and lease renewals, and the admission freshness: a KV write per seat per
+    # beat, so not more than 2 a second; at most 10 minutes (below lease_ttl).
+    heartbeat: float = Field(15.0, ge=0.5, le=600)
+    # A lease not renewed this long lapses (NATS keeps whole seconds, hence >= 1); at most an
+    # hour: a dead node's seats are unheld that long.
+    lease_ttl: float = Field(45.0, ge=1, le=HOUR, validate_default=True)
+    # The seat sweep's interval: each reads the leases, so 0.1 s at least; 10 minutes at most.
+    sweep: float = Field(5.0, ge=0.1, le=600)
+    claims_per_sweep: int = Field(4, ge=1, le=COUNT_MAX)  # a claim spawns a seat's MCP children
+    releases_per_sweep: int = Field(2, ge=1, le=COUNT_MAX)  # a release interrupts a live agent
     # A mailbox's ack wait: mail in the hands of a node that died comes back after it.
-    # Set when a mailbox is created (the first node to create it decides).
-    ack_wait: float = Field(1800.0, ge=1)
+    # Set when a mailbox is created (the first node to create it decides). NATS keeps it in
+    # int64 nanoseconds; a day at most, or a dead node's mail waits longer than anyone will.
+    ack_wait: float = Field(1800.0, ge=1, le=DAY)
 
     @field_validator("lease_ttl")
     @classmethod
@@ -377,7 +443,7 @@ class NodeConfig(_Section):
     node: NodeSection = Field(default_factory=NodeSection)  # who this node is and what it runs
     data_dir: str = Field(default_factory=default_data_dir, min_length=1, validate_default=True)  # node state; absolute after loading
     stream: StreamSection = Field(default_factory=StreamSection)  # the NATS connection
-    ingress: IngressSection = Field(default_factory=IngressSection)  # the HTTP front door
+    ingress: IngressSection = Field(default_factory=IngressSection, validate_default=True)  # the HTTP front door
     supervisor: SupervisorSection = Field(default_factory=SupervisorSection)  # restart policy and timeouts
     log: LogSection = Field(default_factory=LogSection)  # logging
     fleet: FleetSection = Field(default_factory=FleetSection)  # lease and sweep timing
@@ -410,6 +476,12 @@ class NodeConfig(_Section):
     def _broker_kind(cls, v: StreamSection, info: ValidationInfo) -> StreamSection:
         """The broker follows the roles (reference: scaling-out): a data node's
         embedded broker is a cluster member, a node without data runs a leaf."""
+        listens = broker_listens(v)
+        for i, (key, addr) in enumerate(listens):
+            for other, was in listens[:i]:
+                if same_socket(addr, was):
+                    _fail_at(tuple(key.split(".")), addr, f"{addr} is also stream.{other} ({was}): "
+                             "every address this node listens on must be its own")
         node = info.data.get("node")
         if node is None or v.type != "embedded":
             return v  # node invalid (already reported), or no broker child: cluster/leaf unused
@@ -420,6 +492,18 @@ class NodeConfig(_Section):
             _fail_at(("cluster",), v.cluster, "a node without the data role runs a leaf of the members, not a "
                      "member holding replicas and a vote: set stream.leaf to the members' leaf addresses, "
                      "or add the data role")
+        return v
+
+    @field_validator("ingress")
+    @classmethod
+    def _ingress_listen(cls, v: IngressSection, info: ValidationInfo) -> IngressSection:
+        """The HTTP port is not one the embedded broker binds (both would start,
+        and one of them fail to bind, exiting 69 with the cause in a child's log)."""
+        stream = info.data.get("stream")
+        for key, addr in broker_listens(stream) if stream is not None else []:
+            if same_socket(v.listen, addr):
+                _fail_at(("listen",), v.listen, f"{v.listen} is also stream.{key} ({addr}): "
+                         "the HTTP API and the broker each need a port of their own")
         return v
 
     @property
