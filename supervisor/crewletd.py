@@ -3,8 +3,9 @@
 ``crewletd start`` is the root supervisor (and a container's PID 1). In
 order, before any thread, loop or ZeroMQ context exists:
 
-1. load and validate Tier A config — a problem is one line naming the file,
-   key and problem, and exit 78;
+1. load and validate Tier A config, and the ``--company`` file if given (its
+   revision must fit the broker's message) — a problem is one line naming the
+   file, key and problem, and exit 78;
 2. take the data dir's lock, so two crewletd never share one run dir;
 3. become the child subreaper, title this process;
 4. start the zygote (fork+exec), then run the node's loop
@@ -78,6 +79,7 @@ def cli() -> None:
 def start(config_path: str | None, company_path: str | None) -> None:
     """Start this node: the broker, then its roles; runs until stopped."""
     from crewlet.company import load_company
+    from crewlet.coord.control_plane import RevisionTooLarge, check_size
     from supervisor.node import Node
     from supervisor.zygote import Zygote
 
@@ -87,6 +89,9 @@ def start(config_path: str | None, company_path: str | None) -> None:
     if company_path is not None:
         try:
             seed = (load_company(company_path), os.path.abspath(company_path))
+            check_size(*seed)  # refused now, not as a node that cannot store it (nor stop)
+        except RevisionTooLarge as exc:
+            _fail_config(f"{company_path}: {exc}")
         except ConfigError as exc:
             _fail_config(str(exc))
     log.configure(node=cfg.node.id, role="crewletd", level=cfg.log.level, fmt=cfg.log.format)

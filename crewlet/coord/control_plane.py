@@ -21,6 +21,13 @@ Both live in the ``config`` KV bucket:
     count, and whichever activates second is active; a rollback may
     activate an older one.
 
+A revision is one message, so the whole record (with its write's headers)
+must fit the broker's ``MAX_PAYLOAD``: :func:`check_size` measures the record
+:meth:`ControlPlane.append` would write and raises :class:`RevisionTooLarge`,
+naming the size and the limit; ``crewletctl apply`` (``--check`` too) and
+``crewletd start --company`` call it before anything is sent, and ``append``
+itself refuses before publishing.
+
 Every node watches ``active`` (:meth:`ControlPlane.watch`), applies the
 revision it names, and records what it reached in ``status``.
 
@@ -62,7 +69,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from nats.js.kv import KeyValue
 
 from crewlet.company.model import Company
-from crewlet.bus import kv_subject
+from crewlet.bus import MAX_PAYLOAD, kv_subject
 from crewlet.coord.buckets import CONFIG, ensure, follow, last, subjects
 
 JS_TIMEOUT = 2.0          # seconds: the JetStream request timeout callers should use
@@ -75,6 +82,11 @@ READ_CONCURRENCY = 16     # revisions read at once by revisions() and history()
 APPEND_ATTEMPTS = 50      # rev.<n> creates (n, n+1, …) before giving up
 ACTIVE = "active"
 REV_PREFIX = "rev."
+# Bytes kept for a write's headers (Nats-Expected-Last-Subject-Sequence and a
+# Nats-Msg-Id of the key and 32 hex digits take ~110), which the broker counts
+# in the message's size; and the widest revision number a record may carry.
+HEADERS_ROOM = 256
+REV_WIDEST = 2**53 - 1
 
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = (10071, 10164)
@@ -94,6 +106,37 @@ class ControlPlaneError(Exception):
 
 class RevisionNotFound(ControlPlaneError):
     """No ``rev.<n>`` for the asked n."""
+
+
+class RevisionTooLarge(ControlPlaneError):
+    """A company whose stored revision would not fit one broker message;
+    ``size`` and ``limit`` in bytes. Nothing was sent."""
+
+    def __init__(self, size: int, limit: int):
+        self.size, self.limit = size, limit
+        super().__init__(f"the company's stored revision would be {size:,} bytes, over the broker's limit "
+                         f"of {limit:,} bytes ({limit / 2**20:g} MiB) a message: fewer seats, or shorter "
+                         "personas and rules")
+
+
+def _record(company: Company, source: str, by: str | None) -> dict[str, Any]:
+    """A revision's record, without its number: what :meth:`ControlPlane.append` stores."""
+    return {"company": company.model_dump(mode="json"), "digest": company.digest(),
+            "source": source, "applied_by": by or applied_by(), "at": time.time()}
+
+
+def revision_size(company: Company, source: str, by: str | None = None) -> int:
+    """Bytes the broker would count for *company* stored as a revision: the
+    record at its widest revision number, and room for the write's headers."""
+    return len(_dumps({"rev": REV_WIDEST, **_record(company, source, by)})) + HEADERS_ROOM
+
+
+def check_size(company: Company, source: str, by: str | None = None, limit: int = MAX_PAYLOAD) -> int:
+    """The revision's size (:func:`revision_size`); :class:`RevisionTooLarge` over *limit*."""
+    size = revision_size(company, source, by)
+    if size > limit:
+        raise RevisionTooLarge(size, limit)
+    return size
 
 
 def applied_by() -> str:
@@ -259,9 +302,10 @@ class ControlPlane:
         return await _patiently(f"writing {CONFIG.name}/{key}", publish)
 
     async def append(self, company: Company, source: str, by: str | None = None) -> int:
-        """Store *company* as the next revision; its number. Does not activate."""
-        record = {"company": company.model_dump(mode="json"), "digest": company.digest(),
-                  "source": source, "applied_by": by or applied_by(), "at": time.time()}
+        """Store *company* as the next revision; its number. Does not activate.
+        :class:`RevisionTooLarge` (nothing sent) when it would not fit a message."""
+        record = _record(company, source, by)
+        check_size(company, source, record["applied_by"])
         n = await self.highest() + 1
         for _ in range(APPEND_ATTEMPTS):
             if await self._write(f"{REV_PREFIX}{n}", _dumps({"rev": n, **record}), 0):

@@ -6,8 +6,10 @@ dir is ``--data-dir`` if given, else the one in the Tier A config
 the defaults, ``$CREWLET_DATA_DIR`` among them). The config is read only
 when a command needs the node, so ``--help`` works with a broken one.
 
-Exit codes (sysexits where one fits): 0 ok, 1 crewletd refused, 3 ``status``
-found a child not running, 69 no node reachable, 78 configuration error.
+Exit codes (sysexits where one fits): 0 ok, 1 crewletd refused, 2 bad
+input (click's usage errors, and an argument that cannot be sent: not UTF-8,
+a number past 64 bits), 3 ``status`` found a child not running, 69 no node
+reachable, 78 configuration error. Bad input is one line, never a traceback.
 
 One module per command (its docstring is its help); rendering lives in
 :mod:`crewlet.ctl.render`.
@@ -31,6 +33,7 @@ from crewlet.config.load import CONFIG_ENV, DEFAULT_CONFIG_PATHS
 # Exit codes.
 EXIT_OK = 0
 EXIT_REFUSED = 1        # crewletd answered ok: false
+EXIT_USAGE = 2          # bad input, as click's own usage errors
 EXIT_NOT_RUNNING = 3    # status: some child is not running (LSB "not running")
 EXIT_UNREACHABLE = 69   # EX_UNAVAILABLE: no crewletd answered
 EXIT_CONFIG = ConfigError.EXIT_CODE  # 78, EX_CONFIG
@@ -115,7 +118,13 @@ class Ctl:
 
     def ask(self, op: str, timeout: float = CALL_TIMEOUT, **args: Any) -> dict[str, Any]:
         """The ``result`` of one control request; exits 69 if no node answers
-        and 1 if crewletd refuses."""
+        and 1 if crewletd refuses, 2 if an argument cannot be sent at all."""
+        try:
+            ipc.pack(args)  # before anything is sent: lone surrogates (argv of undecodable bytes), huge ints
+        except UnicodeEncodeError as exc:
+            fail(f"an argument is not UTF-8 text (an undecodable byte at character {exc.start})", EXIT_USAGE)
+        except (OverflowError, ValueError, TypeError) as exc:
+            fail(f"an argument cannot be sent: {exc}", EXIT_USAGE)
         try:
             reply = request(self.target, op, timeout, **args)
         except ipc.NodeUnreachable as exc:

@@ -1,7 +1,9 @@
 """``crewletctl apply FILE``: store a company file as a new revision and activate it.
 
 The file is validated first; a bad one is one line on stderr naming the
-file, the key and the problem, exit 78, and nothing is sent. Then crewletctl
+file, the key and the problem, exit 78, and nothing is sent. So is a company
+whose stored revision would exceed the broker's message limit (1 MiB), with
+``--check`` too: the line names the size and the limit. Then crewletctl
 dials the node's NATS (the ``stream`` section of its Tier A config: see
 ``crewletctl --help`` for how the config is found), appends the company as
 revision n+1 in the ``config`` bucket and bumps the activation epoch, which
@@ -25,7 +27,8 @@ from crewlet import bus
 from crewlet.bus import servers_of
 from crewlet.company import load_company
 from crewlet.config import ConfigError, NodeConfig, load_node_config
-from crewlet.coord.control_plane import JS_TIMEOUT, ControlPlane, ControlPlaneError
+from crewlet.company.model import Company
+from crewlet.coord.control_plane import JS_TIMEOUT, ControlPlane, ControlPlaneError, RevisionTooLarge, check_size
 from crewlet.ctl import EXIT_CONFIG, EXIT_UNREACHABLE, PROG, Ctl, fail
 
 CONNECT_TIMEOUT = 2.0  # seconds to reach the node's NATS
@@ -84,6 +87,20 @@ def with_control_plane(ctl: Ctl, work: Callable[[ControlPlane], Awaitable[T]]) -
         fail(str(exc), EXIT_UNREACHABLE)
 
 
+def loadable(file: str) -> Company:
+    """The company in *file*, valid and small enough to store; else one line
+    naming the file and the problem, exit 78 (nothing is sent)."""
+    try:
+        company = load_company(file)
+        try:
+            check_size(company, os.path.abspath(file))
+        except RevisionTooLarge as exc:
+            raise ConfigError(file, None, str(exc)) from None
+    except ConfigError as exc:
+        fail(str(exc), EXIT_CONFIG)
+    return company
+
+
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--check", is_flag=True, help="Only validate FILE and print its digest; send nothing.")
@@ -92,13 +109,11 @@ def apply(ctl: Ctl, file: str, check: bool) -> None:
     """Apply a company file: store it as a new revision and activate it.
 
     Every node of the fleet then applies the new revision. Exits 0 when
-    stored and activated, 78 when FILE is invalid (nothing is sent), 69 when
-    the node's NATS cannot be reached.
+    stored and activated, 78 when FILE is invalid or its revision would be
+    over the broker's 1 MiB (nothing is sent), 69 when the node's NATS cannot
+    be reached.
     """
-    try:
-        company = load_company(file)
-    except ConfigError as exc:
-        fail(str(exc), EXIT_CONFIG)
+    company = loadable(file)
     if check:
         click.echo(f"valid {file}: {len(company.seats)} seats, digest {company.digest()}")
         return

@@ -13,10 +13,10 @@ under a number of its own, SEQ. Two shapes:
 
 from __future__ import annotations
 
-
 import click
 
 from crewlet.ctl import CALL_TIMEOUT, Ctl
+from crewlet.queue.base import SEQ_MAX
 from crewlet.ctl.render import dead_letters_view, normalize_dead_letters
 from crewlet.ctl.status import show
 
@@ -74,7 +74,7 @@ def list_letters(ctl: Ctl, seat: str | None, limit: int, as_json: bool) -> None:
 
 
 @dlq.command()
-@click.argument("seq", type=click.IntRange(min=1))
+@click.argument("seq", type=click.IntRange(min=1, max=SEQ_MAX))
 @click.pass_obj
 def requeue(ctl: Ctl, seq: int) -> None:
     """Put dead letter SEQ back in its seat's mailbox.

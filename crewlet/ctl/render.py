@@ -22,6 +22,10 @@ lines under it judge them as the estate's router does
 (:mod:`crewlet.estate.view`): a record older than its staleness limit is an
 applier stopped, an eviction wins over the record.
 
+Nothing here trusts a result's types: a number is shown only when it is a
+finite int or float (:func:`finite`); absent (None) it is '-', anything else
+(NaN, infinity, a string, a bool) is '?', never a traceback.
+
 A turn record is what one seat's turn did (``TurnRecord`` in
 crewlet/agent/turn.py); the stats keep a short form of each seat's last one
 (``trigger, outcome, at, took_ms, error``, ``at`` being its start).
@@ -29,6 +33,7 @@ crewlet/agent/turn.py); the stats keep a short form of each seat's last one
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -73,6 +78,7 @@ OUTCOME_STYLE = {
     "failed": "red", "running": "cyan",
 }
 NONE = "-"
+UNKNOWN = "?"  # a value that is there but not a number we can show (NaN, infinite, wrong type)
 # Seat names a turns line lists before "+N more": 32 turn slots would fill a screen.
 NAMES_SHOWN = 12
 # Finished turns the live status lists: enough to see the node work, few enough to fit.
@@ -133,10 +139,22 @@ def normalize_dead_letters(result: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ values
 
-def human_duration(seconds: float | None) -> str:
-    """12s, 3m12s, 2h05m, 3d04h; '-' for None."""
+def finite(value: Any) -> float | None:
+    """*value* if it is an int or float (not a bool) and finite; else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:  # an int too big for a float
+        return None
+
+
+def human_duration(seconds: Any) -> str:
+    """12s, 3m12s, 2h05m, 3d04h; '-' for None, '?' for anything not a finite number."""
     if seconds is None:
         return NONE
+    if finite(seconds) is None:
+        return UNKNOWN
     s = max(0, int(seconds))
     if s < 60:
         return f"{s}s"
@@ -147,16 +165,20 @@ def human_duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def human_bytes(n: int | None) -> str:
-    """Resident memory in MiB (GiB from 10 GiB on); '-' for None."""
+def human_bytes(n: Any) -> str:
+    """Resident memory in MiB (GiB from 10 GiB on); '-' for None, '?' for not a number."""
     if n is None:
         return NONE
+    if finite(n) is None:
+        return UNKNOWN
     mib = n / 2**20
     return f"{mib / 1024:.1f} GiB" if mib >= 10 * 1024 else f"{mib:.1f} MiB"
 
 
-def percent(value: float | None) -> str:
-    return NONE if value is None else f"{value:.1f}"
+def percent(value: Any) -> str:
+    if value is None:
+        return NONE
+    return UNKNOWN if finite(value) is None else f"{value:.1f}"
 
 
 def last_exit_text(last_exit: dict[str, Any] | None, now: float) -> str:
@@ -167,8 +189,8 @@ def last_exit_text(last_exit: dict[str, Any] | None, now: float) -> str:
     if not reason:
         code, sig = last_exit.get("code"), last_exit.get("signal")
         reason = f"signal {sig}" if sig is not None else f"exit {code}" if code is not None else "unknown"
-    at = last_exit.get("at")
-    return f"{reason}, {human_duration(now - at)} ago" if isinstance(at, (int, float)) else reason
+    at = finite(last_exit.get("at"))
+    return f"{reason}, {human_duration(now - at)} ago" if at is not None else reason
 
 
 def state_text(state: str | None) -> Text:
@@ -177,14 +199,18 @@ def state_text(state: str | None) -> Text:
 
 
 def ago_text(at: Any, now: float) -> str:
-    """'12s ago' for a unix time; '-' for anything else."""
-    return f"{human_duration(now - at)} ago" if isinstance(at, (int, float)) else NONE
-
-
-def took_text(ms: float | None) -> str:
-    """How long a turn took: 850ms, 1.2s, 3m12s; '-' for None."""
-    if not isinstance(ms, (int, float)):
+    """'12s ago' for a unix time; '-' for None, '?' for anything not a finite number."""
+    if at is None:
         return NONE
+    return f"{human_duration(now - at)} ago" if finite(at) is not None else UNKNOWN
+
+
+def took_text(ms: Any) -> str:
+    """How long a turn took: 850ms, 1.2s, 3m12s; '-' for None, '?' for not a finite number."""
+    if ms is None:
+        return NONE
+    if finite(ms) is None:
+        return UNKNOWN
     if ms < 1000:
         return f"{ms:.0f}ms"
     if ms < 60_000:
@@ -197,9 +223,9 @@ def outcome_text(outcome: str | None) -> Text:
     return Text(outcome, style=OUTCOME_STYLE.get(outcome, "magenta"))
 
 
-def one_line(text: str | None, width: int) -> str:
+def one_line(text: Any, width: int) -> str:
     """*text* on one line (whitespace runs made one space), cut to *width* with '…'."""
-    flat = " ".join((text or "").split())
+    flat = " ".join(("" if text is None else str(text)).split())
     return flat if len(flat) <= width else flat[:width - 1] + "…"
 
 
@@ -264,7 +290,7 @@ def supervisors_line(supervisors: list[dict[str, Any]]) -> Text:
         if i:
             line.append(" · ", style="dim")
         period = s.get("period")
-        period = f"{period:g}s" if isinstance(period, (int, float)) else NONE
+        period = f"{period:g}s" if finite(period) is not None else NONE
         line.append(f"{s.get('name')} {s.get('strategy')} "
                     f"{s.get('restarts_in_period')}/{s.get('intensity')} restarts in {period}")
     return line
@@ -346,9 +372,9 @@ def copy_out(node: dict[str, Any], now: float) -> str | None:
     record = node.get("estate")
     if not isinstance(record, dict):
         return NO_RECORD
-    at = record.get("at")
-    if not isinstance(at, (int, float)) or now - at > STATUS_STALE:
-        return f"{STOPPED} (last record {ago_text(at, now)})" if isinstance(at, (int, float)) else STOPPED
+    at = finite(record.get("at"))
+    if at is None or now - at > STATUS_STALE:
+        return f"{STOPPED} (last record {ago_text(at, now)})" if at is not None else STOPPED
     if not record.get("in_service"):
         return str(record.get("reason") or "out of service")
     return None
@@ -555,11 +581,11 @@ def seats_stats(children: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def finished_at(turn: dict[str, Any]) -> float | None:
     """When a turn (a record, or the stats' short form) ended, as a unix time."""
-    at = turn.get("started_at", turn.get("at"))
-    if not isinstance(at, (int, float)):
+    at = finite(turn.get("started_at", turn.get("at")))
+    if at is None:
         return None
-    took = turn.get("took_ms")
-    return at + (took / 1000 if isinstance(took, (int, float)) else 0)
+    took = finite(turn.get("took_ms"))
+    return at + (took / 1000 if took is not None else 0)
 
 
 def turns_line(stats: dict[str, Any]) -> Text:
@@ -619,9 +645,11 @@ def turns_view(stats: dict[str, Any], now: float, recent: bool = False) -> Rende
 # ------------------------------------------------------------------ this node's applier
 
 def rate_text(per_s: Any) -> str:
-    """350, 1,204 or 0.4 (ops a second); '-' for anything not a number."""
-    if not isinstance(per_s, (int, float)):
+    """350, 1,204 or 0.4 (ops a second); '-' for None, '?' for not a finite number."""
+    if per_s is None:
         return NONE
+    if finite(per_s) is None:
+        return UNKNOWN
     return f"{per_s:.1f}" if 0 < per_s < 10 else f"{per_s:,.0f}"
 
 
@@ -782,7 +810,7 @@ def dead_letters_table(letters: list[dict[str, Any]], now: float) -> Table:
         # Text, not str: a str cell is read as rich markup, and mail may contain "[/x]".
         table.add_row(str(d.get("seq")), str(d.get("seat")), str(d.get("deliveries") or NONE),
                       Text(str(d.get("reason") or NONE)),
-                      human_duration(now - at) if isinstance(at, (int, float)) else NONE,
+                      human_duration(now - at) if finite(at) is not None else human_duration(at),
                       Text(one_line(d.get("text"), LETTER_TEXT)))
     return table
 
@@ -818,7 +846,7 @@ def turn_text(turn: dict[str, Any]) -> str:
             f"{plural(turn.get('rounds') or 0, 'round')}, {plural(len(calls), 'tool call')}, "
             f"tokens {tokens.get('input', 0)} in / {tokens.get('output', 0)} out, "
             f"took {took_text(turn.get('took_ms'))} (provider {took_text(turn.get('provider_ms'))})")
-    if (turn.get("deliveries") or 0) > 1:
+    if (finite(turn.get("deliveries")) or 0) > 1:
         head += f", delivery {turn['deliveries']}"
     lines = [head]
     for call in calls:
@@ -897,6 +925,13 @@ def by_text(who: Any, at: Any, now: float) -> str:
     return f"{who or NONE}, {ago_text(at, now)}"
 
 
+def labels_text(labels: Any) -> str:
+    """'bug, ui'; '-' for none; a value that is not a list shown as it is."""
+    if not labels:
+        return NONE
+    return ", ".join(map(str, labels)) if isinstance(labels, (list, tuple)) else str(labels)
+
+
 def tasks_table(tasks: list[dict[str, Any]], now: float) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for header, justify in (("ID", "left"), ("STATUS", "left"), ("TITLE", "left"), ("ASSIGNEE", "left"),
@@ -907,7 +942,7 @@ def tasks_table(tasks: list[dict[str, Any]], now: float) -> Table:
         # Text, not str: a str cell is read as rich markup, and a title may contain "[/x]".
         table.add_row(str(t.get("id")), task_status_text(t.get("status")),
                       Text(one_line(t.get("title"), TITLE_WIDTH)), Text(str(t.get("assignee") or NONE)),
-                      Text(", ".join(t.get("labels") or []) or NONE), str(t.get("rev") or NONE),
+                      Text(labels_text(t.get("labels"))), str(t.get("rev") or NONE),
                       ago_text(t.get("updated_at"), now))
     return table
 
@@ -945,7 +980,7 @@ def task_view(result: dict[str, Any], now: float | None = None) -> RenderableTyp
     fields = [("task", title), ("status", task_status_text(task.get("status"))),
               ("assignee", task.get("assignee") or NONE)]
     if task.get("labels"):
-        fields.append(("labels", ", ".join(task["labels"])))
+        fields.append(("labels", labels_text(task["labels"])))
     if task.get("parent"):
         fields.append(("parent", task["parent"]))
     fields += [("rev", task.get("rev") or NONE),

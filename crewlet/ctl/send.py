@@ -6,19 +6,47 @@ the seat's ledger skips a trigger already worked), else a fresh one. With
 ``--wait`` it also listens for the turn record of that trigger and answers
 with the first one, so the request waits up to ``--wait`` seconds plus the
 usual call timeout.
+
+The text is checked here, before anything is sent: it must be UTF-8 (from
+stdin, or an argument the shell passed as bytes Python could not decode)
+and at most :data:`~crewlet.queue.base.MAIL_MAX` characters; else a usage
+error naming the problem, exit 2.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
 from crewlet.ctl import CALL_TIMEOUT, Ctl
+from crewlet.queue.base import check_mail
 from crewlet.ctl.render import no_turn_text, sent_text, turn_text
 
 STDIN = "-"  # TEXT that means: read the text from stdin
+
+
+def mail_text(text: str) -> str:
+    """TEXT as a mail may hold it (stdin read for "-"); BadParameter otherwise."""
+    if text == STDIN:
+        raw = click.get_binary_stream("stdin").read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise click.BadParameter(f"stdin is not UTF-8 text: {exc.reason} at byte {exc.start}",
+                                     param_hint="TEXT") from None
+    else:
+        try:
+            text.encode("utf-8")  # an argument of undecodable bytes holds lone surrogates
+        except UnicodeEncodeError as exc:
+            raise click.BadParameter(f"not UTF-8 text: undecodable byte at character {exc.start}",
+                                     param_hint="TEXT") from None
+    if not text.strip():
+        raise click.BadParameter("the text is empty", param_hint="TEXT")
+    try:
+        return check_mail(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="TEXT") from None
 
 
 @click.command()
@@ -41,14 +69,11 @@ def send(ctl: Ctl, seat: str, text: str, wait: float | None, trigger: str | None
 
     Exits 0 once the mail is in the mailbox, whatever the turn's outcome
     and whether one finished within --wait (see the output, or `turn` in
-    --json); 1 if crewletd refuses (no such seat, no company applied), 69
-    when no node answers.
+    --json); 1 if crewletd refuses (no such seat, no company applied), 2 if
+    TEXT is empty, not UTF-8 or over 100,000 characters (nothing is sent),
+    69 when no node answers.
     """
-    if text == STDIN:
-        text = sys.stdin.read()
-    if not text.strip():
-        raise click.BadParameter("the text is empty", param_hint="TEXT")
-    args = {"seat": seat, "text": text}
+    args = {"seat": seat, "text": mail_text(text)}
     if trigger:
         args["trigger"] = trigger
     if wait:

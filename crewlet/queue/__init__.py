@@ -28,6 +28,9 @@ How the pieces are used::
   times — a hand-over NAK spends one — is not handed out again: ``next()`` moves
   it to the dead letters with the reason, and ``requeue`` sends it back with a
   fresh budget.
+* **Size.** A mail holds at most ``MAIL_MAX`` (100,000) characters
+  (:func:`~crewlet.queue.base.check_mail`): every surface that sends for
+  someone refuses more, naming the limit, before anything is published.
 * **Worked mail** is kept by the stream until ``mail_days`` pass; ``trim(seat)``
   (a workers duty) drops what is below a mailbox's ack floor sooner.
 * ``ack(token)`` / ``nak(token)`` on :class:`Mailboxes` act on a delivery by its
@@ -41,9 +44,9 @@ Modules:
 * :mod:`crewlet.queue.conformance` — the ONE behaviour suite every backend runs
 """
 
-from crewlet.queue.base import (DELIVERY_BUDGET, SEAT_NAME, TRIGGER_HEADER, DeadLetter, Delivery,
-                                Mailbox, MailboxError, Mailboxes, check_seat)
+from crewlet.queue.base import (DELIVERY_BUDGET, MAIL_MAX, SEAT_NAME, TRIGGER_HEADER, DeadLetter, Delivery,
+                                Mailbox, MailboxError, Mailboxes, check_mail, check_seat)
 from crewlet.queue.jetstream import JetStreamMailboxes
 
-__all__ = ["DELIVERY_BUDGET", "SEAT_NAME", "TRIGGER_HEADER", "DeadLetter", "Delivery", "Mailbox",
-           "MailboxError", "Mailboxes", "check_seat", "JetStreamMailboxes"]
+__all__ = ["DELIVERY_BUDGET", "MAIL_MAX", "SEAT_NAME", "TRIGGER_HEADER", "DeadLetter", "Delivery", "Mailbox",
+           "MailboxError", "Mailboxes", "check_mail", "check_seat", "JetStreamMailboxes"]

@@ -24,6 +24,28 @@ TRIGGER_HEADER = "Crewlet-Trigger"
 SEAT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
+# What one mail to a seat may hold, in characters (str length, as the API's
+# JSON Schema maxLength counts): the one limit of every surface that sends
+# mail for someone (crewletctl send, POST /v1/seats/{seat}/mail, post()).
+# Characters rather than bytes, because that is what a caller can count and
+# what the API already promised; at most 4 UTF-8 bytes each, 100,000 of them
+# are 400,000 bytes, so any mail within it fits the broker's 1 MiB message
+# with its headers, in the mailbox and again in the dead letters.
+MAIL_MAX = 100_000
+
+
+def check_mail(text: str) -> str:
+    """*text*, if a mail may hold it; ``ValueError`` naming MAIL_MAX otherwise."""
+    if len(text) > MAIL_MAX:
+        raise ValueError(f"the text is {len(text):,} characters; a mail holds at most {MAIL_MAX:,}")
+    return text
+
+
+# The highest stream sequence: JetStream counts messages in a uint64. A dead
+# letter's number (what `dlq requeue` takes) is one.
+SEQ_MAX = 2**64 - 1
+
+
 # A trigger id keys the ledger (a KV key) and names the redo of a tool call
 # (<trigger>.<round>.<call>), so it is a run of KV key characters with room to grow.
 TRIGGER = re.compile(r"^[A-Za-z0-9_=-][A-Za-z0-9_=.-]{0,199}$")

@@ -16,7 +16,7 @@ import json
 import uuid
 from typing import Any
 
-from crewlet.queue.base import Mailboxes, check_trigger
+from crewlet.queue.base import Mailboxes, check_mail, check_trigger
 
 # Turn records: every seat publishes each of its turns here (roles.seats.turns).
 TURN_SUBJECT = "events.turn."
@@ -26,8 +26,10 @@ FROM_HEADER = "Crewlet-From"
 async def post(nc, mailboxes: Mailboxes, seat: str, text: str, *, sender: str,
                trigger: str | None = None, wait: float | None = None) -> dict[str, Any]:
     """Send *text* to *seat*; ``{"seat", "seq", "trigger", "turn"}`` (``turn``
-    None unless *wait* seconds saw the turn end). ValueError for a bad trigger;
-    :class:`~crewlet.queue.base.MailboxError` if the mailbox would not take it."""
+    None unless *wait* seconds saw the turn end). ValueError for a bad trigger
+    or a text over ``MAIL_MAX``; :class:`~crewlet.queue.base.MailboxError` if
+    the mailbox would not take it."""
+    check_mail(text)
     trigger = check_trigger(trigger) if trigger else uuid.uuid4().hex
     headers = {FROM_HEADER: sender}
     if not wait:

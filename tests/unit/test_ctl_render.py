@@ -631,7 +631,7 @@ def with_stats(stats):
 
 
 @pytest.mark.parametrize("ms, shown", [
-    (None, "-"), ("x", "-"), (0, "0ms"), (849.6, "850ms"), (1234.5, "1.2s"), (59_940, "59.9s"),
+    (None, "-"), ("x", "?"), (float("nan"), "?"), (float("inf"), "?"), (True, "?"), (0, "0ms"), (849.6, "850ms"), (1234.5, "1.2s"), (59_940, "59.9s"),
     (192_400, "3m12s"),
 ])
 def test_took_text(ms, shown):
@@ -1210,3 +1210,37 @@ def test_status_turns_line_says_unsettled_turns_and_lost_records():
     assert "2 unsettled (ledger not written)" in line and "1 records lost" in line
     quiet = line_of(text(render.status_view(with_stats(engine_stats(alice=seat_stats())), NOW)), "turns")
     assert "unsettled" not in quiet and "lost" not in quiet
+
+
+# Issue 16: an op applied with `at: NaN` made every `crewletctl tasks` crash from then on.
+WRONG_NUMBERS = [float("nan"), float("inf"), float("-inf"), "yesterday", True, [1], 10**400]
+WRONG_IDS = ["nan", "inf", "-inf", "str", "bool", "list", "huge_int"]
+
+
+@pytest.mark.parametrize("bad", WRONG_NUMBERS, ids=WRONG_IDS)
+def test_tasks_render_a_number_that_is_not_one_as_a_question_mark(node, tmp_path, bad):
+    node.replies["estate_read"] = {"tasks": [task_row(updated_at=bad, created_at=bad, labels=bad, title=bad),
+                                             task_row("T9")]}
+    result = run(tmp_path, "tasks")
+    assert result.exit_code == 0 and result.exception is None, result.output
+    assert line_of(result.stdout, "T12").split()[-1] == "?"
+    assert line_of(result.stdout, "T9").endswith(" ago")  # the sane row beside it, as ever
+    node.replies["estate_read"] = {"task": task_row(updated_at=bad, created_at=bad, labels=bad),
+                                   "comments": [comment_row(created_at=bad)]}
+    result = run(tmp_path, "tasks", "T12")
+    assert result.exit_code == 0 and result.exception is None, result.output
+    assert "ceo, ?" in result.stdout and "cto, ?" in result.stdout
+
+
+@pytest.mark.parametrize("bad", WRONG_NUMBERS, ids=WRONG_IDS)
+def test_every_number_renderer_shows_a_question_mark(bad):
+    for show in (render.human_duration, render.human_bytes, render.percent, render.took_text, render.rate_text):
+        assert show(bad) == "?", show
+        assert show(None) == "-", show
+    assert render.ago_text(bad, NOW) == "?"
+    assert render.finished_at({"at": bad}) is None
+    letter = {"seq": 77, "seat": "a", "deliveries": 2, "reason": "r", "at": bad, "text": "t"}
+    rows = [line.split() for line in text(render.dead_letters_view({"dead_letters": [letter]}, NOW)).splitlines()]
+    assert next(row for row in rows if row[:2] == ["77", "a"])[4] == "?"
+    turn = {"outcome": "done", "took_ms": bad, "provider_ms": bad, "deliveries": bad, "rounds": 1}
+    assert "took ?" in render.turn_text(turn)

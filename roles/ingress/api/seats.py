@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from crewlet.estate import ops
-from crewlet.queue.base import MailboxError
+from crewlet.queue.base import MAIL_MAX, MailboxError
 from crewlet.queue.post import post
 from roles.ingress.api.common import CURSOR, decode_cursor, encode_cursor, idempotency_key
 from roles.ingress.api.estate import Turn, _read
@@ -26,8 +26,6 @@ from roles.ingress.problems import Problem, responses
 
 router = APIRouter(prefix="/v1", tags=["seats"], responses=responses(401, 403, 422, 503))
 
-# Mail text: what one message to a seat may hold.
-MAIL_MAX = 100_000
 # Seconds a caller may wait for the turn that works its mail.
 WAIT_MAX = 120.0
 SeatPath = Path(pattern=ops.SEAT_NAME, description="A seat's name")

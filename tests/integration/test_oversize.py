@@ -1,0 +1,180 @@
+"""Everything too big is refused before it is sent, naming the limit (issue 16).
+
+A company revision is one broker message (1 MiB, headers included): the
+size :func:`~crewlet.coord.control_plane.revision_size` measures is checked
+against a real nats-server on both sides of the limit, and a company over it
+is refused by ``crewletctl apply --check``, ``crewletctl apply`` and
+``crewletd start --company`` with exit 78, nothing stored. Mail holds at most
+``MAIL_MAX`` characters, the most of them (4-byte characters included) fits
+the real broker, and ``crewletctl send`` refuses more, bad UTF-8 and a
+``dlq requeue`` number past a stream sequence as one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+
+import nats
+import pytest
+import yaml
+
+from crewlet.bus import MAX_PAYLOAD
+from crewlet.company import parse_company
+from crewlet.coord.control_plane import JS_TIMEOUT, ControlPlane, RevisionTooLarge, revision_size
+from crewlet.queue.base import MAIL_MAX, SEQ_MAX
+from tests.conftest import CREWLETCTL, wait_for
+
+SOURCE = "/srv/company.yaml"
+LIMIT_TEXT = f"over the broker's limit of {MAX_PAYLOAD:,} bytes (1 MiB) a message"
+
+
+def company_text(persona: int) -> str:
+    return yaml.safe_dump({"company": {"name": "Big"},
+                           "providers": {"local": {"kind": "scripted", "rules": [{"match": "hello", "reply": "hi"}]}},
+                           "seats": [{"name": "solo", "provider": "local", "persona": "p" * persona}]})
+
+
+def sized(bytes_: int):
+    """A company whose revision measures *bytes_* (a persona of ASCII is a byte a character)."""
+    base = revision_size(parse_company(company_text(1), "c.yaml", env={}), SOURCE, "op@host")
+    company = parse_company(company_text(1 + bytes_ - base), "c.yaml", env={})
+    assert abs(revision_size(company, SOURCE, "op@host") - bytes_) <= 2  # `at` may print a digit more or less
+    return company
+
+
+def on(natsd, scenario):
+    async def main():
+        nc = await nats.connect(natsd.url, connect_timeout=2)
+        try:
+            return await scenario(await ControlPlane.open(nc.jetstream(timeout=JS_TIMEOUT), 1))
+        finally:
+            await nc.close()
+    return asyncio.run(main())
+
+
+def test_a_revision_just_within_the_limit_is_stored_and_just_over_is_refused_unsent(natsd):
+    within, over = sized(MAX_PAYLOAD - 4), sized(MAX_PAYLOAD + 64)
+
+    async def scenario(plane):
+        assert await plane.append(within, SOURCE, by="op@host") == 1  # the real broker takes it
+        stored = await plane.revision(1)
+        with pytest.raises(RevisionTooLarge) as info:
+            await plane.append(over, SOURCE, by="op@host")
+        return stored, info.value, await plane.highest()
+
+    stored, refused, highest = on(natsd, scenario)
+    assert stored["digest"] == within.digest()
+    assert refused.limit == MAX_PAYLOAD and refused.size > MAX_PAYLOAD
+    assert highest == 1  # nothing of the refused one was written
+
+
+@pytest.fixture
+def tier_a(natsd, short_tmp):
+    path = os.path.join(short_tmp, "crewlet.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump({"node": {"id": "t1"}, "data_dir": os.path.join(short_tmp, "data"),
+                        "stream": {"type": "nats", "servers": [natsd.url]}}, f)
+    return path
+
+
+@pytest.fixture
+def big_company(short_tmp):
+    path = os.path.join(short_tmp, "big.yaml")
+    with open(path, "w") as f:
+        f.write(company_text(MAX_PAYLOAD + 1000))
+    return path
+
+
+def test_crewletctl_apply_refuses_a_company_over_the_limit(natsd, tier_a, big_company):
+    for args in (["apply", "--check", big_company], ["apply", big_company]):
+        done = subprocess.run([*CREWLETCTL, "-c", tier_a, *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 78, (args, done.stdout, done.stderr)
+        assert done.stderr.startswith(f"crewletctl: {big_company}: the company's stored revision would be ")
+        assert LIMIT_TEXT in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+    async def highest(plane):
+        return await plane.highest()
+    assert on(natsd, highest) == 0  # nothing was sent
+
+
+def test_crewletd_start_refuses_a_company_over_the_limit(make_node, big_company):
+    node = make_node().start(wait_ready=False, args=("--company", big_company))
+    assert node.proc.wait(30) == 78
+    log = node.read_log()
+    assert f"{big_company}: the company's stored revision would be " in log and LIMIT_TEXT in log, log
+    assert "Traceback" not in log
+    assert not os.path.exists(os.path.join(node.run_dir, "control"))  # it never started a thing
+
+
+# ------------------------------------------------------------------ crewletctl send and dlq on a real node
+
+SMALL = """
+company: {name: Small}
+providers: {local: {kind: scripted, rules: [{match: hello, reply: hi}]}}
+seats: [{name: solo, persona: does everything, provider: local}]
+"""
+
+
+def ctl(node, *args: str, input: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CREWLETCTL, "-c", node.config_path, *args], input=input, capture_output=True,
+                          timeout=60, env=env)
+
+
+def refused(done: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    err = done.stderr.decode()
+    assert done.returncode == code, (done.returncode, err)
+    assert "Traceback" not in err and all(w in err for w in words), err
+    return err
+
+
+def test_send_and_dlq_refuse_bad_input_and_the_limit_is_what_the_broker_takes(make_node, short_tmp):
+    company = os.path.join(short_tmp, "small.yaml")
+    with open(company, "w") as f:
+        f.write(SMALL)
+    node = make_node().start(args=("--company", company))
+    # The company is applied once the node has joined: then the largest mail goes through.
+    widest = ("😀" * MAIL_MAX).encode()  # 4 bytes a character: 400,000 bytes
+    sent = wait_for(lambda: (lambda d: d if d.returncode == 0 else None)(ctl(node, "send", "solo", "-", input=widest)),
+                    30, interval=0.5, what="the largest mail sent")
+    assert b"sent to solo" in sent.stdout
+    assert ctl(node, "send", "solo", "-", input=b"a" * MAIL_MAX).returncode == 0
+
+    refused(ctl(node, "send", "solo", "-", input=b"a" * (MAIL_MAX + 1)), 2,
+            f"the text is {MAIL_MAX + 1:,} characters; a mail holds at most {MAIL_MAX:,}")
+    refused(ctl(node, "send", "solo", "-", input=b"a" * 5_000_000), 2, "a mail holds at most")
+    refused(ctl(node, "send", "solo", "-", input=b"caf\xe9 \xff"), 2, "stdin is not UTF-8 text")
+    # An argument of undecodable bytes: Python hands it over with surrogates (surrogateescape).
+    refused(ctl(node, "send", "solo", os.fsdecode(b"caf\xe9")), 2, "not UTF-8 text")
+    refused(ctl(node, "send", os.fsdecode(b"s\xffolo"), "hello"), 2, "an argument is not UTF-8 text")
+    refused(ctl(node, "send", "solo", "hi", "--trigger", os.fsdecode(b"t\xff")), 2, "not UTF-8 text")
+
+    refused(ctl(node, "dlq", "requeue", str(SEQ_MAX)), 1, f"no dead letter {SEQ_MAX}")
+    refused(ctl(node, "dlq", "requeue", str(SEQ_MAX + 1)), 2, "is not in the range")
+    refused(ctl(node, "dlq", "requeue", "9" * 400), 2, "is not in the range")
+    assert ctl(node, "status").returncode == 0  # the node took none of it badly
+
+
+def test_post_refuses_a_text_over_the_limit_before_publishing(natsd):
+    """post() is what crewletd's `send` and the API's mail both call: it holds the
+    limit itself, so a surface that forgot to check still sends nothing too big."""
+    from crewlet.queue import JetStreamMailboxes
+    from crewlet.queue.post import post
+
+    async def main():
+        nc = await nats.connect(natsd.url, connect_timeout=2)
+        try:
+            boxes = JetStreamMailboxes(nc.jetstream(timeout=JS_TIMEOUT), nc)
+            await boxes.ensure_streams(replicas=1, max_consumers=10, mail_days=1)
+            await boxes.ensure(["solo"])
+            with pytest.raises(ValueError, match=f"a mail holds at most {MAIL_MAX:,}"):
+                await post(nc, boxes, "solo", "a" * (MAIL_MAX + 1), sender="test")
+            before = await boxes.info("solo")
+            sent = await post(nc, boxes, "solo", "a" * MAIL_MAX, sender="test")
+            return before, sent, await boxes.info("solo")
+        finally:
+            await nc.close()
+
+    before, sent, after = asyncio.run(main())
+    assert before["pending"] == 0 and sent["seq"] >= 1 and after["pending"] == 1
