@@ -31,7 +31,8 @@ YAML that costs more than it says
     ``ALIAS_NODES_MAX`` nodes (a "billion laughs" bomb of a few hundred
     bytes expands to millions: expansion, ``${VAR}`` and validation walk
     the tree, not the graph) or when an alias is inside its own anchor (a
-    recursive document). Nesting deeper than Python can parse is refused too.
+    recursive document). Nesting deeper than ``NESTING_MAX`` (64) levels is
+    refused too.
 
 Errors
     Every config problem raises :class:`ConfigError`, whose ``str`` is one
@@ -127,11 +128,34 @@ YAML_MAX_BYTES = 2 * 1024 * 1024
 # providers, personas and placements (10,000 seats each aliasing a 10-node mapping),
 # and walked, expanded and validated in well under a second.
 ALIAS_NODES_MAX = 100_000
+# Levels of nesting: a config is a handful deep. PyYAML composes recursively and its
+# scanner's look-ahead is quadratic in the depth of a flow nest ("[[[[..."): ~1 s at
+# a few hundred levels, ~1 ms at this.
+NESTING_MAX = 64
 
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader that rejects duplicate keys, which plain YAML silently resolves
-    to the last one, hiding an edit that seems to have no effect."""
+    to the last one, hiding an edit that seems to have no effect; and nesting
+    deeper than NESTING_MAX, in flow style as the scanner meets it."""
+
+    _depth = 0
+
+    def fetch_flow_collection_start(self, TokenClass):
+        if self.flow_level >= NESTING_MAX:
+            raise yaml.scanner.ScannerError(None, None, f"nested deeper than {NESTING_MAX} levels",
+                                            self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > NESTING_MAX:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {NESTING_MAX} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -239,7 +263,7 @@ def parse_yaml(text: str, source: str) -> object:
         raise ConfigError(source, None, f"invalid YAML{where}: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise ConfigError(source, None, f"invalid YAML: {e}") from None
-    except RecursionError:
+    except RecursionError:  # not reached within NESTING_MAX; kept as the last guard
         raise ConfigError(source, None, "invalid YAML: nested too deeply") from None
     except ValueError as e:  # e.g. an integer of more digits than Python converts
         raise ConfigError(source, None, f"invalid YAML: {str(e).partition(';')[0]}") from None

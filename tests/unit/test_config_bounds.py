@@ -23,9 +23,9 @@ from crewlet.config.load import ALIAS_NODES_MAX, YAML_MAX_BYTES
 
 BIN = Path(sys.executable).parent
 REFUSE_WITHIN = 1.0  # seconds, the whole command: interpreter start included
-# Not bombs but refused all the same; PyYAML's scanner looks up to 1024 characters ahead
-# at each "[" of a deep nest (~0.5 s), so these get a second beyond the command's start-up.
-SLOW_TO_SCAN = ("deep", "huge_int", "too_big")
+# Not bombs but refused all the same, after reading 2 MiB or parsing a 5000-digit
+# number: these get a second beyond the command's start-up.
+SLOW_TO_SCAN = ("huge_int", "too_big")
 
 # (dotted key, values refused). The section the key is in is written around it.
 BAD = [
@@ -147,7 +147,9 @@ BOMBS = {
     "recursive_list": ("a: &a [*a]\n", "recursive alias"),
     "merge_bomb": ("".join(f"k{i}: &k{i} {{<<: [{', '.join([f'*k{i - 1}'] * 9)}], x{i}: 1}}\n" if i
                            else "k0: &k0 {x: 1}\n" for i in range(9)), "aliases expand the document"),
-    "deep": ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    "deep": ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper than 64 levels"),
+    "deep_block": ("".join(" " * i + f"k{i}:\n" for i in range(200)) + " " * 200 + "x: 1\n",
+                   "nested deeper than 64 levels"),
     "huge_int": ("node: {max_concurrent: " + "9" * 5000 + "}\n", "invalid YAML"),
     "too_big": ("#" * (YAML_MAX_BYTES + 1), f"over the limit of {YAML_MAX_BYTES} bytes"),
 }
