@@ -10,6 +10,10 @@ The zygote forks a child into :func:`run_role`. It gives the role:
 * :meth:`RoleContext.ready`, which tells crewletd the child counts as started;
 * SIGTERM as a request to stop: ``ctx.stopping`` is set, the role's ``main``
   returns, the connection drains and the process exits 0;
+* a :class:`~crewlet.config.ConfigError` out of ``main`` (say, ingress
+  cannot bind ``ingress.listen``) as a ``config_error`` event naming the key,
+  and exit 78: crewletd reads the event (:func:`config_problem`), names its
+  config file, and exits 78 itself rather than restart the child;
 * the fault injection of ``debug.faults`` (wedge, crash, mute, orphan), which
   only a config file can turn on.
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import os
 import signal
 import subprocess
@@ -33,9 +38,11 @@ import zmq
 import zmq.asyncio
 
 from crewlet import bus, ipc, log
-from crewlet.config import NodeConfig
+from crewlet.config import ConfigError, NodeConfig
 from crewlet.watchdog import Watchdog
 
+# The event a role child states a configuration problem with, before it exits 78.
+CONFIG_ERROR = "config_error"
 # The parent-death signal of role children: distinct from SIGTERM, which is a
 # request to stop, so a child orphaned by its zygote's death exits non-zero.
 PARENT_GONE = signal.SIGUSR2
@@ -190,11 +197,28 @@ def run_role(role: str, config: dict, incarnation: int = 0, boot: str = "") -> i
         return run_loop(_amain(role, cfg, incarnation, boot, module.main), leftovers=LEFTOVERS)
     except SystemExit:
         raise
+    except ConfigError as exc:
+        log.event(CONFIG_ERROR, "error", key=exc.key, problem=exc.problem)
+        return ConfigError.EXIT_CODE
     except BaseException as exc:
         # One event with the whole traceback, rather than a line per event.
         log.event("role_crashed", "error", error=f"{type(exc).__name__}: {exc}",
                   traceback=traceback.format_exc())
         return 1
+
+
+def config_problem(line: bytes) -> tuple[str | None, str] | None:
+    """(key, problem) if *line* of a role child's output is its ``config_error``
+    event; else None."""
+    if CONFIG_ERROR.encode() not in line:
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("event") != CONFIG_ERROR:
+        return None
+    return record.get("key"), str(record.get("problem"))
 
 
 async def _amain(role: str, cfg: NodeConfig, incarnation: int, boot: str, main) -> int:

@@ -7,9 +7,16 @@ order, before any thread, loop or ZeroMQ context exists:
    revision must fit the broker's message) — a problem is one line naming the
    file, key and problem, and exit 78;
 2. take the data dir's lock, so two crewletd never share one run dir;
-3. become the child subreaper, title this process;
-4. start the zygote (fork+exec), then run the node's loop
+3. bind and close every address the node will listen on
+   (:func:`crewlet.ports.preflight`) — one that cannot be bound (in use, not
+   an address of this machine, not resolvable) is one line naming the file
+   and key, and exit 78;
+4. become the child subreaper, title this process;
+5. start the zygote (fork+exec), then run the node's loop
    (:class:`supervisor.node.Node`).
+
+A child that exits 78 makes crewletd exit 78 too, the child's problem (one
+line naming the file and key, where the child said which) on stderr.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import sys
 
 import click
 
-from crewlet import ipc, log, sysd
+from crewlet import ipc, log, ports, sysd
 from crewlet.config import ConfigError, load_node_config
 from crewlet.runtime import LEFTOVERS, run_loop
 from crewlet.estate.floor import wipe_scratch
@@ -99,6 +106,10 @@ def start(config_path: str | None, company_path: str | None) -> None:
         log.event("config_warning", "warning", message=warning)
     lock = _lock_data_dir(cfg)
     try:
+        ports.preflight(cfg)
+    except ConfigError as exc:
+        _fail_config(str(exc))
+    try:
         procs.set_child_subreaper()
     except OSError as exc:  # not Linux-like enough; orphans go to init instead
         log.event("subreaper_unavailable", "warning", error=str(exc))
@@ -117,6 +128,9 @@ def start(config_path: str | None, company_path: str | None) -> None:
     finally:
         os.close(lock)
     log.event("crewletd_exit", code=code)
+    if code == EXIT_CONFIG:
+        click.echo(f"crewletd: configuration error: {node.config_problem or node.exit_reason}",
+                   err=True)
     sys.exit(code)
 
 

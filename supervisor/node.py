@@ -19,7 +19,9 @@ forwarded to every child's process group; its own loop has a watchdog (exit
 75); under systemd it sends ``READY=1`` and ``WATCHDOG=1``.
 
 Exit codes: 0 stopped, 69 gave up (restart intensity), 75 own loop wedged, 78
-configuration (including a child that exited 78).
+configuration (including a child that exited 78, and a child that could not
+listen on its address: the broker's fatal line or a role's ``config_error``
+event read as the key at fault, :attr:`Node.config_problem`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import zmq.asyncio
 
 import crewlet
 from crewlet import bus, ipc, log, runtime, sysd, tokens
-from crewlet.config import NodeConfig
+from crewlet.config import ConfigError, NodeConfig
 from crewlet.watchdog import Watchdog
 from roles import broker
 from supervisor import control, procs
@@ -80,6 +82,9 @@ class Node:
         self._starts: dict[str, int] = {}
         self._last_exit: dict[str, dict] = {}
         self._ready = False
+        # The first configuration problem a child stated ("<file>: <key>: <problem>").
+        self.config_problem: str | None = None
+        self.exit_reason: str | None = None  # why the tree ended by itself
 
     # ------------------------------------------------------------- the tree
 
@@ -106,27 +111,47 @@ class Node:
                     title=f"crewlet {cfg.node.id} {name}", ready_timeout=s.ready_timeout,
                     heartbeat_silence=s.wedge_after + s.heartbeat_grace,
                     pdeathsig=runtime.PARENT_GONE, shutdown=s.shutdown_timeout,
-                    **self._significance())
+                    diagnose=self._role_problem, **self._significance())
                 for name in cfg.children()]
             return Supervisor("roles", self._flags(S.ONE_FOR_ONE), children, notify=self.publish)
 
-        root_children = []
-        if cfg.stream.type == "embedded":
-            binary = broker.find_binary(cfg)
-            conf = broker.write_config(cfg)
-            url = bus.servers_of(cfg.stream)[0]
-
-            async def probe(pid: int) -> None:
-                await broker.probe(url, asyncio.get_running_loop().time() + s.ready_timeout)
-
-            root_children.append(process_child(
-                self.host, "broker", target="roles.broker:exec_server",
-                kwargs={"binary": binary, "conf": conf},
-                title=f"crewlet {cfg.node.id} broker", ready_timeout=s.ready_timeout,
-                heartbeat_silence=None, probe=probe, shutdown=s.broker_shutdown_timeout))
+        root_children = [self.broker_child()] if cfg.stream.type == "embedded" else []
         root_children.append(self._fleet_child())
         root_children.append(nested("roles", roles, **self._significance()))
         return Supervisor("root", self._flags(S.REST_FOR_ONE), root_children, notify=self.publish)
+
+    def broker_child(self):
+        """The embedded broker (roles.broker): ready when it answers, and is ours."""
+        cfg, s = self.cfg, self.cfg.supervisor
+        binary = broker.find_binary(cfg)
+        conf = broker.write_config(cfg)
+        url = bus.servers_of(cfg.stream)[0]
+
+        async def probe(pid: int) -> None:
+            await broker.probe(url, asyncio.get_running_loop().time() + s.ready_timeout,
+                               name=cfg.node.id, pid=pid)
+
+        return process_child(
+            self.host, "broker", target="roles.broker:exec_server",
+            kwargs={"binary": binary, "conf": conf},
+            title=f"crewlet {cfg.node.id} broker", ready_timeout=s.ready_timeout,
+            heartbeat_silence=None, probe=probe, shutdown=s.broker_shutdown_timeout,
+            diagnose=self._broker_problem)
+
+    def _broker_problem(self, line: bytes) -> str | None:
+        found = broker.listen_problem(self.cfg, line)
+        return self._stated(*found) if found else None
+
+    def _role_problem(self, line: bytes) -> str | None:
+        found = runtime.config_problem(line)
+        return self._stated(*found) if found else None
+
+    def _stated(self, key: str | None, problem: str) -> str:
+        """A child's configuration problem, named with our config file."""
+        message = str(ConfigError(self.cfg.source, key, problem))
+        if self.config_problem is None:
+            self.config_problem = message
+        return message
 
     def _fleet_child(self):
         """The node's membership in the fleet, a task of crewletd (supervisor.fleet)."""
@@ -222,6 +247,7 @@ class Node:
 
     def _exit_code(self, info: ExitInfo) -> int:
         code = info.code if info.code in (EXIT_OK, EXIT_CONFIG) else EXIT_UNAVAILABLE
+        self.exit_reason = info.reason
         self.publish("node_exiting", "error" if code else "info", code=code, reason=info.reason)
         return code
 

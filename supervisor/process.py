@@ -11,6 +11,15 @@ start forks the child from the zygote and returns only once the child is
 report, like the broker) the spec's own readiness probe passed. A child that
 exits first, or is not ready within ``ready_timeout``, fails to start.
 
+A child's output is read line by line and re-emitted tagged with its name.
+A spec's ``diagnose`` reads each line for a configuration problem the child
+states before it fails (the broker's "address already in use", a role's
+``config_error`` event): a child that then exits non-zero is taken to have
+exited 78 with that problem as its reason, so its supervisor escalates it as
+bad configuration rather than restarting it. The exit is matched to what the
+child wrote deterministically: whatever it wrote is in the pipe before its
+exit is known, and is read before the exit is decided.
+
 While it runs, a child that reports heartbeats and goes silent for longer than
 ``wedge_after + heartbeat_grace`` is SIGKILLed ("killed: no heartbeat") — the
 case where its own watchdog thread could not end it. When a child ends, for
@@ -31,11 +40,17 @@ import zmq.asyncio
 
 from crewlet import ipc, log
 from supervisor import procs
-from supervisor.procs import ExitInfo
+from supervisor.procs import EXIT_CONFIG, EXIT_OK, ExitInfo
 from supervisor.spec import BRUTAL_KILL, INFINITY, ChildSpec, StartFailed
 from supervisor.zygote import ForkFailed, Zygote, ZygoteGone
 
 ReadyProbe = Callable[[int], Awaitable[None]]
+# One line of a child's output -> the configuration problem it states, else None.
+Diagnose = Callable[[bytes], "str | None"]
+# Reads of a dead child's pipe before its exit is decided: enough for a full
+# pipe (64 KiB on Linux), bounded should a grandchild keep writing into it.
+_DRAIN_READS = 16
+_READ_SIZE = 65536
 
 
 class ProcessHost:
@@ -56,6 +71,8 @@ class ProcessHost:
         self._ready: dict[int, asyncio.Future[None]] = {}
         self._beats: dict[int, Callable[[], None]] = {}
         self.stats: dict[int, dict[str, Any]] = {}
+        # The output pipe of each child not yet ended.
+        self._outputs: dict[int, _Output] = {}
         self._health: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task | None = None
 
@@ -120,32 +137,64 @@ class ProcessHost:
                 self.notify("orphan_reaped", orphan_pid=pid,
                             reason=ExitInfo.from_status(status).reason)
 
-    def pump(self, fd: int, *, role: str, pid: int) -> None:
+    def pump(self, fd: int, *, role: str, pid: int, diagnose: Diagnose | None = None) -> None:
         """Read a child's output pipe to EOF, re-emitting each line tagged."""
-        loop = asyncio.get_running_loop()
+        self._outputs[pid] = _Output(fd, role, pid, diagnose)
+
+    def last_words(self, pid: int) -> str | None:
+        """The configuration problem child *pid* (which has ended) stated with
+        its ``diagnose``, everything it wrote read first; None if it stated none.
+        (A pipe a grandchild still holds open goes on being read.)"""
+        out = self._outputs.pop(pid, None)
+        if out is None:
+            return None
+        for _ in range(_DRAIN_READS):
+            if not out.read():
+                break
+        return out.problem
+
+
+class _Output:
+    """One child's output pipe, read as the loop finds it readable."""
+
+    def __init__(self, fd: int, role: str, pid: int, diagnose: Diagnose | None):
+        self.fd, self.role, self.pid = fd, role, pid
+        self.diagnose = diagnose
+        self.problem: str | None = None
+        self.closed = False
+        self._buf = bytearray()
+        self._loop = asyncio.get_running_loop()
         os.set_blocking(fd, False)
-        buf = bytearray()
+        self._loop.add_reader(fd, self.read)
 
-        def readable() -> None:
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                chunk = b""
-            if chunk:
-                buf.extend(chunk)
-                *lines, rest = bytes(buf).split(b"\n")
-                buf[:] = rest
-                for line in lines:
-                    log.forward(line, role=role, pid=pid)
-                return
-            if buf:
-                log.forward(bytes(buf), role=role, pid=pid)
-            loop.remove_reader(fd)
-            os.close(fd)
+    def read(self) -> bool:
+        """Read what is in the pipe now; False when nothing was (or it closed)."""
+        if self.closed:
+            return False
+        try:
+            chunk = os.read(self.fd, _READ_SIZE)
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""
+        if chunk:
+            self._buf.extend(chunk)
+            *lines, rest = bytes(self._buf).split(b"\n")
+            self._buf[:] = rest
+            for line in lines:
+                self._line(line)
+            return True
+        if self._buf:
+            self._line(bytes(self._buf))
+        self.closed = True
+        self._loop.remove_reader(self.fd)
+        os.close(self.fd)
+        return False
 
-        loop.add_reader(fd, readable)
+    def _line(self, line: bytes) -> None:
+        log.forward(line, role=self.role, pid=self.pid)
+        if self.diagnose is not None and self.problem is None:
+            self.problem = self.diagnose(line)
 
 
 class ProcessRunning:
@@ -168,6 +217,9 @@ class ProcessRunning:
     def _on_status(self, fut: asyncio.Future[int]) -> None:
         info = ExitInfo.from_status(fut.result(), self._kill_reason) if not fut.exception() \
             else ExitInfo(None, None, "lost: zygote gone")
+        problem = self.host.last_words(self.pid)
+        if problem is not None and info.code not in (EXIT_OK, None) and self._kill_reason is None:
+            info = ExitInfo(EXIT_CONFIG, None, problem)  # it said why it could not go on
         if self._beat_timer is not None:
             self._beat_timer.cancel()
         self.host._beats.pop(self.pid, None)
@@ -229,11 +281,13 @@ class ProcessRunning:
 def process_child(host: ProcessHost, name: str, *, target: str, kwargs: dict[str, Any],
                   title: str, ready_timeout: float, heartbeat_silence: float | None,
                   probe: ReadyProbe | None = None, pdeathsig: int = signal.SIGTERM,
-                  **spec: Any) -> ChildSpec:
+                  diagnose: Diagnose | None = None, **spec: Any) -> ChildSpec:
     """The spec of a worker child forked from the zygote to run *target*.
 
     ``heartbeat_silence`` None: the child does not heartbeat (the broker).
     ``probe``: readiness checked by us rather than reported by the child.
+    ``diagnose``: reads the child's output for a configuration problem (see
+    the module docstring).
     """
 
     async def start(incarnation: int) -> ProcessRunning:
@@ -257,7 +311,7 @@ def process_child(host: ProcessHost, name: str, *, target: str, kwargs: dict[str
             raise
         finally:
             os.close(w)
-        host.pump(r, role=name, pid=pid)
+        host.pump(r, role=name, pid=pid, diagnose=diagnose)
         running = ProcessRunning(host, name, pid, host.zygote.exit_of(pid))
         ready = asyncio.ensure_future(probe(pid) if probe else host.ready_of(pid))
         try:

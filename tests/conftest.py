@@ -47,10 +47,23 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+# Ports free_port has handed out in this process: the kernel may give a port
+# just closed to the next bind(0), so two asked for in a row (a node's stream
+# and ingress) could be one, and crewletd refuses that (exit 78).
+_given_ports: set[int] = set()
+_GIVEN_PORTS_KEPT = 8192  # well under the ephemeral range: a fresh bind(0) always finds another
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _given_ports:
+            if len(_given_ports) >= _GIVEN_PORTS_KEPT:
+                _given_ports.clear()
+            _given_ports.add(port)
+            return port
 
 
 @pytest.fixture

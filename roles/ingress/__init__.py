@@ -4,6 +4,9 @@ Serves the ASGI app of :mod:`roles.ingress.app` with uvicorn on
 ``ingress.listen`` inside this child's own event loop (so the watchdog and
 heartbeats cover it). Signals stay the role runtime's: uvicorn's own handlers
 are not installed, and SIGTERM ends the server through ``ctx.stopping``.
+The listening sockets are bound first thing, here (:func:`crewlet.ports.bind`,
+as uvicorn would): an address that cannot be bound is a configuration error
+naming ``ingress.listen`` (exit 78), not a crash to restart.
 
 Beside the server, on the child's one NATS connection:
 
@@ -31,8 +34,9 @@ import uvicorn.lifespan.off  # noqa: F401
 import uvicorn.protocols.http.auto  # noqa: F401
 import uvicorn.protocols.websockets.auto  # noqa: F401
 
-from crewlet import log
+from crewlet import log, ports
 from crewlet.company.model import Company
+from crewlet.config import ConfigError
 from crewlet.coord.control_plane import ControlPlane
 from crewlet.coord.holders import Holders
 from crewlet.estate.access import EstateAccess
@@ -67,6 +71,10 @@ class _Server(uvicorn.Server):
 
 async def main(ctx: RoleContext) -> None:
     cfg = ctx.config
+    try:
+        sockets = ports.bind(cfg.ingress.listen)
+    except ports.BindError as exc:
+        raise ConfigError(cfg.source, "ingress.listen", str(exc)) from None
     keyring = auth.keyring(cfg)
     js = ctx.jetstream()
     holders = Holders.of_bucket(js, heartbeat=cfg.fleet.heartbeat)  # run by the projection
@@ -86,7 +94,7 @@ async def main(ctx: RoleContext) -> None:
                             log_config=None, access_log=False, timeout_graceful_shutdown=2,
                             ws="websockets-sansio")
     server = _Server(config)
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=sockets))
     listening = asyncio.create_task(server.listening.wait())
     await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)
     if not server.listening.is_set():
