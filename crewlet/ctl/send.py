@@ -16,6 +16,7 @@ error naming the problem, exit 2.
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -29,7 +30,7 @@ STDIN = "-"  # TEXT that means: read the text from stdin
 def mail_text(text: str) -> str:
     """TEXT as a mail may hold it (stdin read for "-"); BadParameter otherwise."""
     if text == STDIN:
-        raw = click.get_binary_stream("stdin").read()
+        raw = sys.stdin.buffer.read()
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

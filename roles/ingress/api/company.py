@@ -11,7 +11,8 @@ from pydantic import BaseModel, Field
 
 from crewlet.company import parse_company
 from crewlet.config import ConfigError
-from crewlet.coord.control_plane import ControlPlaneError
+from crewlet.bus import MAX_PAYLOAD
+from crewlet.coord.control_plane import ControlPlaneError, RevisionTooLarge, revision_size
 from roles.ingress.auth import ADMIN, READ
 from roles.ingress.front import front
 from roles.ingress.problems import Problem, responses
@@ -83,6 +84,9 @@ async def apply_company(request: Request, grant=Depends(ADMIN)) -> Applied:
         company = parse_company(text, source, env={})  # no ${VAR} of this node's environment
     except ConfigError as exc:
         raise Problem(422, "invalid_company", str(exc), key=exc.key) from None
+    size = revision_size(company, source, grant.name)
+    if size > MAX_PAYLOAD:  # what the control plane would refuse: said before anything is sent
+        raise Problem(413, "company_too_large", str(RevisionTooLarge(size, MAX_PAYLOAD)))
     if f.control_plane is None:
         raise Problem(503, "unavailable", "the control plane is not open yet", headers={"Retry-After": "2"})
     try:
