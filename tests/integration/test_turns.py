@@ -20,6 +20,7 @@ import pytest
 from crewlet import ipc
 from crewlet.queue.base import TRIGGER_HEADER
 from crewlet.queue.jetstream import JetStreamMailboxes
+from roles.seats.turns import POISON_CRASHES, POISON_REASON, parse_inflight
 from tests.conftest import wait_for
 from tests.seats import (SAMPLE, ctl, ctl_json, held, ledger_keys, mail_of, node_url,
                           read_nats, seats_stats, turn_records, worker_company, write_company)
@@ -120,9 +121,19 @@ def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(m
 
     rng = random.Random(7)
     kills = 0
+    record = os.path.join(node.run_dir, "inflight", "w")
+
+    def crashes_in_hand() -> int:
+        try:
+            with open(record) as f:
+                return parse_inflight(f.read())[2]
+        except FileNotFoundError:
+            return 0
 
     def running_or_all_done():
-        if seats_stats(node).get("running"):
+        # A turn running whose mail was not in hand at so many kills in a row
+        # that one more would make it poison mail (that is the next test's).
+        if seats_stats(node).get("running") and crashes_in_hand() < POISON_CRASHES - 1:
             return "running"
         return "done" if len(read(node, ledger_keys)) == jobs else None
 
@@ -144,6 +155,60 @@ def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(m
     rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
     assert rows["w"]["pending"] == 0 and rows["w"]["in_flight"] == 0
     assert any(e.get("event") == "turn_recovered" for e in node.events())
+
+
+POISON_COMPANY = """
+company: {name: t}
+providers:
+  p:
+    kind: scripted
+    rules:
+      # Catastrophic backtracking on a run of a's that does not end the text:
+      # the seats process's loop stops turning, and crewletd kills it.
+      - {match: '^(a|aa)+$', reply: never}
+      - {match: 'hello', reply: hi}
+seats:
+  - {name: victim, persona: v, provider: p}
+  - {name: other, persona: o, provider: p}
+"""
+
+
+def test_mail_whose_turn_kills_the_seats_process_is_dead_lettered_and_the_others_go_on(make_node):
+    """Issue 16: a poison mail (here a catastrophic regex in a scripted rule,
+    which wedges the seats process until crewletd kills it) is dead-lettered
+    once it was in hand at POISON_CRASHES crashes in a row, not redone for
+    ever; the other seat's mail is worked meanwhile and afterwards."""
+    node = make_node(fleet=FAST)
+    node.start(args=("--company", write_company(node.dir, POISON_COMPANY)))
+    wait_for(lambda: held(node).get("victim") == "t1" and held(node).get("other") == "t1", 30,
+             what="both seats held")
+    first = node.process_pids()["seats"]
+    ctl_json(node, "send", "victim", "a" * 60 + "!", "--trigger", "poison")
+    ctl_json(node, "send", "other", "hello 1", "--trigger", "other-1")
+
+    def poisoned():
+        return [d for d in ctl_json(node, "dlq")["dead_letters"] if d["trigger"] == "poison"]
+    (letter,) = wait_for(poisoned, 90, interval=0.5, what="the poison mail dead-lettered")
+    assert letter["seat"] == "victim" and letter["reason"] == POISON_REASON
+    assert POISON_REASON == f"in hand at {POISON_CRASHES} crashes of the seats process"
+    node.wait_event("turn_poison", 5, seat="victim", trigger="poison", crashes=POISON_CRASHES)
+    recovered = [e["crashes"] for e in node.events()
+                 if e.get("event") == "turn_recovered" and e.get("seat") == "victim"]
+    assert recovered[-POISON_CRASHES:] == list(range(1, POISON_CRASHES + 1)), recovered
+
+    # The seats process that dead-lettered it stays up, and both seats work.
+    survivor = node.process_pids()["seats"]
+    assert survivor != first
+    for seat in ("other", "victim"):
+        out = ctl_json(node, "send", seat, "hello 2", "--wait", "30")
+        assert out["turn"]["outcome"] == "done" and out["turn"]["reply"] == "hi", out
+    assert node.process_pids()["seats"] == survivor
+    outcomes = {(r["trigger"], r["outcome"]) for r in read(node, turn_records)}
+    assert ("other-1", "done") in outcomes
+    assert ("poison", "failed") in outcomes
+    rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
+    assert rows["victim"]["pending"] == 0 and rows["victim"]["in_flight"] == 0
+    assert seats_stats(node).get("poisoned") == 1
 
 
 CLI_COMPANY = """
