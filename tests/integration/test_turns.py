@@ -284,6 +284,65 @@ def test_a_turn_that_cannot_succeed_lands_in_the_dead_letters_and_can_be_requeue
              what="the requeued letter worked and dead-lettered again")
 
 
+ECHO_COMPANY = """
+company: {{name: t}}
+providers:
+  echo:
+    kind: openai
+    base_url: {url}/v1
+    api_key_env: CREWLET_TEST_ECHO_KEY
+seats:
+  - {{name: f, persona: p, provider: echo}}
+"""
+ECHO_KEY = "correcthorse-0123456789-battery"  # no vendor's shape: found by its value
+
+
+def test_a_provider_error_echoing_the_key_leaves_it_nowhere(make_node, monkeypatch):
+    """Issue 16: an endpoint whose error echoes the key. The turn fails and is
+    dead-lettered saying what the endpoint said, redacted: the key is in no
+    turn record, dead letter, estate row, status or log line, nor in any file
+    under the data dir (the broker's streams and the estate's copy)."""
+    from crewlet.estate import store
+    from tests.estate import copy_of
+    from tests.integration.wire import WireServer, openai_error
+
+    monkeypatch.setenv("CREWLET_TEST_ECHO_KEY", ECHO_KEY)
+    with WireServer() as wire:
+        for _ in range(3):
+            wire.queue(openai_error(f"Incorrect API key provided: {ECHO_KEY} (Bearer {ECHO_KEY})"), 401)
+        node = make_node(fleet=FAST)
+        node.start(args=("--company", write_company(node.dir, ECHO_COMPANY.format(url=wire.url))))
+        wait_for(lambda: held(node).get("f") == "t1", 30, what="seat f held")
+        out = ctl_json(node, "send", "f", "please work", "--wait", "30", "--trigger", "echo-1")
+        assert wire.received()[0].headers["authorization"] == f"Bearer {ECHO_KEY}"  # it was sent
+    turn = out["turn"]
+    assert turn["outcome"] == "failed" and "Incorrect API key provided: [redacted]" in turn["error"], turn
+
+    (letter,) = wait_for(lambda: ctl_json(node, "dlq")["dead_letters"], 10, what="a dead letter")
+    assert "HTTP 401" in letter["reason"] and "[redacted]" in letter["reason"]
+
+    def estate_row():
+        copy = copy_of(node)
+        rows = [store.unpack(v) for _, v in store.dump(copy, ("turns",))["turns"]] if copy else []
+        return [r for r in rows if r.get("trigger") == "echo-1" and r.get("outcome") == "failed"]
+    (row,) = wait_for(estate_row, 20, what="the turn's row in the estate")
+    assert "[redacted]" in row["error"]
+
+    shown = ctl(node, "status").stdout + ctl(node, "seats", "--json").stdout + ctl(node, "dlq").stdout
+    assert "[redacted]" in shown and ECHO_KEY not in shown
+    assert ECHO_KEY not in node.read_log()
+    leaks = []
+    for root, _, files in os.walk(node.config["data_dir"]):
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.isfile(path):
+                continue  # the run dir's sockets
+            with open(path, "rb") as f:
+                if ECHO_KEY.encode() in f.read():
+                    leaks.append(path)
+    assert not leaks, leaks
+
+
 @pytest.mark.parametrize("company_text", [FAILING_COMPANY])
 def test_removed_seats_mailboxes_are_retired(make_node, company_text):
     node = make_node(fleet=FAST)
