@@ -805,8 +805,15 @@ def dead_letters_view(result: dict[str, Any], now: float | None = None, seat: st
 # ------------------------------------------------------------------ send
 
 def sent_text(result: dict[str, Any]) -> str:
-    """'sent to alice (trigger 3f2a…, seq 12)'."""
-    return f"sent to {result.get('seat')} (trigger {result.get('trigger')}, seq {result.get('seq')})"
+    """'sent to alice (trigger 3f2a…, seq 12)'; a duplicate says it was not sent again."""
+    where = f"(trigger {result.get('trigger')}, seq {result.get('seq')})"
+    if result.get("duplicate"):
+        return f"already in {result.get('seat')}'s mailbox {where}: not sent again"
+    return f"sent to {result.get('seat')} {where}"
+
+
+def worked_already_text() -> str:
+    return "its trigger was worked already: no new turn (crewletctl seats shows the last turns)"
 
 
 def turn_text(turn: dict[str, Any]) -> str:

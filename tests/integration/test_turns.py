@@ -96,6 +96,33 @@ def test_mail_to_an_idle_seat_is_worked_at_once(make_node):
     read(node, one_at_a_time)
 
 
+def test_send_wait_with_a_worked_trigger_answers_at_once(make_node):
+    """Issue 16: mail sent again under a trigger already worked is a duplicate
+    the mailbox drops, so no turn will come: --wait answers at once saying
+    so, instead of waiting out its time."""
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
+    first = ctl_json(node, "send", "ceo", "hello there", "--trigger", "once-1", "--wait", "30")
+    assert first["turn"]["outcome"] == "done" and first["duplicate"] is False
+    assert first["worked"] is False
+
+    started = time.monotonic()
+    again = ctl_json(node, "send", "ceo", "hello there", "--trigger", "once-1", "--wait", "30")
+    assert time.monotonic() - started < 5, "waited for a turn that will not come"
+    assert (again["duplicate"], again["worked"], again["turn"]) == (True, True, None)
+    assert again["seq"] == first["seq"]
+    out = ctl(node, "send", "ceo", "hello there", "--trigger", "once-1", "--wait", "30")
+    assert out.returncode == 0 and "not sent again" in out.stdout and "worked already" in out.stdout
+
+    # A duplicate of mail not worked yet is waited for: its first copy's turn.
+    ctl_json(node, "send", "ceo", "hello there", "--trigger", "once-2")
+    pending = ctl_json(node, "send", "ceo", "hello there", "--trigger", "once-2", "--wait", "30")
+    assert pending["duplicate"] is True
+    # (its first copy's turn may have ended before the duplicate was looked up)
+    assert pending["worked"] or pending["turn"]["outcome"] == "done", pending
+    assert [r["trigger"] for r in read(node, turn_records)].count("once-2") == 1
+
+
 def test_unknown_seat_and_empty_text_are_refused(make_node):
     node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
     wait_for(lambda: node.status()["fleet"]["company"], 20, what="the company applied")

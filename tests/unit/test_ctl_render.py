@@ -835,6 +835,16 @@ def test_send_wait_prints_the_turn(node, tmp_path):
     assert result.exit_code == 0 and result.stdout.splitlines()[1] == \
         "no turn finished within 2.5s (the mail is in the mailbox)"
     assert node.calls[-1][2] == 2.5 + ctl.CALL_TIMEOUT
+    # A duplicate already worked: said at once, no wait for a turn.
+    node.replies["send"] = {**node.replies["send"], "duplicate": True, "worked": True}
+    result = run(tmp_path, "send", "alice", "hi", "--wait", "30")
+    assert result.exit_code == 0 and result.stdout.splitlines() == [
+        "already in alice's mailbox (trigger t-1, seq 12): not sent again",
+        "its trigger was worked already: no new turn (crewletctl seats shows the last turns)"]
+    # A duplicate not worked in time says what any mail would.
+    node.replies["send"] = {**node.replies["send"], "worked": False}
+    assert run(tmp_path, "send", "alice", "hi", "--wait", "2").stdout.splitlines()[1] == \
+        "no turn finished within 2s (the mail is in the mailbox)"
 
 
 def test_send_refused(node, tmp_path):
