@@ -271,7 +271,7 @@ def fleet(*nodes, company=None, error=None, connected=True):
             "seats": [{"name": s, "node": n["id"], "token": 10 + i}
                       for n in nodes for i, s in enumerate(n["seats"])],
             "duties": [{"name": d, "node": n["id"], "token": 2} for n in nodes for d in n["duties"]],
-            "streams": None}
+            "streams": None, "unplaceable": {"seats": [], "count": 0}}
 
 
 def three_nodes(**kw):
@@ -459,6 +459,17 @@ def test_copy_out_of_service_with_its_reason():
     # a record just inside the staleness limit is still in service
     fresh = copies_fleet(fleet_node("n0", estate=copy_record("n0", ago=render.STATUS_STALE - 1)))
     assert "1 copy, 1 in service" in text(render.status_view(fresh, NOW))
+
+
+def test_seats_no_live_node_may_hold_are_named():
+    status = copies_fleet(fleet_node("n0"))
+    assert "may hold" not in text(render.status_view(status, NOW))
+    status["fleet"]["unplaceable"] = {"seats": ["gpu-eu", "mars"], "count": 2}
+    assert "2 seats no live node may hold (placement labels): gpu-eu, mars" in \
+        text(render.status_view(status, NOW))
+    status["fleet"]["unplaceable"] = {"seats": ["a", "b"], "count": 40}
+    assert "40 seats no live node may hold (placement labels): a, b, …" in \
+        text(render.status_view(status, NOW))
 
 
 def test_copy_evicted_and_without_a_record():
