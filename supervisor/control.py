@@ -19,6 +19,7 @@ from crewlet import bus, ipc, log
 from crewlet.company.model import Company
 from crewlet.config.model import NODE_ID_RE
 from crewlet.coord import buckets
+from crewlet.coord.counters import Ledger
 from crewlet.estate.ops import SEARCH_DEFAULT, SEARCH_MAX, OpError
 from crewlet.estate.router import EstateError
 from crewlet.queue.base import MailboxError
@@ -94,7 +95,8 @@ async def send(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     wait = args.get("wait")
     try:
         return await post(fleet.nc, mailboxes, seat, text, sender=f"crewletctl@{node.cfg.node.id}",
-                          trigger=args.get("trigger") or None, wait=wait or None)
+                          trigger=args.get("trigger") or None, wait=wait or None,
+                          ledger=Ledger(fleet.js, ttl=0))  # read only: no ttl of its own
     except ValueError as exc:
         raise CommandError(str(exc)) from None
 

@@ -99,6 +99,7 @@ class Fleet:
         self._js = None  # set once the fleet's JetStream answered
         self.mailboxes: JetStreamMailboxes | None = None  # likewise
         self._unmanned: dict[str, Any] | None = None  # last fleet_role_unmanned we logged
+        self._seat_views: tuple[Any, list] = (None, [])  # (company rev, its seats' placements)
         # Live leases, kept by crewletd's one watch of the bucket (set once joined).
         self.holders: Holders | None = None
         # Every stream on the broker: its consumers against its limit, and its
@@ -359,6 +360,13 @@ class Fleet:
                     for k, o in leases.items()}
         nodes, seats, duties = prefixed("node."), prefixed("seat."), prefixed("duty.")
         statuses = self._status_view
+        # Seats no live node may hold (the fleet_shape duty logs them): from
+        # memory, like the rest, the placements kept per company revision.
+        rev = (self.company or {}).get("rev")
+        if self._seat_views[0] != rev:
+            self._seat_views = (rev, fleet_shape.seat_views((self.company or {}).get("company")))
+        unplaceable = fleet_shape.unplaceable({k: o["info"] for k, o in nodes.items()},
+                                              self._seat_views[1])
         estate = self.estate.view if self.estate is not None else None  # copies and evictions
         return {
             "company": {k: v for k, v in (self.company or {}).items() if k != "company"} or None,
@@ -376,6 +384,8 @@ class Fleet:
                       for k, o in sorted(seats.items())],
             "duties": [{"name": k, "node": o["node"], "token": o["token"]}
                        for k, o in sorted(duties.items())],
+            "unplaceable": {"seats": unplaceable[:fleet_shape.UNPLACEABLE_SHOWN],
+                            "count": len(unplaceable)},
             "connected": bool(self.nc is not None and self.nc.is_connected),
             "streams": self.streams,
         }

@@ -52,7 +52,7 @@ CHILD_KEYS = ("name", "pid", "state", "restarts", "uptime_s", "last_exit", "cpu_
               "stats")
 EXIT_KEYS = ("code", "signal", "reason", "at")
 # Keys of ``fleet`` (when not null) and of its nodes / seats / duties in --json output.
-FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties", "streams")
+FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties", "streams", "unplaceable")
 # Keys of a broker stream in ``fleet.streams`` (its consumers against its limit).
 STREAM_KEYS = ("name", "consumers", "max_consumers", "messages")
 # A stream whose consumers pass this share of its limit is shown as a warning.
@@ -517,6 +517,17 @@ def seats_line(seats: list[dict[str, Any]]) -> Text:
     return Text(f"{plural(len(seats), 'seat')} held by {plural(len(held), 'node')} ({by})")
 
 
+def unplaceable_lines(unplaceable: dict[str, Any] | None) -> list[Text]:
+    """'2 seats no live node may hold (placement labels): gpu-eu, mars' — or nothing."""
+    count = (unplaceable or {}).get("count") or 0
+    if not count:
+        return []
+    names = ", ".join(unplaceable.get("seats") or [])
+    more = ", …" if count > len(unplaceable.get("seats") or []) else ""
+    return [Text(f"{plural(count, 'seat')} no live node may hold (placement labels): {names}{more}",
+                 style="bold yellow")]
+
+
 def duties_line(duties: list[dict[str, Any]]) -> Text:
     """'duties: fleet_shape@n0'."""
     held = ", ".join(f"{d.get('name')}@{d.get('node') or '?'}" for d in duties)
@@ -544,7 +555,8 @@ def streams_line(streams: list[dict[str, Any]] | None) -> Text:
 def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) -> RenderableType:
     """The fleet as this node sees it: the company in force here, why the
     last revision was refused, the nodes with their copies of the estate
-    (and why a copy is out of service), who holds the seats and duties."""
+    (and why a copy is out of service), who holds the seats (and which seats
+    no live node may hold) and duties."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -561,7 +573,7 @@ def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) ->
     nodes = fleet.get("nodes") or []
     return Group(grid, Text(""), fleet_nodes(nodes, here_id, here_rev, now), *refusals_lines(nodes),
                  *copy_problems(nodes, now), copies_summary(nodes, now), seats_line(fleet.get("seats") or []),
-                 duties_line(fleet.get("duties") or []), streams_line(fleet.get("streams")))
+                 *unplaceable_lines(fleet.get("unplaceable")), duties_line(fleet.get("duties") or []), streams_line(fleet.get("streams")))
 
 
 # ------------------------------------------------------------------ turns
@@ -833,8 +845,15 @@ def dead_letters_view(result: dict[str, Any], now: float | None = None, seat: st
 # ------------------------------------------------------------------ send
 
 def sent_text(result: dict[str, Any]) -> str:
-    """'sent to alice (trigger 3f2a…, seq 12)'."""
-    return f"sent to {result.get('seat')} (trigger {result.get('trigger')}, seq {result.get('seq')})"
+    """'sent to alice (trigger 3f2a…, seq 12)'; a duplicate says it was not sent again."""
+    where = f"(trigger {result.get('trigger')}, seq {result.get('seq')})"
+    if result.get("duplicate"):
+        return f"already in {result.get('seat')}'s mailbox {where}: not sent again"
+    return f"sent to {result.get('seat')} {where}"
+
+
+def worked_already_text() -> str:
+    return "its trigger was worked already: no new turn (crewletctl seats shows the last turns)"
 
 
 def turn_text(turn: dict[str, Any]) -> str:

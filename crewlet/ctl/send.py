@@ -22,7 +22,7 @@ import click
 
 from crewlet.ctl import CALL_TIMEOUT, Ctl
 from crewlet.queue.base import check_mail
-from crewlet.ctl.render import no_turn_text, sent_text, turn_text
+from crewlet.ctl.render import no_turn_text, sent_text, turn_text, worked_already_text
 
 STDIN = "-"  # TEXT that means: read the text from stdin
 
@@ -58,15 +58,18 @@ def mail_text(text: str) -> str:
 @click.option("--trigger", metavar="ID", help="The mail's trigger id (default: a fresh one); "
                                               "mail sent again under a worked trigger is skipped.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print crewletd's answer as JSON: seat, seq, trigger, turn (null without a turn).")
+              help="Print crewletd's answer as JSON: seat, seq, trigger, duplicate, worked, turn "
+                   "(null without a turn).")
 @click.pass_obj
 def send(ctl: Ctl, seat: str, text: str, wait: float | None, trigger: str | None, as_json: bool) -> None:
     """Put TEXT in SEAT's mailbox (TEXT "-": read it from stdin).
 
-    Prints "sent to SEAT (trigger ID, seq N)". With --wait, also the turn
-    that worked it: outcome, rounds, tool calls, tokens, how long it took,
-    and the reply; or "no turn finished within Ns" when none did in time
-    (the mail stays in the mailbox and is worked later).
+    Prints "sent to SEAT (trigger ID, seq N)" ("already in SEAT's mailbox"
+    when the mailbox held that trigger: not sent again). With --wait, also
+    the turn that worked it: outcome, rounds, tool calls, tokens, how long it
+    took, and the reply; or "no turn finished within Ns" when none did in
+    time (the mail stays in the mailbox and is worked later). A duplicate
+    whose trigger was worked already is answered at once: no new turn.
 
     Exits 0 once the mail is in the mailbox, whatever the turn's outcome
     and whether one finished within --wait (see the output, or `turn` in
@@ -86,4 +89,7 @@ def send(ctl: Ctl, seat: str, text: str, wait: float | None, trigger: str | None
     click.echo(sent_text(result))
     if wait:
         turn = result.get("turn")
-        click.echo(turn_text(turn) if isinstance(turn, dict) else no_turn_text(wait))
+        if isinstance(turn, dict):
+            click.echo(turn_text(turn))
+        else:
+            click.echo(worked_already_text() if result.get("worked") else no_turn_text(wait))

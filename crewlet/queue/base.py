@@ -84,6 +84,15 @@ class Delivery:
 
 
 @dataclass(frozen=True)
+class Stored:
+    """What the mailbox answered a send: where the message is, and whether it
+    held that trigger already (so nothing new was stored)."""
+
+    seq: int                # its sequence in the mailbox stream (the first copy's, for a duplicate)
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
 class DeadLetter:
     """A message that spent its delivery budget, as kept in the dead-letter stream."""
 
@@ -158,12 +167,21 @@ class Mailboxes(ABC):
         """The seats that have a mailbox."""
 
     @abstractmethod
-    async def send(self, seat: str, text_or_bytes: str | bytes, *, trigger: str | None = None,
-                   headers: dict[str, str] | None = None) -> int:
-        """Put a message in *seat*'s mailbox; its stream sequence.
+    async def put(self, seat: str, text_or_bytes: str | bytes, *, trigger: str | None = None,
+                  headers: dict[str, str] | None = None) -> Stored:
+        """Put a message in *seat*'s mailbox: its stream sequence, and whether
+        it was a duplicate.
 
         *trigger* (made up if None) travels as ``Crewlet-Trigger``; sending the
-        same trigger to the same seat again stores it once."""
+        same trigger to the same seat again stores it once, and that second
+        send is answered ``duplicate`` with the first one's sequence (within
+        the backend's duplicate window; later it is stored again, and the
+        seat's ledger skips it)."""
+
+    async def send(self, seat: str, text_or_bytes: str | bytes, *, trigger: str | None = None,
+                   headers: dict[str, str] | None = None) -> int:
+        """:meth:`put`, answering only the stream sequence."""
+        return (await self.put(seat, text_or_bytes, trigger=trigger, headers=headers)).seq
 
     @abstractmethod
     def attach(self, seat: str) -> Mailbox:

@@ -62,13 +62,17 @@ async def check_durable_mailbox_keeps_mail(factory: Factory) -> None:
         seat = _seat("keeps")
         assert await a.ensure([seat]) == 1
         seqs = await _send_all(a, seat, 3, "m")
-        # The same trigger sent again to the same seat is stored once.
+        # The same trigger sent again to the same seat is stored once, and says so.
         assert await a.send(seat, "m0", trigger=f"{seat}-m0") == seqs[0]
+        again = await b.put(seat, "m1", trigger=f"{seat}-m1")
+        assert (again.seq, again.duplicate) == (seqs[1], True)
+        fresh = await a.put(seat, "m3", trigger=f"{seat}-m3")
+        assert not fresh.duplicate and fresh.seq > seqs[2]
         box = b.attach(seat)
-        got = [await _one(box) for _ in range(3)]
-        assert [d.data for d in got] == [b"m0", b"m1", b"m2"]
-        assert [d.seq for d in got] == seqs
-        assert [d.trigger for d in got] == [f"{seat}-m{i}" for i in range(3)]
+        got = [await _one(box) for _ in range(4)]
+        assert [d.data for d in got] == [b"m0", b"m1", b"m2", b"m3"]
+        assert [d.seq for d in got] == [*seqs, fresh.seq]
+        assert [d.trigger for d in got] == [f"{seat}-m{i}" for i in range(4)]
         assert all(d.seat == seat and d.deliveries == 1 for d in got)
         assert all(d.headers.get(TRIGGER_HEADER) == d.trigger for d in got)
         for d in got:

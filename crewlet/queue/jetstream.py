@@ -58,7 +58,7 @@ from nats.js.errors import APIError
 from crewlet import groups, log
 from crewlet.bus import JETSTREAM_TIMEOUT, MAX_READERS, Unanswered, publish_until
 from crewlet.queue.base import (DELIVERY_BUDGET, TRIGGER_HEADER, DeadLetter, Delivery, Mailbox,
-                                MailboxError, Mailboxes, check_seat, check_trigger)
+                                MailboxError, Mailboxes, Stored, check_seat, check_trigger)
 
 # ---------------------------------------------------------------- fleet-wide constants
 
@@ -442,9 +442,11 @@ class JetStreamMailboxes(Mailboxes):
 
     # ------------------------------------------------------------ sending
 
-    async def _publish(self, subject: str, data: bytes, headers: dict[str, str]) -> int:
+    async def _publish(self, subject: str, data: bytes, headers: dict[str, str]) -> Stored:
         """Publish under the ``Nats-Msg-Id`` in *headers*, resent while unanswered
-        for :data:`SEND_PATIENCE` seconds; the stored message's sequence."""
+        for :data:`SEND_PATIENCE` seconds; the stored message's sequence, and
+        whether the stream held that id already (its duplicate flag: after a
+        resend through a leader election, possibly this call's own first try)."""
         try:
             ack = await publish_until(self._js, subject, data, msg_id=headers["Nats-Msg-Id"],
                                       headers=headers, timeout=self._timeout,
@@ -453,10 +455,10 @@ class JetStreamMailboxes(Mailboxes):
             raise MailboxError(f"publish to {subject} unanswered for {SEND_PATIENCE:g}s: {exc}") from exc
         except APIError as exc:
             raise MailboxError(f"publish to {subject} refused: {exc}") from exc
-        return ack.seq
+        return Stored(ack.seq, bool(getattr(ack, "duplicate", False)))
 
-    async def send(self, seat: str, text_or_bytes: str | bytes, *, trigger: str | None = None,
-                   headers: dict[str, str] | None = None) -> int:
+    async def put(self, seat: str, text_or_bytes: str | bytes, *, trigger: str | None = None,
+                  headers: dict[str, str] | None = None) -> Stored:
         check_seat(seat)
         data = text_or_bytes.encode() if isinstance(text_or_bytes, str) else bytes(text_or_bytes)
         trigger = check_trigger(trigger) if trigger is not None else uuid.uuid4().hex

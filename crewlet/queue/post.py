@@ -7,6 +7,12 @@ carries ``Crewlet-From`` naming the sender, a trigger id (the caller's, which
 makes a resend land once: the mailbox drops a repeat within its duplicate
 window, and the seat's ledger skips a trigger already worked), and with
 *wait* the first turn record of that trigger is answered.
+
+A resend the mailbox drops as a duplicate starts no turn of its own. With
+*wait*, it is answered at once when the seat's ledger says the trigger was
+worked already (``duplicate`` and ``worked`` true, ``turn`` null: that turn's
+record went by before anyone listened); a duplicate whose first copy is still
+waiting or being worked is waited for like any mail, and its turn answered.
 """
 
 from __future__ import annotations
@@ -14,9 +20,12 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crewlet.queue.base import Mailboxes, check_mail, check_trigger
+
+if TYPE_CHECKING:
+    from crewlet.coord.counters import Ledger
 
 # Turn records: every seat publishes each of its turns here (roles.seats.turns).
 TURN_SUBJECT = "events.turn."
@@ -24,17 +33,21 @@ FROM_HEADER = "Crewlet-From"
 
 
 async def post(nc, mailboxes: Mailboxes, seat: str, text: str, *, sender: str,
-               trigger: str | None = None, wait: float | None = None) -> dict[str, Any]:
-    """Send *text* to *seat*; ``{"seat", "seq", "trigger", "turn"}`` (``turn``
-    None unless *wait* seconds saw the turn end). ValueError for a bad trigger
-    or a text over ``MAIL_MAX``; :class:`~crewlet.queue.base.MailboxError` if
-    the mailbox would not take it."""
+               trigger: str | None = None, wait: float | None = None,
+               ledger: "Ledger | None" = None) -> dict[str, Any]:
+    """Send *text* to *seat*; ``{"seat", "seq", "trigger", "duplicate",
+    "worked", "turn"}`` (``turn`` None unless *wait* seconds saw the turn end;
+    ``duplicate``: the mailbox held this trigger already; ``worked``: with
+    *wait*, a duplicate the ledger says was worked already, answered at once).
+    *ledger*: where a duplicate's trigger is looked up (None: it is waited for).
+    ValueError for a bad trigger or a text over ``MAIL_MAX``;
+    :class:`~crewlet.queue.base.MailboxError` if the mailbox would not take it."""
     check_mail(text)
     trigger = check_trigger(trigger) if trigger else uuid.uuid4().hex
     headers = {FROM_HEADER: sender}
     if not wait:
-        seq = await mailboxes.send(seat, text, trigger=trigger, headers=headers)
-        return {"seat": seat, "seq": seq, "trigger": trigger, "turn": None}
+        stored = await mailboxes.put(seat, text, trigger=trigger, headers=headers)
+        return _answer(seat, stored, trigger, None, False)
     # Listen before sending, so a quick turn's record is not missed.
     done: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -49,11 +62,32 @@ async def post(nc, mailboxes: Mailboxes, seat: str, text: str, *, sender: str,
 
     sub = await nc.subscribe(TURN_SUBJECT + seat, cb=seen)
     try:
-        seq = await mailboxes.send(seat, text, trigger=trigger, headers=headers)
+        stored = await mailboxes.put(seat, text, trigger=trigger, headers=headers)
+        # Looked up after listening: a first copy worked after this look
+        # publishes its record after it, to us.
+        if stored.duplicate and await _worked(ledger, seat, trigger):
+            return _answer(seat, stored, trigger, None, True)
         try:
             turn = await asyncio.wait_for(done, float(wait))
         except asyncio.TimeoutError:
             turn = None
     finally:
         await sub.unsubscribe()
-    return {"seat": seat, "seq": seq, "trigger": trigger, "turn": turn}
+    return _answer(seat, stored, trigger, turn, False)
+
+
+def _answer(seat: str, stored, trigger: str, turn: dict[str, Any] | None, worked: bool) -> dict[str, Any]:
+    return {"seat": seat, "seq": stored.seq, "trigger": trigger, "duplicate": stored.duplicate,
+            "worked": worked, "turn": turn}
+
+
+async def _worked(ledger: "Ledger | None", seat: str, trigger: str) -> bool:
+    """Does *ledger* say *seat* worked *trigger*? False when it cannot say."""
+    if ledger is None:
+        return False
+    try:
+        entry = await ledger.done(trigger)
+    except Exception:  # no answer: wait, as for any mail
+        return False
+    # The ledger is by trigger; a trigger one may rightly send to several seats.
+    return entry is not None and entry.get("seat") in (seat, None)

@@ -12,7 +12,9 @@ share and keep it nowhere.
 Each fetched batch is written in one LMDB transaction on the applier's writer
 thread: key the event's 8-byte stream sequence, value msgpack of
 ``{"subject", "data", "at"}`` (``data`` decoded as JSON when it is JSON, else
-text; ``at`` the time the stream stored it). Then each is acked. An event
+text; ``at`` the time the stream stored it). Then each is acked. A fetch
+that finds nothing (either of nats-py's timeouts) is an idle stream, counted
+(``idle``) and not logged. An event
 already in the table (an ack that was lost, a redelivery) is acked and not
 written again. An event this node took and did not ack within
 :data:`ACK_WAIT` goes to whichever node fetches next. A node whose copy is
@@ -33,7 +35,6 @@ import asyncio
 import json
 from typing import Any, Awaitable, Callable, Iterable
 
-import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -93,7 +94,7 @@ class Custody:
         self.roles = tuple(roles)
         self.serving = serving  # the copy is in service: only then are events taken
         self.name = groups.durable(groups.CUSTODY)
-        self.stats = {"kept": 0, "again": 0, "ack_failed": 0}
+        self.stats = {"kept": 0, "again": 0, "ack_failed": 0, "idle": 0}  # idle: fetches that found none
         self.stopping = False  # loops end on it as well as on a cancel (the applier's stop)
 
     async def run(self) -> None:
@@ -150,7 +151,14 @@ class Custody:
                 continue
             try:
                 msgs = await psub.fetch(FETCH_BATCH, timeout=FETCH_WAIT)
-            except nats.errors.TimeoutError:
+            except TimeoutError:
+                # Nothing to keep: an idle stream, not a failure. nats-py says so
+                # with its own TimeoutError (a subclass), or with a bare
+                # asyncio one when the server's "no messages" to its first
+                # probe came after the wait was used up. Taking the bare one
+                # for a failure logged custody_failed and attached again,
+                # every few minutes on an idle node.
+                self.stats["idle"] += 1
                 continue
             msgs = [m for m in msgs if m.reply]  # status messages carry no ack subject
             if msgs and not self.serving():

@@ -38,6 +38,21 @@ rather than after the 30-minute ack wait. A node that dies whole has no next
 incarnation to do this; its mail comes back after the ack wait, as DESIGN
 says.
 
+**Poison mail.** The in-flight record also counts the crashes of the seats
+process its delivery was in hand at, one after the other (``<token> <seq>
+<crashes>``): a mail whose turn kills the process (a catastrophic regex in a
+scripted rule, a provider that segfaults) would otherwise be redone for ever,
+dropping every seat of the node each time, too far apart for the
+supervisor's restart intensity to notice. A delivery taken back after a crash
+is a *suspect*: its redo runs alone among the node's suspects (so mail that
+merely shared a crash with it is not blamed for the next one), and once it
+was in hand at :data:`POISON_CRASHES` crashes it is dead-lettered
+(:data:`POISON_REASON`) instead of worked. A redo that ends any other way
+(worked, failed, handed back) clears its count; so does a crash it was not
+in hand at. Killing the seats process from outside (an operator, the OOM
+killer) mid-turn counts the same: the same mail in hand at that many kills
+in a row is taken for the cause.
+
 Mail wakes a seat: the node subscribes to ``agents.inbox.*`` (plain NATS, no
 JetStream state) and wakes the seat a message was published for. A seat also
 looks every :data:`POLL` seconds, for what a wake cannot announce: a delivery
@@ -47,6 +62,7 @@ whose ack wait ran out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import os
@@ -103,6 +119,16 @@ STATS_RECENT = 10
 PROVIDER_RETIRE_AFTER = TURN_TIMEOUT + 10
 # Concurrent seat stops when the node stops or releases everything.
 STOP_PARALLEL = 64
+# Crashes of the seats process one delivery may be in hand at, one after the
+# other, before it is taken for their cause and dead-lettered (see "Poison
+# mail" above). Three: one crash is bad luck, two may be a neighbour's doing.
+POISON_CRASHES = 3
+POISON_REASON = f"in hand at {POISON_CRASHES} crashes of the seats process"
+# The last field of an in-flight record: who wrote it (the engine's
+# ``incarnation``), or this for a stop whose NAK failed. A record left by this
+# very process (a seat's loop restarted, a seat claimed again) or by a stop was
+# in hand at no crash, and does not count as one.
+_STOPPED = "stopped"
 
 
 if TYPE_CHECKING:
@@ -144,6 +170,9 @@ class TurnEngine:
         self.estate = estate
         self.mark = mark
         self.inflight_dir = os.path.join(run_dir, "inflight")
+        # Names this process in the in-flight records it writes. Made here, not
+        # at import: roles are forked from a zygote that imported this module.
+        self.incarnation = uuid.uuid4().hex[:12]
         os.makedirs(self.inflight_dir, mode=0o700, exist_ok=True)
         self.mailboxes = mailboxes
         self.ledger = ledger
@@ -167,6 +196,10 @@ class TurnEngine:
         self.providers: dict[str, Provider] = {}
         self._provider_specs: dict[str, Any] = {}
         self.work: dict[str, SeatWork] = {}
+        # Held by the turn of a suspect (a delivery in hand at a crash), so
+        # suspects are redone one at a time (see "Poison mail").
+        self.quarantine = asyncio.Lock()
+        self.poisoned = 0  # deliveries dead-lettered as poison mail
         # Background work that must finish before the role ends (servers stopping).
         self._pending: set[asyncio.Task] = set()
 
@@ -285,6 +318,7 @@ class TurnEngine:
         return {"running": self.running, "max_concurrent": self.max_concurrent, "peak": self.peak,
                 "turns": self.turns, "held": len(self.work), "org_spent": self.budgets.spent("")[0],
                 "unsettled": self.unsettled, "records_failed": self.records_failed,
+                "poisoned": self.poisoned,
                 "seats": {seat: self.work[seat].stats() for seat in sorted(shown)}}
 
     # ------------------------------------------------------------ helpers
@@ -395,6 +429,10 @@ class SeatWork:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._inflight_fd: int | None = None  # <run>/inflight/<seat>, open while turns run
+        # (stream seq, crashes) of the delivery taken back after a crash, until
+        # its redo starts; the crashes the turn in hand was in hand at before.
+        self.suspect: tuple[int, int] | None = None
+        self._crashes = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"seat {self.seat}")
@@ -430,6 +468,7 @@ class SeatWork:
         # Read before cancelling: the loop forgets them as it unwinds. A turn
         # that acked just before the cancel lands is NAKed too, which is ignored.
         in_hand = [d for d in (self.fetched, self.turn) if d is not None]
+        in_turn = self.turn  # the one the in-flight record names
         if self._task is not None:
             self._task.cancel()
             try:
@@ -444,9 +483,12 @@ class SeatWork:
                 await self.mailbox.nak(delivery)
             except Exception as exc:
                 # Keep the in-flight record: whoever holds the seat next on this
-                # node NAKs it; elsewhere the ack wait brings it back.
+                # node NAKs it; elsewhere the ack wait brings it back. Marked
+                # as a stop, not a crash: it is no evidence of poison.
                 handed_back = False
                 log.event("seat_nak_failed", "warning", seat=self.seat, error=f"{type(exc).__name__}: {exc}")
+                if delivery is in_turn:
+                    self._remember_inflight(delivery, self._crashes, _STOPPED)
         self.fetched = self.turn = None
         if handed_back:
             self._forget_inflight()
@@ -501,31 +543,34 @@ class SeatWork:
         """Fetch and work one message; False when there was none to work."""
         engine = self.engine
         await self._wait_until_startable()
-        async with engine.slots:
-            if self.stopped:
-                return False
-            try:
-                delivery = await self.mailbox.next()
-            except MailboxError as exc:
-                await self._mailbox_trouble(exc)
-                return False
-            if delivery is None:
-                return False
-            self.fetched = delivery
-            if self.stopped or not engine.sweeper.admitted() or not engine.fence(self.seat, self.token):
-                # Our renewals are late, or the seat is going: hand it back at
-                # once and fetch nothing more until that changes.
-                self.fetched = None
-                await self.mailbox.nak(delivery)
-                return False
-            engine.running += 1
-            engine.peak = max(engine.peak, engine.running)
-            self.turn, self.fetched = delivery, None
-            try:
-                await self._turn(delivery)
-            finally:
-                self.turn = None
-                engine.running -= 1
+        # A suspect's redo waits for the other suspects' to end (see "Poison mail").
+        async with engine.quarantine if self.suspect is not None else contextlib.nullcontext():
+            async with engine.slots:
+                if self.stopped:
+                    return False
+                try:
+                    delivery = await self.mailbox.next()
+                except MailboxError as exc:
+                    await self._mailbox_trouble(exc)
+                    return False
+                if delivery is None:
+                    self.suspect = None  # it went elsewhere (worked or dead-lettered)
+                    return False
+                self.fetched = delivery
+                if self.stopped or not engine.sweeper.admitted() or not engine.fence(self.seat, self.token):
+                    # Our renewals are late, or the seat is going: hand it back at
+                    # once and fetch nothing more until that changes.
+                    self.fetched = None
+                    await self.mailbox.nak(delivery)
+                    return False
+                engine.running += 1
+                engine.peak = max(engine.peak, engine.running)
+                self.turn, self.fetched = delivery, None
+                try:
+                    await self._turn(delivery)
+                finally:
+                    self.turn = None
+                    engine.running -= 1
         return True
 
     async def _mailbox_trouble(self, exc: Exception) -> None:
@@ -574,7 +619,11 @@ class SeatWork:
         record = TurnRecord(self.seat, delivery.trigger, engine.node, self.token, delivery.deliveries,
                             sender=delivery.headers.get("Crewlet-From"))
         started = time.monotonic()
-        self._remember_inflight(delivery)
+        # The crashes this delivery was in hand at, if it is the suspect taken
+        # back after the last one; any other delivery starts a count of its own.
+        suspect, self.suspect = self.suspect, None
+        self._crashes = suspect[1] if suspect is not None and suspect[0] == delivery.seq else 0
+        self._remember_inflight(delivery, self._crashes)
         settled = False  # acked, NAKed or dead-lettered: no longer in our hands
         try:
             worked = await engine.ledger.done(delivery.trigger)
@@ -586,6 +635,16 @@ class SeatWork:
                 # ledger entry and its durable record: write that record again
                 # (it lands once, under the same op id).
                 await engine.record_done_again(self.seat, delivery.trigger, worked)
+                return
+            if self._crashes >= POISON_CRASHES:
+                # Its turn kills the process: working it again would drop every
+                # seat of the node once more. The other seats go on meanwhile.
+                record.outcome, record.error = "failed", POISON_REASON
+                log.event("turn_poison", "error", seat=self.seat, trigger=delivery.trigger,
+                          seq=delivery.seq, crashes=self._crashes)
+                await self.mailbox.dead_letter(delivery, POISON_REASON)
+                engine.poisoned += 1
+                settled = True
                 return
             seat_cfg, provider = self._seat_cfg(), self._provider()
             if seat_cfg is None or provider is None:
@@ -718,16 +777,20 @@ class SeatWork:
 
     # ------------------------------------------------------------ in flight
 
-    def _remember_inflight(self, delivery: Delivery) -> None:
+    def _remember_inflight(self, delivery: Delivery, crashes: int, how: str | None = None) -> None:
+        # One line, ``<ack token> <stream seq> <crashes> <writer>``: the token to
+        # NAK, and what tells a poison mail (see "Poison mail").
         # Not fsynced: it must survive this process being killed, not the machine.
         # The file stays open and is overwritten in place: creating, renaming
         # and unlinking a file on every turn cost a third of the seats process
-        # under load (measured). Written before it is cut to length, so a kill
-        # in between leaves a whole token, this one or the last (already acked,
-        # and a NAK of it is ignored).
+        # under load (measured). Written before it is cut to length, and read
+        # to its first newline, so a kill in between leaves a whole record, this
+        # one or the last (already acked, and a NAK of it is ignored).
         if self._inflight_fd is None:
             self._inflight_fd = os.open(self.engine.inflight_path(self.seat), os.O_RDWR | os.O_CREAT, 0o600)
-        data = delivery.ack_token.encode()
+        data = " ".join((delivery.ack_token, str(delivery.seq), str(crashes),
+                         how or self.engine.incarnation))
+        data = (data + "\n").encode()
         os.pwrite(self._inflight_fd, data, 0)
         os.ftruncate(self._inflight_fd, len(data))
 
@@ -746,21 +809,41 @@ class SeatWork:
             self._inflight_fd = None
 
     async def _recover_inflight(self) -> None:
-        """NAK the delivery an earlier process of this node left mid-turn.
+        """NAK the delivery an earlier process of this node left mid-turn, and
+        count the crash it was in hand at (see "Poison mail").
 
         Safe because we hold the seat's lease now: nobody else is working its
-        mailbox, and a NAK of a delivery that was acked after all is ignored.
+        mailbox, and a NAK of a delivery that was acked after all is ignored
+        (and its count with it: the next fetch brings another message).
         """
         path = self.engine.inflight_path(self.seat)
         try:
             with open(path) as f:
-                token = f.read().strip()
+                token, seq, crashes, how = parse_inflight(f.read())
         except FileNotFoundError:
             return
         if token:
+            if how not in (_STOPPED, self.engine.incarnation):  # left by a process that died
+                crashes += 1
+            self.suspect = (seq, crashes) if seq and crashes else None
             try:
                 await self.engine.mailboxes.nak(token)
-                log.event("turn_recovered", "warning", seat=self.seat)
+                log.event("turn_recovered", "warning", seat=self.seat, seq=seq, crashes=crashes)
             except MailboxError as exc:  # its consumer is gone, or the broker away: the ack wait has it
                 log.event("turn_recover_failed", "warning", seat=self.seat, error=str(exc))
         self._forget_inflight()
+
+
+def parse_inflight(text: str) -> tuple[str, int, int, str]:
+    """``(token, stream seq, crashes, writer)`` of an in-flight record; ``("",
+    0, 0, "")`` when none. A record of an earlier version (the token alone)
+    counts no crash before this one."""
+    fields = text.split("\n", 1)[0].split()
+    if not fields:
+        return "", 0, 0, ""
+    try:
+        seq = int(fields[1]) if len(fields) > 1 else 0
+        crashes = int(fields[2]) if len(fields) > 2 else 0
+    except ValueError:
+        seq = crashes = 0
+    return fields[0], seq, crashes, fields[3] if len(fields) > 3 else ""

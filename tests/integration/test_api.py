@@ -324,8 +324,15 @@ def test_mail_with_wait_answers_the_turn_and_a_key_sent_twice_is_worked_once(mai
     assert turn["outcome"] == "done" and turn["trigger"] == trigger and turn["seat"] == "ceo", turn
     assert turn["reply"].startswith("Hello!") and turn["sender"] == "api:admin@t1", turn
 
+    assert sent["duplicate"] is False and sent["worked"] is False
     again = mail(main, "ceo", "hello there", trigger=trigger, wait=None)
     assert (again["seq"], again["trigger"]) == (sent["seq"], trigger)  # the mailbox kept the first
+    assert again["duplicate"] is True
+    # Waiting on a repeat of worked mail is answered at once: no turn will come.
+    started = time.monotonic()
+    again = mail(main, "ceo", "hello there", trigger=trigger, wait=30)
+    assert time.monotonic() - started < 5 and again["turn"] is None
+    assert (again["duplicate"], again["worked"]) == (True, True)
     # Mail is worked in order: once a later one's turn is recorded, a second turn of
     # the repeat would be too.
     later = key()

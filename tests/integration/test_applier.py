@@ -29,6 +29,7 @@ from crewlet.estate.ops import make_op
 from crewlet.groups import GroupRefused
 from crewlet.queue import JetStreamMailboxes
 from roles.data_applier.applier import Applier, rows_below
+from roles.data_applier import custody as custody_module
 from roles.data_applier.custody import Custody
 from tests.conftest import wait_for
 from tests.estate import applied, copy_of, publish_all, run, until
@@ -372,6 +373,35 @@ def test_eviction_takes_the_copy_out_of_service_and_its_removal_brings_it_back(n
 
 
 # ------------------------------------------------------------------ custody
+
+def test_an_idle_custody_is_quiet(natsd, short_tmp, monkeypatch):
+    """Issue 16: an idle node logged ``custody_failed TimeoutError:`` every few
+    minutes and attached again. nats-py answers a fetch that found nothing
+    with its own TimeoutError, or, when the server's "no messages" to its
+    first probe used up the wait, with a bare asyncio one. Both are an idle
+    stream. A fetch wait of a few ms meets the second many times a second:
+    custody stays attached and silent, and still keeps what comes."""
+    import io
+
+    from crewlet import log as crewlet_log
+
+    lines = io.StringIO()
+    monkeypatch.setattr(crewlet_log._State, "stream", lines)
+    monkeypatch.setattr(custody_module, "FETCH_WAIT", 0.002)
+
+    async def check():
+        async with connection(natsd.url) as (nc, js):
+            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100, mail_days=1)
+            async with applier(natsd.url, f"{short_tmp}/a", "a", custody=True) as a:
+                kept = await until(lambda: a.custody, what="custody running")
+                await until(lambda: kept.stats["idle"] >= 500, 20, "500 idle fetches")
+                await js.publish("events.turn.x", b"after the idle spell")
+                await until(lambda: kept.stats["kept"] == 1, 10, "the event kept")
+        events = [json.loads(line)["event"] for line in lines.getvalue().splitlines()]
+        assert "custody_failed" not in events
+        assert events.count("custody_attached") == 1, events
+    run(check(), DEADLINE)
+
 
 def test_each_event_is_kept_by_exactly_one_data_node(natsd, short_tmp):
     async def check():

@@ -310,3 +310,37 @@ def test_crewletd_own_wedged_loop_exits_75_and_takes_its_children_with_it(make_n
     assert "event_loop_wedged" in node.read_log()
     # Parent-death signals: nothing it started outlives it.
     wait_for(lambda: not any(alive(p) for p in tree), 15, what="every child gone")
+
+
+PLACED_COMPANY = """
+company: {name: t}
+providers:
+  p: {kind: scripted}
+seats:
+  - {name: anywhere, persona: p, provider: p}
+  - {name: on-mars, persona: p, provider: p, placement: {labels: {zone: %s}}}
+"""
+
+
+def test_a_seat_no_live_node_may_hold_is_said_once_and_shown_in_status(make_node):
+    """Issue 16: a seat whose placement labels no live node has gets a warning
+    (fleet_seat_unplaceable, once per change, from the fleet_shape duty) and a
+    line in crewletctl status; a company that places it anew resolves it."""
+    from tests.seats import ctl, held, write_company
+
+    node = make_node(node={"id": "t1", "labels": {"zone": "earth"}},
+                     fleet={"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5})
+    node.start(args=("--company", write_company(node.dir, PLACED_COMPANY % "mars")))
+    wait_for(lambda: held(node).get("anywhere") == "t1", 30, what="the placeable seat held")
+    node.wait_event("fleet_seat_unplaceable", 10, seats=["on-mars"], count=1)
+    assert "1 seat no live node may hold (placement labels): on-mars" in ctl(node, "status").stdout
+    assert json.loads(ctl(node, "status", "--json").stdout)["fleet"]["unplaceable"] == \
+        {"seats": ["on-mars"], "count": 1}
+
+    out = ctl(node, "apply", write_company(node.dir, PLACED_COMPANY % "earth", "placed.yaml"))
+    assert out.returncode == 0, out.stderr
+    node.wait_event("fleet_resolved_seat_unplaceable", 10)
+    wait_for(lambda: held(node).get("on-mars") == "t1", 10, what="the seat held once placeable")
+    assert "may hold" not in ctl(node, "status").stdout
+    said = [e for e in node.events() if e.get("event") == "fleet_seat_unplaceable"]
+    assert len(said) == 1, said

@@ -285,6 +285,38 @@ def test_openai_4xx_fails_at_once_with_the_endpoints_words(wire):
     asyncio.run(main())
 
 
+def test_an_error_echoing_the_key_is_redacted(wire):
+    """Issue 16: an endpoint that echoes the key (or its Authorization header)
+    in an error does not put it in the ProviderError, whatever its shape."""
+    async def main():
+        plain = "correcthorsebattery42"  # a key in no vendor's shape: found by its value
+        env = {"WIRE_KEY": plain}
+        p = make_provider("oai", openai_spec(wire), env=env)
+        wire.queue(openai_error(f"Incorrect API key provided: {plain}; header was Bearer {plain}"), 401)
+        with pytest.raises(ProviderError) as caught:
+            await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(10))
+        said = str(caught.value)
+        assert plain not in said and "HTTP 401" in said and "Incorrect API key provided: [redacted]" in said
+
+        # Key shapes are redacted even when they are not this provider's key, and
+        # on the 5xx retry path (logged as provider_retry) and a malformed 200 too.
+        wire.queue({"error": {"message": "upstream said sk-proj-AAAAAAAAAAAAAAAAAAAA1"}}, 503)
+        wire.queue({"oops": f"x-api-key: {plain}"}, 200)
+        with pytest.raises(ProviderError) as caught:
+            await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(10))
+        said = str(caught.value)
+        assert "unexpected response" in said and plain not in said and "[redacted]" in said
+        await p.close()
+
+        a = make_provider("ant", anthropic_spec(wire), env={"WIRE_KEY": KEY})
+        wire.queue(anthropic_error(f"invalid x-api-key {KEY}", "authentication_error"), 401)
+        with pytest.raises(ProviderError) as caught:
+            await a.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(10))
+        assert KEY not in str(caught.value) and "authentication_error" in str(caught.value)
+        await a.close()
+    asyncio.run(main())
+
+
 # ------------------------------------------------------------------ anthropic
 
 def anthropic_spec(wire: WireServer) -> ProviderSpec:
@@ -414,6 +446,17 @@ def test_cli_failure_carries_the_stderr_tail():
             await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(20))
         assert not caught.value.retryable
         assert "exit 3" in str(caught.value) and "it broke badly" in str(caught.value)
+    asyncio.run(main())
+
+
+def test_cli_failure_redacts_secrets_of_its_environment():
+    async def main():
+        env = {**os.environ, "SOME_API_KEY": "hunter2hunter2"}
+        p = make_provider("agent", cli_spec(["sh", "-c", "echo \"bad key $SOME_API_KEY\" >&2; exit 1"]),
+                          env=env)
+        with pytest.raises(ProviderError) as caught:
+            await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(20))
+        assert "hunter2hunter2" not in str(caught.value) and "bad key [redacted]" in str(caught.value)
     asyncio.run(main())
 
 

@@ -20,6 +20,7 @@ import pytest
 from crewlet import ipc
 from crewlet.queue.base import TRIGGER_HEADER
 from crewlet.queue.jetstream import JetStreamMailboxes
+from roles.seats.turns import POISON_CRASHES, POISON_REASON, parse_inflight
 from tests.conftest import wait_for
 from tests.seats import (SAMPLE, ctl, ctl_json, held, ledger_keys, mail_of, node_url,
                           read_nats, seats_stats, turn_records, worker_company, write_company)
@@ -95,6 +96,33 @@ def test_mail_to_an_idle_seat_is_worked_at_once(make_node):
     read(node, one_at_a_time)
 
 
+def test_send_wait_with_a_worked_trigger_answers_at_once(make_node):
+    """Issue 16: mail sent again under a trigger already worked is a duplicate
+    the mailbox drops, so no turn will come: --wait answers at once saying
+    so, instead of waiting out its time."""
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
+    first = ctl_json(node, "send", "ceo", "hello there", "--trigger", "once-1", "--wait", "30")
+    assert first["turn"]["outcome"] == "done" and first["duplicate"] is False
+    assert first["worked"] is False
+
+    started = time.monotonic()
+    again = ctl_json(node, "send", "ceo", "hello there", "--trigger", "once-1", "--wait", "30")
+    assert time.monotonic() - started < 5, "waited for a turn that will not come"
+    assert (again["duplicate"], again["worked"], again["turn"]) == (True, True, None)
+    assert again["seq"] == first["seq"]
+    out = ctl(node, "send", "ceo", "hello there", "--trigger", "once-1", "--wait", "30")
+    assert out.returncode == 0 and "not sent again" in out.stdout and "worked already" in out.stdout
+
+    # A duplicate of mail not worked yet is waited for: its first copy's turn.
+    ctl_json(node, "send", "ceo", "hello there", "--trigger", "once-2")
+    pending = ctl_json(node, "send", "ceo", "hello there", "--trigger", "once-2", "--wait", "30")
+    assert pending["duplicate"] is True
+    # (its first copy's turn may have ended before the duplicate was looked up)
+    assert pending["worked"] or pending["turn"]["outcome"] == "done", pending
+    assert [r["trigger"] for r in read(node, turn_records)].count("once-2") == 1
+
+
 def test_unknown_seat_and_empty_text_are_refused(make_node):
     node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
     wait_for(lambda: node.status()["fleet"]["company"], 20, what="the company applied")
@@ -120,9 +148,19 @@ def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(m
 
     rng = random.Random(7)
     kills = 0
+    record = os.path.join(node.run_dir, "inflight", "w")
+
+    def crashes_in_hand() -> int:
+        try:
+            with open(record) as f:
+                return parse_inflight(f.read())[2]
+        except FileNotFoundError:
+            return 0
 
     def running_or_all_done():
-        if seats_stats(node).get("running"):
+        # A turn running whose mail was not in hand at so many kills in a row
+        # that one more would make it poison mail (that is the next test's).
+        if seats_stats(node).get("running") and crashes_in_hand() < POISON_CRASHES - 1:
             return "running"
         return "done" if len(read(node, ledger_keys)) == jobs else None
 
@@ -144,6 +182,60 @@ def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(m
     rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
     assert rows["w"]["pending"] == 0 and rows["w"]["in_flight"] == 0
     assert any(e.get("event") == "turn_recovered" for e in node.events())
+
+
+POISON_COMPANY = """
+company: {name: t}
+providers:
+  p:
+    kind: scripted
+    rules:
+      # Catastrophic backtracking on a run of a's that does not end the text:
+      # the seats process's loop stops turning, and crewletd kills it.
+      - {match: '^(a|aa)+$', reply: never}
+      - {match: 'hello', reply: hi}
+seats:
+  - {name: victim, persona: v, provider: p}
+  - {name: other, persona: o, provider: p}
+"""
+
+
+def test_mail_whose_turn_kills_the_seats_process_is_dead_lettered_and_the_others_go_on(make_node):
+    """Issue 16: a poison mail (here a catastrophic regex in a scripted rule,
+    which wedges the seats process until crewletd kills it) is dead-lettered
+    once it was in hand at POISON_CRASHES crashes in a row, not redone for
+    ever; the other seat's mail is worked meanwhile and afterwards."""
+    node = make_node(fleet=FAST)
+    node.start(args=("--company", write_company(node.dir, POISON_COMPANY)))
+    wait_for(lambda: held(node).get("victim") == "t1" and held(node).get("other") == "t1", 30,
+             what="both seats held")
+    first = node.process_pids()["seats"]
+    ctl_json(node, "send", "victim", "a" * 60 + "!", "--trigger", "poison")
+    ctl_json(node, "send", "other", "hello 1", "--trigger", "other-1")
+
+    def poisoned():
+        return [d for d in ctl_json(node, "dlq")["dead_letters"] if d["trigger"] == "poison"]
+    (letter,) = wait_for(poisoned, 90, interval=0.5, what="the poison mail dead-lettered")
+    assert letter["seat"] == "victim" and letter["reason"] == POISON_REASON
+    assert POISON_REASON == f"in hand at {POISON_CRASHES} crashes of the seats process"
+    node.wait_event("turn_poison", 5, seat="victim", trigger="poison", crashes=POISON_CRASHES)
+    recovered = [e["crashes"] for e in node.events()
+                 if e.get("event") == "turn_recovered" and e.get("seat") == "victim"]
+    assert recovered[-POISON_CRASHES:] == list(range(1, POISON_CRASHES + 1)), recovered
+
+    # The seats process that dead-lettered it stays up, and both seats work.
+    survivor = node.process_pids()["seats"]
+    assert survivor != first
+    for seat in ("other", "victim"):
+        out = ctl_json(node, "send", seat, "hello 2", "--wait", "30")
+        assert out["turn"]["outcome"] == "done" and out["turn"]["reply"] == "hi", out
+    assert node.process_pids()["seats"] == survivor
+    outcomes = {(r["trigger"], r["outcome"]) for r in read(node, turn_records)}
+    assert ("other-1", "done") in outcomes
+    assert ("poison", "failed") in outcomes
+    rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
+    assert rows["victim"]["pending"] == 0 and rows["victim"]["in_flight"] == 0
+    assert seats_stats(node).get("poisoned") == 1
 
 
 CLI_COMPANY = """
@@ -217,6 +309,65 @@ def test_a_turn_that_cannot_succeed_lands_in_the_dead_letters_and_can_be_requeue
     wait_for(lambda: len(ctl_json(node, "dlq")["dead_letters"]) == 1
              and ctl_json(node, "dlq")["dead_letters"][0]["seq"] != letter["seq"], 30,
              what="the requeued letter worked and dead-lettered again")
+
+
+ECHO_COMPANY = """
+company: {{name: t}}
+providers:
+  echo:
+    kind: openai
+    base_url: {url}/v1
+    api_key_env: CREWLET_TEST_ECHO_KEY
+seats:
+  - {{name: f, persona: p, provider: echo}}
+"""
+ECHO_KEY = "correcthorse-0123456789-battery"  # no vendor's shape: found by its value
+
+
+def test_a_provider_error_echoing_the_key_leaves_it_nowhere(make_node, monkeypatch):
+    """Issue 16: an endpoint whose error echoes the key. The turn fails and is
+    dead-lettered saying what the endpoint said, redacted: the key is in no
+    turn record, dead letter, estate row, status or log line, nor in any file
+    under the data dir (the broker's streams and the estate's copy)."""
+    from crewlet.estate import store
+    from tests.estate import copy_of
+    from tests.integration.wire import WireServer, openai_error
+
+    monkeypatch.setenv("CREWLET_TEST_ECHO_KEY", ECHO_KEY)
+    with WireServer() as wire:
+        for _ in range(3):
+            wire.queue(openai_error(f"Incorrect API key provided: {ECHO_KEY} (Bearer {ECHO_KEY})"), 401)
+        node = make_node(fleet=FAST)
+        node.start(args=("--company", write_company(node.dir, ECHO_COMPANY.format(url=wire.url))))
+        wait_for(lambda: held(node).get("f") == "t1", 30, what="seat f held")
+        out = ctl_json(node, "send", "f", "please work", "--wait", "30", "--trigger", "echo-1")
+        assert wire.received()[0].headers["authorization"] == f"Bearer {ECHO_KEY}"  # it was sent
+    turn = out["turn"]
+    assert turn["outcome"] == "failed" and "Incorrect API key provided: [redacted]" in turn["error"], turn
+
+    (letter,) = wait_for(lambda: ctl_json(node, "dlq")["dead_letters"], 10, what="a dead letter")
+    assert "HTTP 401" in letter["reason"] and "[redacted]" in letter["reason"]
+
+    def estate_row():
+        copy = copy_of(node)
+        rows = [store.unpack(v) for _, v in store.dump(copy, ("turns",))["turns"]] if copy else []
+        return [r for r in rows if r.get("trigger") == "echo-1" and r.get("outcome") == "failed"]
+    (row,) = wait_for(estate_row, 20, what="the turn's row in the estate")
+    assert "[redacted]" in row["error"]
+
+    shown = ctl(node, "status").stdout + ctl(node, "seats", "--json").stdout + ctl(node, "dlq").stdout
+    assert "[redacted]" in shown and ECHO_KEY not in shown
+    assert ECHO_KEY not in node.read_log()
+    leaks = []
+    for root, _, files in os.walk(node.config["data_dir"]):
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.isfile(path):
+                continue  # the run dir's sockets
+            with open(path, "rb") as f:
+                if ECHO_KEY.encode() in f.read():
+                    leaks.append(path)
+    assert not leaks, leaks
 
 
 @pytest.mark.parametrize("company_text", [FAILING_COMPANY])

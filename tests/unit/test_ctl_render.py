@@ -271,7 +271,7 @@ def fleet(*nodes, company=None, error=None, connected=True):
             "seats": [{"name": s, "node": n["id"], "token": 10 + i}
                       for n in nodes for i, s in enumerate(n["seats"])],
             "duties": [{"name": d, "node": n["id"], "token": 2} for n in nodes for d in n["duties"]],
-            "streams": None}
+            "streams": None, "unplaceable": {"seats": [], "count": 0}}
 
 
 def three_nodes(**kw):
@@ -459,6 +459,17 @@ def test_copy_out_of_service_with_its_reason():
     # a record just inside the staleness limit is still in service
     fresh = copies_fleet(fleet_node("n0", estate=copy_record("n0", ago=render.STATUS_STALE - 1)))
     assert "1 copy, 1 in service" in text(render.status_view(fresh, NOW))
+
+
+def test_seats_no_live_node_may_hold_are_named():
+    status = copies_fleet(fleet_node("n0"))
+    assert "may hold" not in text(render.status_view(status, NOW))
+    status["fleet"]["unplaceable"] = {"seats": ["gpu-eu", "mars"], "count": 2}
+    assert "2 seats no live node may hold (placement labels): gpu-eu, mars" in \
+        text(render.status_view(status, NOW))
+    status["fleet"]["unplaceable"] = {"seats": ["a", "b"], "count": 40}
+    assert "40 seats no live node may hold (placement labels): a, b, …" in \
+        text(render.status_view(status, NOW))
 
 
 def test_copy_evicted_and_without_a_record():
@@ -835,6 +846,16 @@ def test_send_wait_prints_the_turn(node, tmp_path):
     assert result.exit_code == 0 and result.stdout.splitlines()[1] == \
         "no turn finished within 2.5s (the mail is in the mailbox)"
     assert node.calls[-1][2] == 2.5 + ctl.CALL_TIMEOUT
+    # A duplicate already worked: said at once, no wait for a turn.
+    node.replies["send"] = {**node.replies["send"], "duplicate": True, "worked": True}
+    result = run(tmp_path, "send", "alice", "hi", "--wait", "30")
+    assert result.exit_code == 0 and result.stdout.splitlines() == [
+        "already in alice's mailbox (trigger t-1, seq 12): not sent again",
+        "its trigger was worked already: no new turn (crewletctl seats shows the last turns)"]
+    # A duplicate not worked in time says what any mail would.
+    node.replies["send"] = {**node.replies["send"], "worked": False}
+    assert run(tmp_path, "send", "alice", "hi", "--wait", "2").stdout.splitlines()[1] == \
+        "no turn finished within 2s (the mail is in the mailbox)"
 
 
 def test_send_refused(node, tmp_path):

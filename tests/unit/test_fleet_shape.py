@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from roles.workers.duties.fleet_shape import problems
+from crewlet.coord.sweep import SeatView
+from roles.workers.duties.fleet_shape import UNPLACEABLE_SHOWN, problems, seat_views, unplaceable
 
 ALL = ["data", "ingress", "seats", "workers"]
 
@@ -44,3 +45,29 @@ def test_an_external_cluster_needs_no_members():
 def test_mixed_protocols():
     nodes = {"a": node(ALL, protocol=1), "b": node(ALL, protocol=2)}
     assert problems(nodes, replicas=1)["fleet_protocol_mixed"]["protocols"] == [1, 2]
+
+
+def test_a_seat_no_live_node_may_hold_is_unplaceable():
+    nodes = {"a": {**node(ALL), "labels": {"zone": "eu"}},
+             "b": {**node(["data", "seats"]), "labels": {"zone": "us", "gpu": "yes"}},
+             "c": {**node(["data", "workers"]), "labels": {"zone": "mars"}}}  # runs no seats
+    seats = seat_views({"seats": [
+        {"name": "anywhere"}, {"name": "eu", "placement": {"labels": {"zone": "eu"}}},
+        {"name": "gpu-us", "placement": {"labels": {"zone": "us", "gpu": "yes"}}},
+        {"name": "gpu-eu", "placement": {"labels": {"zone": "eu", "gpu": "yes"}}},
+        {"name": "mars", "placement": {"labels": {"zone": "mars"}}}]})
+    assert unplaceable(nodes, seats) == ["gpu-eu", "mars"]
+    assert problems(nodes, replicas=3, seats=seats)["fleet_seat_unplaceable"] == {
+        "seats": ["gpu-eu", "mars"], "count": 2}
+    assert "fleet_seat_unplaceable" not in problems(nodes, replicas=3, seats=seats[:3])
+    # No seats node at all: that is the unmanned role, not every seat unplaceable.
+    nobody = {"c": nodes["c"]}
+    assert unplaceable(nobody, seats) == []
+    assert set(problems(nobody, replicas=1, seats=seats)) == {"fleet_role_unmanned"}
+
+
+def test_many_unplaceable_seats_are_counted_and_a_few_named():
+    nodes = {"a": node(ALL)}
+    seats = [SeatView(f"s{i:03}", {"zone": "nowhere"}) for i in range(100)]
+    found = problems(nodes, replicas=1, seats=seats)["fleet_seat_unplaceable"]
+    assert found["count"] == 100 and found["seats"] == [f"s{i:03}" for i in range(UNPLACEABLE_SHOWN)]

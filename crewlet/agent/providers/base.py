@@ -22,7 +22,12 @@ share, and the only one in crewlet (the turn loop never retries a call itself):
 
 A key is known to the fleet only by its *key id*, the first 12 hex characters
 of its sha256 (``default`` for a provider without a key): the key itself is
-never written or logged.
+never written or logged. What an endpoint (or a CLI agent's stderr) says about
+a failure is passed through :func:`redact` before it becomes a
+:class:`ProviderError`, so an endpoint that echoes the key does not put it in
+the logs, the dead letters, the turn records and the estate: the configured
+key's value, and anything shaped like a key or a credential header, become
+:data:`REDACTED`.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ import email.utils
 import hashlib
 import json
 import os
+import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -61,6 +67,24 @@ _RETRY_4XX = (408, 409)
 _ERROR_QUOTE = 500
 _KEY_ID_HEX = 12
 NO_KEY_ID = "default"
+# What a secret in provider error text becomes.
+REDACTED = "[redacted]"
+# Secrets shorter than this are not searched for: replacing every "abc" in a
+# message would garble it and protect nothing worth the name.
+SECRET_MIN = 8
+# Shapes of secrets whatever key is configured: vendor keys (sk-…, sk-ant-…,
+# sk-proj-…), an Authorization header's credentials, and key=value / "key":
+# "value" pairs named like a key, token, secret or password — the last two
+# only with a digit in them, so "Bearer authentication failed" stays words.
+# Only the credential (group key, auth or pair) goes; what names it stays, so
+# the message still reads.
+_SECRET_SHAPES = re.compile(
+    r"(?P<key>\bsk-[A-Za-z0-9_-]{8,})"
+    r"|(?i:\b(?:bearer|basic)\s+)(?=[^\s]*\d)(?P<auth>[A-Za-z0-9._~+/=-]{8,})"
+    r"|(?i:(?:api[_-]?key|x-api-key|access[_-]?token|auth[_-]?token|secret|password)"
+    r"[\"']?\s*[:=]\s*[\"']?)(?=[^\s\"',;}&]*\d)(?P<pair>[^\s\"',;}&]{8,})")
+# Environment variables whose values a CLI agent may print back: named like a secret.
+_SECRET_ENV = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)")
 
 
 class ProviderError(Exception):
@@ -102,6 +126,29 @@ class Provider(abc.ABC):
 
     async def close(self) -> None:
         """Release connections; the instance is not used again."""
+
+
+def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """*text* with every secret in it replaced by :data:`REDACTED`: each of
+    *secrets* (the configured key's value; those under :data:`SECRET_MIN`
+    characters are left alone) and anything shaped like a key or a
+    credential (:data:`_SECRET_SHAPES`). The one function provider error
+    text goes through before it is stored or logged."""
+    for secret in sorted({s for s in secrets if s and len(s) >= SECRET_MIN}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+
+    def hide(match: re.Match) -> str:
+        group = next(g for g in ("key", "auth", "pair") if match.group(g) is not None)
+        start, end = match.span(group)
+        whole = match.group(0)
+        return whole[:start - match.start()] + REDACTED + whole[end - match.start():]
+    return _SECRET_SHAPES.sub(hide, text)
+
+
+def env_secrets(env: Mapping[str, str]) -> list[str]:
+    """The values in *env* named like secrets (``*_KEY``, ``*TOKEN*``…): what a
+    CLI agent, which has the whole environment, might echo."""
+    return [v for k, v in env.items() if _SECRET_ENV.search(k) and v]
 
 
 def key_id(key: str | None) -> str:
@@ -205,6 +252,11 @@ class HttpProvider(Provider):
         except ProviderError:
             return NO_KEY_ID
 
+    def _redact(self, text: str) -> str:
+        """*text* (what the endpoint said) without the key in it (:func:`redact`)."""
+        var = self.spec.api_key_env
+        return redact(text, [self._env.get(var)] if var else [])
+
     async def cooling(self) -> float | None:
         return await self._cooling_until(self._key_id())
 
@@ -249,13 +301,13 @@ class HttpProvider(Provider):
             try:
                 response = await self._post(headers, body, min(remaining, REQUEST_TIMEOUT_CAP))
             except (httpx2.TransportError, TimeoutError) as exc:
-                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                last = self._redact(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
                 wait = backoff
             else:
                 status = response.status_code
                 if 200 <= status < 300:
                     return self._parse(response)
-                last = f"HTTP {status}: {endpoint_says(response)}"
+                last = self._redact(f"HTTP {status}: {endpoint_says(response)}")
                 asked = retry_after(response.headers)
                 if status == 429:
                     # At least the backoff: a "Retry-After: 0" repeated must not become a busy loop.
@@ -294,8 +346,9 @@ class HttpProvider(Provider):
         try:
             return self._reply(response.json())
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            raise ProviderError(f"provider {self.name}: unexpected response ({type(exc).__name__}: "
-                                f"{exc}): {response.text[:_ERROR_QUOTE]}", retryable=False) from exc
+            raise ProviderError(self._redact(
+                f"provider {self.name}: unexpected response ({type(exc).__name__}: {exc}): "
+                f"{response.text[:_ERROR_QUOTE]}"), retryable=False) from exc
 
     async def close(self) -> None:
         if self._client is not None:

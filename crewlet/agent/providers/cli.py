@@ -10,7 +10,9 @@ too. At most ``max_concurrent`` agents of one provider run at once on a node
 The prompt is the system prompt, then the conversation as plain text
 (``user: …``, ``assistant: …``, ``tool <name>: …``). The reply is the agent's
 stdout, stripped; it makes no tool calls through us — a CLI agent uses its
-own tools. A non-zero exit fails with the tail of its stderr. Usage is
+own tools. A non-zero exit fails with the tail of its stderr, redacted of
+secrets the agent may print (:func:`~crewlet.agent.providers.base.redact`,
+with every value of its environment named like a key or token). Usage is
 counted in words, as for the scripted provider.
 
 ``CREWLET_SPAWNED_BY`` in the agent's environment carries this process's
@@ -28,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crewlet.agent.providers.base import Provider, ProviderError
+from crewlet.agent.providers.base import Provider, ProviderError, env_secrets, redact
 from crewlet.agent.providers.scripted import conversation_words, words
 from crewlet.agent.types import Message, Reply, ToolSpec, Usage
 from crewlet.company.model import Provider as ProviderSpec
@@ -104,7 +106,7 @@ class CliProvider(Provider):
         if proc.returncode != 0:
             how = (f"exit {proc.returncode}" if proc.returncode > 0
                    else f"signal {-proc.returncode} ({signal.Signals(-proc.returncode).name})")
-            tail = err.decode(errors="replace").strip()[-STDERR_TAIL:]
+            tail = redact(err.decode(errors="replace").strip()[-STDERR_TAIL:], env_secrets(env))
             raise ProviderError(f"provider {self.name}: {self.command[0]} failed, {how}: {tail}",
                                 retryable=False)
         return out.decode(errors="replace").strip()

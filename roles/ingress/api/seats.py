@@ -5,7 +5,7 @@ Listings answer from this ingress's :class:`~roles.ingress.projection.Projection
 mailbox's counts as the broker has them now and its last turns from the
 estate. Mail is what ``crewletctl send`` does (:func:`crewlet.queue.post.post`):
 the ``Idempotency-Key`` becomes the mail's trigger, so sending again under it
-is worked once.
+is worked once (answered ``duplicate``, at once when it was worked already).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from crewlet.coord.counters import Ledger
 from crewlet.estate import ops
 from crewlet.queue.base import MAIL_MAX, MailboxError
 from crewlet.queue.post import post
@@ -63,6 +64,11 @@ class Sent(BaseModel):
     seat: str
     seq: int = Field(description="The mail's sequence in the mailbox stream")
     trigger: str
+    duplicate: bool = Field(False, description="The mailbox held this trigger already: no new "
+                                               "mail, no turn of its own (with wait: answered at "
+                                               "once when its first copy was worked)")
+    worked: bool = Field(False, description="With wait: a duplicate whose trigger the seat's "
+                                            "ledger says was worked already (turn is null)")
     turn: dict[str, Any] | None = Field(description="With wait: the turn, if it ended in time")
 
 
@@ -105,7 +111,7 @@ async def mail(request: Request, body: Mail, seat: str = SeatPath, grant=Depends
     f.need_seat(seat)
     try:
         sent = await post(f.nc, f.mailboxes, seat, body.text, sender=f"api:{grant.name}",
-                          trigger=key, wait=body.wait)
+                          trigger=key, wait=body.wait, ledger=Ledger(f.js, ttl=0))
     except MailboxError as exc:
         raise Problem(503, "mailbox_unavailable", f"the mailbox did not take the mail: {exc}; send it "
                                                   "again with the same Idempotency-Key",

@@ -12,7 +12,11 @@ presence with what the company needs and logs, once per change:
   means mixed versions or an outside broker);
 * ``fleet_replicas_short`` — fewer broker members than ``stream.replicas``:
   streams cannot place their replicas;
-* ``fleet_protocol_mixed`` — live nodes speak different protocol versions.
+* ``fleet_protocol_mixed`` — live nodes speak different protocol versions;
+* ``fleet_seat_unplaceable`` — seats of the company whose placement labels no
+  live seats node has: nobody may hold them, so their mail waits unworked
+  (the first :data:`UNPLACEABLE_SHOWN` names, and how many). Only said while
+  some node runs seats (else the role is unmanned, said above).
 
 A presence that does not say its broker kind counts as a member.
 """
@@ -20,16 +24,37 @@ A presence that does not say its broker kind counts as a member.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Iterable
 
 from crewlet import log
+from crewlet.coord.sweep import NodeView, SeatView, may_hold
 from roles.workers.duties import Duty
 
 ROLES = ("data", "ingress", "seats", "workers")
+# Names of unplaceable seats a report carries; the count says how many in all.
+UNPLACEABLE_SHOWN = 20
 
 
-def problems(nodes: dict[str, dict[str, Any]], replicas: int) -> dict[str, dict[str, Any]]:
-    """The shape errors in *nodes* (node id -> presence info), by event name."""
+def seat_views(company: dict[str, Any] | None) -> list[SeatView]:
+    """The seats of *company* (its document, as applied) with their placement labels."""
+    return [SeatView(s["name"], dict((s.get("placement") or {}).get("labels") or {}))
+            for s in (company or {}).get("seats") or []]
+
+
+def unplaceable(nodes: dict[str, dict[str, Any]], seats: Iterable[SeatView]) -> list[str]:
+    """The seats no live seats node in *nodes* may hold, by name; [] while no
+    node runs seats at all (that is ``fleet_role_unmanned``)."""
+    holders = [NodeView(i, dict(n.get("labels") or {})) for i, n in nodes.items()
+               if "seats" in n.get("roles", ())]
+    if not holders:
+        return []
+    return sorted(s.name for s in seats if not any(may_hold(s, n) for n in holders))
+
+
+def problems(nodes: dict[str, dict[str, Any]], replicas: int,
+             seats: Iterable[SeatView] = ()) -> dict[str, dict[str, Any]]:
+    """The shape errors in *nodes* (node id -> presence info) for the
+    company's *seats*, by event name."""
     found: dict[str, dict[str, Any]] = {}
     unmanned = [r for r in ROLES if not any(r in n.get("roles", ()) for n in nodes.values())]
     if unmanned:
@@ -47,6 +72,9 @@ def problems(nodes: dict[str, dict[str, Any]], replicas: int) -> dict[str, dict[
         found["fleet_protocol_mixed"] = {
             "protocols": protocols,
             "nodes": {i: n.get("protocol") for i, n in sorted(nodes.items())}}
+    nobody = unplaceable(nodes, seats)
+    if nobody:
+        found["fleet_seat_unplaceable"] = {"seats": nobody[:UNPLACEABLE_SHOWN], "count": len(nobody)}
     return found
 
 
@@ -55,7 +83,9 @@ async def run(ctx) -> None:
     await ctx.holders.listed.wait()
     while True:
         nodes = {key.removeprefix("node."): owner.info for key, owner in ctx.holders.of("node.").items()}
-        now = problems(nodes, ctx.config.stream.replicas)
+        company = ctx.company()
+        seats = [SeatView(s.name, dict(s.placement.labels)) for s in company.seats] if company else ()
+        now = problems(nodes, ctx.config.stream.replicas, seats)
         for name, detail in now.items():
             if reported.get(name) != detail:
                 log.event(name, "warning", **detail)
