@@ -30,6 +30,8 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from crewlet import private
+
 ENDPOINTS = ("control", "health", "events", "estate", "applied")
 
 # sun_path is 108 bytes including the terminating NUL.
@@ -52,8 +54,8 @@ def ensure_run_dir(run_dir: str) -> None:
     if longest > MAX_SOCKET_PATH:
         raise ValueError(f"run directory {run_dir} makes unix socket paths of {longest} bytes; "
                          f"at most {MAX_SOCKET_PATH} fit")
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    os.chmod(run_dir, 0o700)
+    private.make_dir(run_dir)
+    os.chmod(run_dir, private.DIR_MODE)
 
 
 def bind(ctx: zmq.asyncio.Context, run_dir: str, kind: int, name: str, *, linger: int = 0):

@@ -6,7 +6,9 @@ order, before any thread, loop or ZeroMQ context exists:
 1. load and validate Tier A config, and the ``--company`` file if given (its
    revision must fit the broker's message) — a problem is one line naming the
    file, key and problem, and exit 78;
-2. take the data dir's lock, so two crewletd never share one run dir;
+2. make the data dir the service user's only (:mod:`crewlet.private`: the
+   umask first, then what others could reach is fixed, and said), and take
+   its lock, so two crewletd never share one run dir;
 3. bind and close every address the node will listen on
    (:func:`crewlet.ports.preflight`) — one that cannot be bound (in use, not
    an address of this machine, not resolvable) is one line naming the file
@@ -27,7 +29,7 @@ import sys
 
 import click
 
-from crewlet import ipc, log, ports, sysd
+from crewlet import ipc, log, ports, private, sysd
 from crewlet.config import ConfigError, load_node_config
 from crewlet.runtime import LEFTOVERS, run_loop
 from crewlet.estate.floor import wipe_scratch
@@ -46,6 +48,18 @@ def _load(path: str | None):
         return load_node_config(path)
     except ConfigError as exc:
         _fail_config(str(exc))
+
+
+def _private_data_dir(cfg) -> None:
+    """The data dir is the service user's only (crewlet.private): what others
+    could reach is fixed, and said; what cannot be fixed is exit 78."""
+    try:
+        fixed = private.tighten(cfg.data_dir)
+    except private.NotPrivate as exc:
+        _fail_config(f"{cfg.source}: data_dir: {exc}")
+    if fixed:
+        log.event("data_dir_tightened", "warning", data_dir=cfg.data_dir, count=len(fixed),
+                  paths=fixed[:private.SHOWN])
 
 
 def _lock_data_dir(cfg) -> int:
@@ -90,6 +104,8 @@ def start(config_path: str | None, company_path: str | None) -> None:
     from supervisor.node import Node
     from supervisor.zygote import Zygote
 
+    # Before anything is created: every file of the node is its user's only.
+    private.restrict()
     sysd.take_environment()
     cfg = _load(config_path)
     seed = None
@@ -104,6 +120,7 @@ def start(config_path: str | None, company_path: str | None) -> None:
     log.configure(node=cfg.node.id, role="crewletd", level=cfg.log.level, fmt=cfg.log.format)
     for warning in cfg.warnings:
         log.event("config_warning", "warning", message=warning)
+    _private_data_dir(cfg)
     lock = _lock_data_dir(cfg)
     try:
         ports.preflight(cfg)

@@ -189,3 +189,19 @@ async def routed(url: str, node_id: str = "tester", **router_args) -> AsyncItera
 def run(coro, within: float = RUN_CAP):
     """``asyncio.run(coro)``, failing with TimeoutError after *within* seconds."""
     return asyncio.run(asyncio.wait_for(coro, within))
+
+
+async def grant(js, seat: str, node: str, *, release: bool = True) -> int:
+    """A real lease of *seat* for *node* in the ``leases`` bucket, as a node's
+    sweep claims one: its fencing token (the claim's revision). Released at
+    once unless *release* is False, so the next claim (another node's)
+    takes the seat with a higher token."""
+    from crewlet.coord import buckets
+    from crewlet.coord.lease import Leases
+    await buckets.ensure(js, buckets.LEASES, 1)
+    leases = Leases(js, node, f"boot-{node}", ttl=60)
+    held = await leases.claim(f"seat.{seat}")
+    assert held is not None, f"seat.{seat} is held by another"
+    if release:
+        await leases.release(held)
+    return held.token

@@ -36,6 +36,10 @@ cooldowns  <provider>.<key id>                             provider key cooling
 rate       <valve>                                         the notification valve
 budgets    org, seat.<id>                                  token spend against caps
 objects    store                                           which file store is used
+grants     <seat>.<token>.<node digest>                    is a fencing token a lease
+                                                           the fleet granted (the verdict
+                                                           every estate copy follows:
+                                                           roles/data_applier/grants.py)
 =========  ==============================================  =========================
 """
 
@@ -75,8 +79,12 @@ COOLDOWNS = Bucket("cooldowns")
 RATE = Bucket("rate")
 BUDGETS = Bucket("budgets")
 OBJECTS = Bucket("objects")
+# Written once per key, never aged: a verdict is needed for as long as the
+# estate log keeps an op that names its token (a copy built from the log's
+# first entry follows every verdict ever given). One key per seat claim.
+GRANTS = Bucket("grants")
 
-ALL = (LEASES, CONFIG, STATUS, LEDGER, CLAIMS, COOLDOWNS, RATE, BUDGETS, OBJECTS)
+ALL = (LEASES, CONFIG, STATUS, LEDGER, CLAIMS, COOLDOWNS, RATE, BUDGETS, OBJECTS, GRANTS)
 
 # Seconds a watch's consumer outlives its subscriber's interest (a killed
 # process, a dropped connection). nats-py's ordered consumer answers the

@@ -20,8 +20,13 @@ Before anything is written, in order:
 3. **the fence** — ``fences`` keeps each seat's highest token seen in an
    applied op; a lower token is refused. Tokens only grow from one owner to
    the next, so once the new owner has written (``seat.fence``, on claiming)
-   its predecessor's writes are refused on every copy alike. That refusal is
-   kept under the op id *and its token* (:func:`~crewlet.estate.store.fenced_key`),
+   its predecessor's writes are refused on every copy alike. A token that
+   would *raise* the fence must be a lease the fleet granted to that seat
+   for the op's node: the caller hands in the verdicts (*grants*: see
+   :mod:`roles.data_applier.grants`, which makes them the same for every
+   copy), and an op whose token was not granted is refused, the fence left
+   where it was — so a forged token cannot lock a seat out. Either refusal
+   is kept under the op id *and its token* (:func:`~crewlet.estate.store.fenced_key`),
    so the new owner redoing the same write under its own token is not
    refused for its predecessor's;
 4. **the kind's own checks** (:class:`Refused`).
@@ -52,11 +57,58 @@ class Refused(Exception):
 Outcome = dict[str, Any]
 
 
+# A fence's identity, as a verdict is asked for: (seat, token, node).
+Fence = tuple[str, int, str]
+# A verdict: None when the token is a lease the fleet granted, else why not.
+Grants = dict[Fence, str | None]
+
+
+class Unjudged(LookupError):
+    """A token would raise a fence and no verdict on it was handed in: the
+    batch is not applied (a copy never guesses; :func:`raising` says which
+    verdicts a batch needs)."""
+
+
+def raising(store: Store, entries: list[tuple[int, bytes]]) -> set[Fence]:
+    """The fences the ops of *entries* (not yet applied) would raise: those
+    whose token is above their seat's fence now. A superset of what
+    :func:`apply_batch` asks *grants* for (fences only rise as it applies)."""
+    wanted: set[Fence] = set()
+    with store.env.begin() as txn:
+        raw = txn.get(APPLIED, db=store.dbs["meta"])
+        applied = int.from_bytes(raw, "big") if raw else 0
+        fences: dict[str, int] = {}
+        for seq, data in entries:
+            if seq <= applied:
+                continue
+            # Only the three fields, not the whole op checked (a third of
+            # applying one): any op that checks has them of these types.
+            try:
+                d = unpack(data)
+                seat, token, node = d.get("seat"), d.get("token"), d.get("node")
+            except Exception:
+                continue
+            if not (isinstance(seat, str) and isinstance(token, int) and isinstance(node, str)):
+                continue
+            if seat not in fences:
+                raw = txn.get(seat.encode(), db=store.dbs["fences"]) if 0 < len(seat) < 512 else None
+                fences[seat] = unpack(raw) if raw is not None else 0
+            if token > fences[seat]:
+                wanted.add((seat, token, node))
+    return wanted
+
+
 def apply_batch(store: Store, entries: list[tuple[int, bytes]], *,
+                grants: Grants | None = None,
                 before_commit: Callable[[list[tuple[str | None, Outcome]]], None] | None = None,
                 ) -> list[tuple[str | None, Outcome]]:
     """Apply log entries in order in one transaction; ``[(op id, outcome)]``
     for the entries applied now (those at or below ``applied`` are skipped).
+
+    *grants*: the verdict on every fence the batch may raise
+    (:func:`raising`); a missing one raises :class:`Unjudged` and nothing is
+    committed. None: every token is taken as granted (a copy that is told
+    of no leases: the unit tests of what a fence does).
 
     *before_commit* is handed the outcomes once they are computed, before the
     commit (and its fsync): an outcome is the log's, not the commit's — a
@@ -73,7 +125,7 @@ def apply_batch(store: Store, entries: list[tuple[int, bytes]], *,
         for seq, data in entries:
             if seq <= applied:
                 continue
-            out.append(_apply_one(store.env, txn, dbs, seq, data))
+            out.append(_apply_one(store.env, txn, dbs, seq, data, grants))
             applied = seq
         txn.put(APPLIED, seq_key(applied), db=dbs["meta"])
         if before_commit is not None and out:
@@ -81,7 +133,8 @@ def apply_batch(store: Store, entries: list[tuple[int, bytes]], *,
     return out
 
 
-def _apply_one(env, txn, dbs, seq: int, data: bytes) -> tuple[str | None, Outcome]:
+def _apply_one(env, txn, dbs, seq: int, data: bytes,
+               grants: Grants | None) -> tuple[str | None, Outcome]:
     try:
         op = Op.decode(data)
     except OpError as exc:
@@ -98,11 +151,12 @@ def _apply_one(env, txn, dbs, seq: int, data: bytes) -> tuple[str | None, Outcom
     if first is not None:
         return op.id, {**unpack(first), "duplicate": True}
     try:
-        _fence(txn, dbs, op)
+        _fence(txn, dbs, op, grants)
     except Refused as exc:
         # Kept under the id *and token*: a resend of this op gets the same
         # refusal, while the seat's next owner redoing the same write under
-        # its own, higher token is not refused for its predecessor's.
+        # its own, higher token is not refused for its predecessor's (nor
+        # for a forger's ungranted one).
         outcome = {"ok": False, "seq": seq, "error": str(exc)}
         txn.put(fenced, pack(outcome), db=dbs["ops"])
         return op.id, outcome
@@ -138,7 +192,7 @@ def _id_of(data: bytes) -> str | None:
     return op_id if isinstance(op_id, str) and OP_ID.match(op_id) else None
 
 
-def _fence(txn, dbs, op: Op) -> None:
+def _fence(txn, dbs, op: Op, grants: Grants | None) -> None:
     if op.seat is None:
         return
     key = op.seat.encode()
@@ -147,6 +201,14 @@ def _fence(txn, dbs, op: Op) -> None:
     if op.token < current:
         raise Refused(f"stale fencing token {op.token} for seat {op.seat}: the seat is at {current}")
     if op.token > current:
+        if grants is not None:
+            fence = (op.seat, op.token, op.node)
+            if fence not in grants:
+                raise Unjudged(f"no verdict on token {op.token} of seat {op.seat} for node {op.node}")
+            why = grants[fence]
+            if why is not None:
+                raise Refused(f"fencing token {op.token} for seat {op.seat} is not a lease the fleet "
+                              f"granted to node {op.node}: {why}")
         txn.put(key, pack(op.token), db=dbs["fences"])
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import re
 import time
 import uuid
@@ -42,7 +43,17 @@ import msgpack
 # URL part; seat names are the company's (crewlet.company.model).
 OP_ID_MAX = 200
 OP_ID = re.compile(rf"^[\x21-\x7e]{{1,{OP_ID_MAX}}}$")
-PAGE_PATH = r"^[a-z0-9][a-z0-9/_.-]{0,199}$"
+# A page path is refused unless it is already in its one normal form, never
+# rewritten into it: segments of a-z, 0-9, '_', '.', '-' joined by single
+# '/', each starting with a letter or digit — so no empty segment ("a//b"),
+# no "." or ".." ("eng/../../etc/passwd"), no leading or trailing '/', no
+# upper case. A path that names a page one way only needs no rule to say
+# which of two spellings is "the" page, on any copy or in any URL. (No
+# lookahead, so the ingress's Rust-regex Path pattern takes it as it is; the
+# length is PAGE_PATH_MAX, checked beside it.)
+PAGE_PATH = r"^[a-z0-9][a-z0-9_.-]*(?:/[a-z0-9][a-z0-9_.-]*)*$"
+PAGE_PATH_MAX = 200
+_PAGE_PATH = re.compile(PAGE_PATH)
 SEAT_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 _SEAT = re.compile(SEAT_NAME)
 PROJECT = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -59,6 +70,23 @@ LIST_MAX = 500
 LIST_DEFAULT = 100
 SEARCH_MAX = 100
 SEARCH_DEFAULT = 10
+# The numbers an op may carry: exact in every JSON parser and in msgpack
+# (a float that is NaN or infinite is neither; an int past 2**64 does not encode).
+INT_MAX = 2**53 - 1
+# Wall-clock seconds an op's ``at`` may name: from the epoch to the year 9999.
+AT_MAX = 253_402_300_799.0
+# A node's name, as the op carries it (crewlet.config's node.id is narrower).
+NODE_MAX = 100
+_NODE = re.compile(rf"^[\x21-\x7e]{{1,{NODE_MAX}}}$")
+# A free-form value (a turn record): how deep it may nest, how long one of its
+# strings or keys may be, how many items one container may hold, and how big
+# it may be encoded — one op stays well under the broker's 1 MiB, and no
+# reader of a copy meets a value it cannot walk.
+FREE_DEPTH = 8
+FREE_STR_MAX = PAGE_BODY_MAX
+FREE_KEY_MAX = 200
+FREE_ITEMS_MAX = 10_000
+RECORD_MAX_BYTES = 512 * 1024
 
 
 class OpError(ValueError):
@@ -88,10 +116,10 @@ def _str(lo: int = 1, hi: int | None = None, **extra: Any) -> dict[str, Any]:
 _NAME = _str(pattern=SEAT_NAME)  # a seat
 _LABELS = {"type": "array", "items": _str(1, 100), "maxItems": 50}
 # At most 2**53 - 1: exact in every JSON parser, and an int msgpack always encodes.
-_REV = {"type": "integer", "minimum": 1, "maximum": 2**53 - 1}
+_REV = {"type": "integer", "minimum": 1, "maximum": INT_MAX}
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": LIST_MAX}
 _TASK = _str(pattern=TASK_ID)
-_PATH = _str(pattern=PAGE_PATH)
+_PATH = _str(1, PAGE_PATH_MAX, pattern=PAGE_PATH)
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("task.create", "tracker", "move_on", _obj(
@@ -109,7 +137,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("page.delete", "kb", "once", _obj(("path",), path=_PATH, expect_version=_REV)),
     Kind("file.register", "files", "move_on", _obj(
         ("project", "path", "size", "sha256"), project=_str(pattern=PROJECT), path=_str(1, FILE_PATH_MAX),
-        size={"type": "integer", "minimum": 0}, sha256=_str(64, 64, pattern=r"^[0-9a-f]{64}$"),
+        size={"type": "integer", "minimum": 0, "maximum": INT_MAX}, sha256=_str(64, 64, pattern=r"^[0-9a-f]{64}$"),
         content_type=_str(1, 200))),
     Kind("turn.record", "turns", "move_on", _obj(("record",), record={"type": "object"})),
     Kind("episode.add", "seat", "move_on", _obj(
@@ -184,27 +212,40 @@ class Op:
     at: float
 
     def check(self) -> None:
-        """OpError unless this op is well formed (what the applier refuses otherwise)."""
+        """OpError unless this op is well formed (what the applier refuses
+        otherwise): every field of the right type and within its bounds, no
+        number that is not finite or not exact, nothing nested past
+        :data:`FREE_DEPTH`."""
         if not isinstance(self.id, str) or not OP_ID.match(self.id):
             raise OpError(f"op id must be 1-{OP_ID_MAX} printable ASCII characters without spaces, "
-                          f"got {self.id!r}")
-        if self.kind not in KINDS:
-            raise OpError(f"unknown op kind {self.kind!r}; kinds: {', '.join(KINDS)}")
+                          f"got {_show(self.id)}")
+        if not isinstance(self.kind, str) or self.kind not in KINDS:
+            raise OpError(f"unknown op kind {_show(self.kind)}; kinds: {', '.join(KINDS)}")
         if (self.seat is None) != (self.token is None):
             raise OpError("an op carries a seat and its fencing token together, or neither")
         if self.seat is not None and (not isinstance(self.seat, str) or not _SEAT.match(self.seat)):
-            raise OpError(f"seat must be a seat's name (1-63 of a-z, 0-9, '_', '-'), got {self.seat!r}")
-        if self.token is not None and (not isinstance(self.token, int) or self.token < 1):
-            raise OpError(f"token must be a positive integer, got {self.token!r}")
+            raise OpError(f"seat must be a seat's name (1-63 of a-z, 0-9, '_', '-'), got {_show(self.seat)}")
+        if self.token is not None and not (_is_int(self.token) and 1 <= self.token <= INT_MAX):
+            raise OpError(f"token must be an integer from 1 to {INT_MAX}, got {_show(self.token)}")
         if self.kind == "seat.fence" and self.seat is None:
             raise OpError("seat.fence needs the seat and its token")
-        if not isinstance(self.node, str) or not self.node:
-            raise OpError(f"node must be a non-empty string, got {self.node!r}")
-        if not isinstance(self.at, (int, float)):
-            raise OpError(f"at must be a number of seconds, got {self.at!r}")
+        if not isinstance(self.node, str) or not _NODE.match(self.node):
+            raise OpError(f"node must be 1-{NODE_MAX} printable ASCII characters, got {_show(self.node)}")
+        if not (_is_number(self.at) and 0 <= self.at <= AT_MAX):
+            # NaN and the infinities fail the comparison too.
+            raise OpError(f"at must be wall-clock seconds from 0 to {AT_MAX:.0f}, got {_show(self.at)}")
+        if not isinstance(self.args, dict):
+            raise OpError(f"{self.kind}: arguments must be an object, got {type(self.args).__name__}")
+        problem = _plain(self.args, "args", FREE_DEPTH + 1)
+        if problem:
+            raise OpError(f"{self.kind}: {problem}")
         problem = _problem(_kind_check(self.kind), self.args, self.kind)
         if problem:
             raise OpError(problem)
+        if self.kind == "turn.record":
+            size = len(msgpack.packb(self.args["record"], use_bin_type=True))
+            if size > RECORD_MAX_BYTES:
+                raise OpError(f"turn.record: record is {size} bytes encoded, more than {RECORD_MAX_BYTES}")
 
     @property
     def retry(self) -> str:
@@ -246,6 +287,56 @@ class Op:
         return cls.from_dict(d)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _show(value: Any) -> str:
+    """*value* for a refusal: its repr, cut short (a refusal is kept as an
+    outcome on every copy, so it must not carry a huge value along)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _plain(value: Any, where: str, depth: int) -> str | None:
+    """What is wrong with *value* as data every copy keeps and every reader
+    reads back (None: nothing): only None, booleans, integers within
+    ±:data:`INT_MAX`, finite floats, strings of at most
+    :data:`FREE_STR_MAX` characters, and lists and string-keyed maps of at most
+    :data:`FREE_ITEMS_MAX` items, nested at most *depth* deep."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if -INT_MAX <= value <= INT_MAX else f"{where}: integer out of range ±{INT_MAX}"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where}: {value!r} is not a finite number"
+    if isinstance(value, str):
+        return None if len(value) <= FREE_STR_MAX else f"{where}: a string longer than {FREE_STR_MAX}"
+    if isinstance(value, (list, tuple, dict)):
+        if depth <= 0:
+            return f"{where}: nested deeper than {FREE_DEPTH}"
+        if len(value) > FREE_ITEMS_MAX:
+            return f"{where}: more than {FREE_ITEMS_MAX} items"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str) or len(key) > FREE_KEY_MAX:
+                    return f"{where}: keys must be strings of at most {FREE_KEY_MAX} characters, got {_show(key)}"
+                problem = _plain(item, f"{where}.{key}", depth - 1)
+                if problem:
+                    return problem
+        else:
+            for i, item in enumerate(value):
+                problem = _plain(item, f"{where}[{i}]", depth - 1)
+                if problem:
+                    return problem
+        return None
+    return f"{where}: {type(value).__name__} is not a plain value"
+
+
 def op_id(*parts: str) -> str:
     """A stable op id from *parts* (``seat``, ``kind``, ``call key``…), joined
     by ``:``; past :data:`OP_ID_MAX`, everything after the first part is
@@ -269,8 +360,11 @@ def make_op(kind: str, args: dict[str, Any], *, node: str, seat: str | None = No
 
 def check_query(name: str, args: Any) -> None:
     """OpError unless *name* is a query and *args* its arguments."""
-    if name not in QUERIES:
+    if not isinstance(name, str) or name not in QUERIES:
         raise OpError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
+    problem = _plain(args, "args", FREE_DEPTH) if isinstance(args, dict) else None
+    if problem:
+        raise OpError(f"{name}: {problem}")
     problem = _problem(_query_check(name), args, name)
     if problem:
         raise OpError(problem)

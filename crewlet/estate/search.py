@@ -93,6 +93,7 @@ from typing import Any, Iterator
 import lmdb
 import msgpack
 
+from crewlet import private
 from crewlet.estate.ops import SEARCH_MAX
 from crewlet.estate.store import APPLIED, key_seq, seq_key
 
@@ -222,7 +223,10 @@ class SearchIndex:
         return db
 
     def _open_writer(self) -> sqlite3.Connection:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        private.make_dir(os.path.dirname(self.path))
+        # Made 0600 here, whatever the umask: SQLite gives the journal files
+        # the database's mode, and an empty file is an empty database.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, private.FILE_MODE))
         try:
             return _prepare(_connect(self.path))
         except sqlite3.DatabaseError as e:

@@ -50,6 +50,7 @@ from typing import Any, Iterator
 import lmdb
 import msgpack
 
+from crewlet import private
 from crewlet.estate.ops import LIST_DEFAULT, check_query
 
 # Address space only: LMDB grows the file as it is written.
@@ -140,14 +141,14 @@ def open_env(path: str, *, readonly: bool = False) -> Store:
         if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
             raise StoreUnavailable(f"no estate copy at {path} (the applier has not made one)")
         if not readonly:
-            os.makedirs(path, exist_ok=True)
+            private.make_dir(path)
         # sync on, metasync off: a commit is durable once the next one is, and
         # a system crash may undo only the last commit, which the log redoes
         # (the applied sequence is committed with the rows). Measured here:
         # 0.19 ms a commit against 0.33 ms with metasync.
         env = lmdb.open(path, map_size=MAP_SIZE, max_dbs=len(TABLES) + 4, subdir=True,
                         readonly=readonly, metasync=False, sync=True, max_readers=MAX_READERS,
-                        create=not readonly)
+                        create=not readonly, mode=private.FILE_MODE)
         try:
             dbs = {name: env.open_db(name.encode(), create=not readonly) for name in TABLES}
         except lmdb.NotFoundError:

@@ -68,7 +68,7 @@ from urllib.parse import urlsplit
 
 import nats
 
-from crewlet import ports
+from crewlet import ports, private
 from crewlet.config import NodeConfig
 from crewlet.config.model import is_route_to_self
 
@@ -165,7 +165,7 @@ def config_lines(cfg: NodeConfig) -> list[str]:
 def write_config(cfg: NodeConfig) -> str:
     """Write the server's config for this node; returns its path."""
     if kind(cfg) != "leaf":
-        os.makedirs(store_dir(cfg), exist_ok=True)
+        private.make_dir(store_dir(cfg))
     path = os.path.join(cfg.run_dir, "nats.conf")
     with open(path + ".tmp", "w") as f:
         f.write("\n".join(config_lines(cfg)) + "\n")

@@ -24,6 +24,11 @@ rows), the search index catches up, and then the requests waiting for that
 seq are woken. Writes to LMDB run on one worker thread, so a large batch does
 not stall the event loop (and with it the child's heartbeats).
 
+A token that would raise a seat's fence is applied only with the verdict on
+it, read from (or judged into) the ``grants`` bucket first
+(:mod:`roles.data_applier.grants`): a batch whose verdicts cannot be had is
+not applied, and is tried again like any failure to follow the log.
+
 The loop trusts nothing it did not check: every entry must be the next seq.
 An entry past a gap ends the subscription, and a fresh one starts from
 ``applied + 1``; on a fresh subscription a first entry past ``applied + 1``
@@ -100,6 +105,7 @@ from crewlet.estate.ops import SEARCH_DEFAULT, Op, OpError, check_query
 from crewlet.estate.search import SearchIndex, SearchUnavailable, index_path
 from crewlet.estate.view import STOPPED  # the reason, in the words the router and crewletctl show
 from crewlet.queue.jetstream import ack_meta
+from roles.data_applier import grants
 from roles.data_applier.custody import Custody
 
 # ----------------------------------------------------------------- constants
@@ -365,7 +371,11 @@ class Applier:
         return entries, False
 
     async def _apply(self, entries: list[tuple[int, bytes]]) -> None:
-        outcomes, applied = await self.write(self._apply_sync, entries)
+        # The verdicts on the tokens that would raise a seat's fence, read
+        # (or judged) before the write: the same for every copy (grants.py).
+        # Unanswered, this raises and the batch is applied again later.
+        verdicts = await grants.verdicts(self.js, apply.raising(self.store, entries), self.replicas)
+        outcomes, applied = await self.write(self._apply_sync, entries, verdicts)
         self.stats["ops"] += len(outcomes)
         self.applied = applied
         # The log holds at least what was applied from it (its bounds are
@@ -374,8 +384,8 @@ class Applier:
         self._wake()
         self.changed.set()
 
-    def _apply_sync(self, entries: list[tuple[int, bytes]]):
-        outcomes = apply.apply_batch(self.store, entries, before_commit=self._computed)
+    def _apply_sync(self, entries: list[tuple[int, bytes]], verdicts: apply.Grants):
+        outcomes = apply.apply_batch(self.store, entries, grants=verdicts, before_commit=self._computed)
         self._catch_up_index()
         return outcomes, self.store.applied()
 

@@ -106,7 +106,7 @@ def test_three_data_nodes_converge_with_their_appliers_killed_mid_stream(natsd, 
     assert len(digests(nodes)) == 1
     assert store.dump(copy_of(a)) == store.dump(copy_of(b)) == store.dump(copy_of(c))
     # Refusals and duplicates were among them, and are the same everywhere.
-    outcomes = [store.Reader(copy_of(n)).outcome(items[5].id) for n in nodes]
+    outcomes = [store.Reader(copy_of(n)).outcome(items[5].id, items[5].token) for n in nodes]
     assert outcomes[0] is not None and outcomes.count(outcomes[0]) == 3
     # Each applier says how far it got, in the fleet's status.
     wait_for(lambda: {n["id"]: (n.get("estate") or {}).get("applied")

@@ -456,6 +456,11 @@ def test_pages_are_written_replaced_listed_and_found(main):
     walked, pages = walk(main, "/v1/pages", prefix=prefix, limit=2)
     assert [p["path"] for p in walked] == sorted(paths) and pages == 3
     assert all("body" not in p for p in walked)  # a list is lines: the page has the body
+    # A path not in its one form is refused, never stored nor rewritten (%2e: the
+    # client would fold a literal "..").
+    for bad in ("a//b", "eng/%2e%2e/%2e%2e/etc/passwd", "eng/", "Eng/x"):
+        r = main("PUT", f"/v1/pages/{bad}", json={"title": "x", "body": "y"})
+        assert r.status_code in (400, 404, 422), (bad, r.status_code, r.text)
 
 
 # ---------------------------------------------------------------- errors

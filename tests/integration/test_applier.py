@@ -32,7 +32,7 @@ from roles.data_applier.applier import Applier, rows_below
 from roles.data_applier import custody as custody_module
 from roles.data_applier.custody import Custody
 from tests.conftest import wait_for
-from tests.estate import applied, copy_of, publish_all, run, until
+from tests.estate import applied, copy_of, grant, publish_all, run, until
 
 DEADLINE = 30.0  # s for one whole check (tests.estate.run's cap)
 
@@ -168,19 +168,53 @@ def test_a_duplicated_op_id_lands_once_and_both_answers_carry_the_first_outcome(
 
 def test_a_stale_fencing_token_is_refused_and_the_refusal_is_the_outcome(natsd, short_tmp):
     async def check():
-        async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
-            fence = make_op("seat.fence", {}, node="n2", seat="cto", token=9)
+        async with applier(natsd.url, f"{short_tmp}/a", "a") as a, \
+                connection(natsd.url) as (_, js):
+            old = await grant(js, "cto", "n1")
+            new = await grant(js, "cto", "n2", release=False)
+            fence = make_op("seat.fence", {}, node="n2", seat="cto", token=new)
             got = await a.handle(wire.write_request(fence, wait=5))
             assert got["status"] == "ok" and got["answer"]["ok"]
-            stale = make_op("task.create", {"title": "late"}, node="n1", seat="cto", token=5)
+            stale = make_op("task.create", {"title": "late"}, node="n1", seat="cto", token=old)
             got = await a.handle(wire.write_request(stale, wait=5))
             assert got["status"] == "ok"
             assert got["answer"]["ok"] is False
-            assert got["answer"]["error"] == "stale fencing token 5 for seat cto: the seat is at 9"
+            assert got["answer"]["error"] == f"stale fencing token {old} for seat cto: the seat is at {new}"
             # The refusal is kept: asked again, the same answer, nothing published.
             again = await a.handle(wire.write_request(stale, wait=5))
             assert again["answer"] == got["answer"]
             assert a.reader.query("task.list", {})["tasks"] == []
+    run(check(), DEADLINE)
+
+
+def test_a_forged_fence_token_is_refused_and_locks_nobody_out(natsd, short_tmp):
+    """A seat.fence published straight to the log under a token no lease
+    granted (too high, another seat's, another node's, a renewal's revision)
+    is refused on every copy alike, and the owner's writes still land."""
+    async def check():
+        async with applier(natsd.url, f"{short_tmp}/a", "a") as a, \
+                connection(natsd.url) as (_, js):
+            other = await grant(js, "ceo", "n2", release=False)
+            token = await grant(js, "cto", "n2", release=False)
+            forged = [make_op("seat.fence", {}, node="n2", seat="cto", token=10**12, id="f1"),
+                      make_op("seat.fence", {}, node="n2", seat="cto", token=other + 100, id="f2"),
+                      make_op("seat.fence", {}, node="n2", seat="cto", token=max(token, other) + 1, id="f3"),
+                      make_op("seat.fence", {}, node="evil", seat="ceo", token=other, id="f4"),
+                      make_op("seat.fence", {}, node="n2", seat="cto", token=other, id="f5")]
+            await publish_all(js, forged)
+            await until(lambda: all(a.reader.outcome(o.id, o.token) for o in forged), what="forgeries applied")
+            for o in forged:
+                outcome = a.reader.outcome(o.id, o.token)
+                assert outcome["ok"] is False and "not a lease the fleet granted" in outcome["error"], outcome
+            # The owner's write lands, and raises the fence to its own token.
+            write = make_op("task.create", {"title": "still mine"}, node="n2", seat="cto", token=token)
+            got = await a.handle(wire.write_request(write, wait=5))
+            assert got["answer"]["ok"], got
+            # A second copy built later from the same log reaches the same
+            # outcomes (the verdicts are recorded, not judged again).
+            async with applier(natsd.url, f"{short_tmp}/b", "b") as b:
+                await until(lambda: b.applied == a.applied, what="the second copy caught up")
+                assert store.digest(b.store) == store.digest(a.store)
     run(check(), DEADLINE)
 
 

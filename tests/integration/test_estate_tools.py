@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 from crewlet.agent.estate_tools import ESTATE_TOOL_NAMES, estate_tools
 from crewlet.agent.tools import Registry, ToolContext, builtin_tools
+from tests.estate import grant
 from tests.integration.test_router import WRITE_WAIT, Fleet, asker_with_first, fleet_test
 
 
@@ -29,10 +30,14 @@ def seat_tools() -> Registry:
 async def routed_services(fleet: Fleet, *nodes: str, asker: str = "edge") -> SimpleNamespace:
     router = await fleet.router(asker)
     await fleet.in_service(router.view, *nodes)
-    return SimpleNamespace(estate=router, node=asker, seats=frozenset({"cto", "ceo"}), mailboxes=None)
+    # Real leases: a copy raises a seat's fence only to a token the fleet granted.
+    tokens = {seat: await grant(fleet.js, seat, asker, release=False) for seat in ("cto", "ceo")}
+    return SimpleNamespace(estate=router, node=asker, seats=frozenset({"cto", "ceo"}), mailboxes=None,
+                           tokens=tokens)
 
 
-def call(services, key: str, seat: str = "cto", token: int = 3) -> ToolContext:
+def call(services, key: str, seat: str = "cto", token: int | None = None) -> ToolContext:
+    token = services.tokens[seat] if token is None else token
     return ToolContext(seat=seat, trigger=key.split(".")[0], token=token, call_key=key, services=services)
 
 
@@ -72,8 +77,9 @@ async def test_the_tracker_tools_create_update_comment_and_read_and_a_redone_cal
     assert await ok(reg, call(services, "job5.2.0"), "task_list", {"status": "open"}) == "no tasks (status open)"
 
     # A write under an older token than the seat's is refused, on every copy alike.
-    text, error = await reg.call(call(services, "job6.0.0", token=2), "task_create", {"title": "zombie"})
-    assert error and text == "refused: stale fencing token 2 for seat cto: the seat is at 3"
+    mine = services.tokens["cto"]
+    text, error = await reg.call(call(services, "job6.0.0", token=mine - 1), "task_create", {"title": "zombie"})
+    assert error and text == f"refused: stale fencing token {mine - 1} for seat cto: the seat is at {mine}"
     assert applier.reader.query("task.list", {})["tasks"][0]["id"] == task_id
 
 
@@ -126,7 +132,7 @@ async def test_a_search_nobody_could_run_is_not_no_hits_and_a_lost_page_write_is
         assert error and text.startswith("the knowledge base could not be searched:")
         assert "no pages matched" not in text
         # A tool waits no longer than its turn has left, whatever the router's per-node wait.
-        short = ToolContext(seat="cto", trigger="w4", token=3, call_key="w4.0.0", services=services,
+        short = ToolContext(seat="cto", trigger="w4", token=services.tokens["cto"], call_key="w4.0.0", services=services,
                             deadline=time.monotonic() + 0.3)
         started = time.monotonic()
         text, error = await reg.call(short, "task_create", {"title": "in a hurry"})

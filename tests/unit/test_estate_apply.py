@@ -269,3 +269,60 @@ def test_listings_resume_past_where_a_page_ended(copy):
     rest = q(s, "file.list", after={"project": "a", "path": "f1"})["files"]
     assert [(f["project"], f["path"]) for f in rest] == [("b", "f0"), ("b", "f1")]
     assert q(s, "file.list", project="a", after={"project": "a", "path": "f1"})["files"] == []
+
+
+# ------------------------------------------------ bad input (issue 16)
+
+@pytest.mark.parametrize("field,value", [
+    ("at", float("nan")), ("at", float("inf")), ("at", -1.0), ("at", True), ("at", "1000"),
+    ("token", 2**64), ("token", True), ("token", 1.5), ("node", ""), ("node", 7), ("node", "a b"),
+    ("kind", ["task.create"]), ("id", {"x": 1}), ("seat", 3), ("args", [1]),
+])
+def test_an_op_with_a_bad_field_is_refused_before_sending_and_by_the_applier(copy, field, value):
+    good = op("turn.record", {"record": {"a": 1}}, id="bad1", seat="cto", token=2).as_dict()
+    with pytest.raises(OpError):
+        ops.Op(**{**good, field: value}).check()
+    s = copy()
+    import msgpack
+    try:
+        data = msgpack.packb({**good, field: value}, use_bin_type=True)
+    except (OverflowError, TypeError):
+        return  # msgpack cannot carry it at all
+    [(op_id, outcome)] = apply.apply_batch(s, [(1, data)])
+    assert outcome["ok"] is False and outcome["error"].startswith("bad op: ")
+    assert s.applied() == 1  # consumed: the log goes on
+    assert q(s, "turn.list")["turns"] == []
+
+
+@pytest.mark.parametrize("record", [
+    {"x": float("nan")}, {"x": [1, {"y": float("-inf")}]}, {"x": 2**60}, {1: "int key"},
+    {"x": "y" * (ops.FREE_STR_MAX + 1)}, {"k" * 300: 1},
+    {"x": [[[[[[[[[["deep"]]]]]]]]]]}, {"x": b"bytes"}, {"x": list(range(ops.FREE_ITEMS_MAX + 1))},
+    {f"k{i}": "v" * 100_000 for i in range(6)},  # over RECORD_MAX_BYTES
+])
+def test_a_turn_record_with_bad_values_or_too_deep_or_big_is_refused(record):
+    with pytest.raises(OpError):
+        make_op("turn.record", {"record": record}, node="n1", seat="cto", token=1)
+
+
+@pytest.mark.parametrize("path", [
+    "a//b", "eng/../../etc/passwd", "./a", "a/./b", "a/..", "/a", "a/", "..", ".", "A/b", "a/.hidden",
+    "a" * 201, "", "a b", "a\\b",
+])
+def test_a_page_path_not_in_its_one_form_is_refused(path):
+    with pytest.raises(OpError):
+        make_op("page.write", {"path": path, "title": "t", "body": ""}, node="n1")
+    with pytest.raises(OpError):
+        ops.check_query("page.read", {"path": path})
+
+
+@pytest.mark.parametrize("path", ["a", "eng/runbook", "a.b/c-d_e/f.md", "0/1/2", "a" * 200])
+def test_a_page_path_in_its_one_form_is_taken(path):
+    make_op("page.write", {"path": path, "title": "t", "body": ""}, node="n1")
+
+
+def test_a_query_with_a_non_finite_number_is_refused():
+    with pytest.raises(OpError):
+        ops.check_query("turn.list", {"since": float("nan")})
+    with pytest.raises(OpError):
+        ops.check_query(["page.read"], {})

@@ -279,7 +279,8 @@ async def list_pages(request: Request, prefix: str = Query("", max_length=200),
     at = decode_cursor(cursor, "after")
     args: dict[str, Any] = {"limit": limit, "prefix": prefix}
     if "after" in at:
-        if not isinstance(at["after"], str) or not re.match(ops.PAGE_PATH, at["after"]):
+        if (not isinstance(at["after"], str) or len(at["after"]) > ops.PAGE_PATH_MAX
+                or not re.match(ops.PAGE_PATH, at["after"])):
             raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
         args["after"] = at["after"]
     rows = (await _read(front(request), "page.list", args)).get("pages") or []
@@ -287,7 +288,9 @@ async def list_pages(request: Request, prefix: str = Query("", max_length=200),
     return PageList(items=rows, next=nxt)
 
 
-PagePath = Path(pattern=ops.PAGE_PATH, description="A page path, like ops/runbook")
+PagePath = Path(pattern=ops.PAGE_PATH, max_length=ops.PAGE_PATH_MAX,
+                description="A page path, like ops/runbook: segments of a-z, 0-9, '_', '.', '-', "
+                            "each starting with a letter or digit, joined by single '/'")
 
 
 @router.get("/pages/{path:path}", response_model=Page, tags=["pages"], summary="One page with its body",
