@@ -420,7 +420,10 @@ def test_an_idle_custody_is_quiet(natsd, short_tmp, monkeypatch):
     from crewlet import log as crewlet_log
 
     lines = io.StringIO()
-    monkeypatch.setattr(crewlet_log._State, "stream", lines)
+    # JSON lines at info, whatever an earlier test of this process configured.
+    monkeypatch.setattr(crewlet_log._state, "stream", lines)
+    monkeypatch.setattr(crewlet_log._state, "level", crewlet_log._LEVEL_NO["info"])
+    monkeypatch.setattr(crewlet_log._state, "text", False)
     monkeypatch.setattr(custody_module, "FETCH_WAIT", 0.002)
 
     async def check():
