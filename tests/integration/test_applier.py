@@ -31,6 +31,7 @@ from crewlet.queue import JetStreamMailboxes
 from roles.data_applier.applier import Applier, rows_below
 from roles.data_applier.custody import Custody
 from tests.conftest import wait_for
+from tests.seats import node_url
 from tests.estate import applied, copy_of, publish_all, run, until
 
 DEADLINE = 30.0  # s for one whole check (tests.estate.run's cap)
@@ -428,7 +429,7 @@ def test_a_killed_applier_converges_to_an_uninterrupted_copy(make_node, short_tm
     node = make_node(node={"id": "t1", "roles": ["data"]},
                      supervisor={"intensity": 20, "backoff_min": 0.05, "backoff_max": 0.2})
     node.start()
-    url = f"nats://{node.config['stream']['listen']}"
+    url = node_url(node)
     kills = 4
     chunk = 500
     started = [threading.Event() for _ in range(kills)]
