@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator
 import psutil
 
 from crewlet import ipc
+from crewlet.credentials import client_url as credentials_url
 
 # This checkout: a child python (crewletd among them) imports crewlet from here.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -242,7 +243,6 @@ class Crewletd:
         self.data_dir = data_dir or os.path.join(base, "d")
         self.run_dir = os.path.join(self.data_dir, "run")
         self.stream_port, self.ingress_port = free_ports(2)
-        self.url = f"nats://127.0.0.1:{self.stream_port}"
         self.config_path = os.path.join(base, "crewlet.yaml")
         self.log_path = os.path.join(base, "crewletd.log")
         self.proc: subprocess.Popen | None = None
@@ -256,6 +256,12 @@ class Crewletd:
             "log": {"level": "info", "format": "json"}, **config}
         with open(self.config_path, "w") as f:
             json.dump(cfg, f, indent=1)
+
+    @property
+    def url(self) -> str:
+        """The node's broker, with the node's own credentials in it (the broker
+        admits nobody else: crewlet.credentials); read once the node started."""
+        return credentials_url(f"127.0.0.1:{self.stream_port}", self.run_dir)
 
     def start(self, *args: str) -> None:
         """``crewletd start -c <config> *args`` in a session of its own, its output to its log."""

@@ -16,7 +16,7 @@ from nats.errors import NoRespondersError, TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import NoStreamResponseError
 
-from crewlet import log
+from crewlet import credentials, log
 
 
 def servers_of(stream) -> list[str]:
@@ -86,8 +86,12 @@ def kv_subject(js: JetStreamContext, bucket: str) -> str:
     return f"$KV.{bucket}." if prefix == "$JS.API" else f"{prefix}.$KV.{bucket}."
 
 
-async def connect(stream, *, name: str, connect_timeout: float = 2.0) -> Client:
-    """Open this process's connection; reconnects forever once established."""
+async def connect(stream, *, name: str, run_dir: str, connect_timeout: float = 2.0) -> Client:
+    """Open this process's connection; reconnects forever once established.
+
+    Authenticated as crewlet with the credentials in *run_dir*
+    (:mod:`crewlet.credentials`) when the broker is the node's own.
+    """
 
     async def disconnected() -> None:
         log.event("nats_disconnected", "warning")
@@ -102,6 +106,7 @@ async def connect(stream, *, name: str, connect_timeout: float = 2.0) -> Client:
         log.event("nats_closed", "debug")
 
     servers = servers_of(stream)
+    auth = credentials.client_options(stream, run_dir)
     # The first connect tries each server a few times and then fails, so a
     # child started while its broker is down exits (and is restarted with
     # backoff) instead of hanging in "starting". Once connected, reconnect
@@ -110,7 +115,7 @@ async def connect(stream, *, name: str, connect_timeout: float = 2.0) -> Client:
         servers=servers, name=name, connect_timeout=connect_timeout,
         max_reconnect_attempts=FIRST_CONNECT_ATTEMPTS, reconnect_time_wait=0.1,
         allow_reconnect=True, disconnected_cb=disconnected, reconnected_cb=reconnected,
-        error_cb=error, closed_cb=closed)
+        error_cb=error, closed_cb=closed, **auth)
     nc.options["max_reconnect_attempts"] = -1
     nc.options["reconnect_time_wait"] = 0.5
     log.event("nats_connected", url=str(nc.connected_url.netloc if nc.connected_url else None))

@@ -241,7 +241,7 @@ async def _amain(role: str, cfg: NodeConfig, incarnation: int, boot: str, main) 
     heartbeat = asyncio.create_task(ctx._heartbeat())
     faults = asyncio.create_task(_inject_faults(ctx))
     try:
-        ctx.nats = await bus.connect(cfg.stream, name=f"{cfg.node.id}/{role}")
+        ctx.nats = await bus.connect(cfg.stream, name=f"{cfg.node.id}/{role}", run_dir=cfg.run_dir)
         await main(ctx)
     finally:
         await ctx.report("stopping")

@@ -144,7 +144,8 @@ class Fleet:
         # Ready once connected: the broker's JetStream may still be waiting for
         # a quorum (a fleet's first member, started alone), and the node's
         # roles must come up meanwhile. Joining happens in run().
-        self.nc = await bus.connect(self.cfg.stream, name=f"{self.cfg.node.id}/crewletd")
+        self.nc = await bus.connect(self.cfg.stream, name=f"{self.cfg.node.id}/crewletd",
+                                    run_dir=self.cfg.run_dir)
 
     async def run(self) -> None:
         await self._join()

@@ -38,7 +38,7 @@ import zmq
 import zmq.asyncio
 
 import crewlet
-from crewlet import bus, ipc, log, runtime, sysd, tokens
+from crewlet import bus, credentials, ipc, log, runtime, sysd, tokens
 from crewlet.config import ConfigError, NodeConfig
 from crewlet.watchdog import Watchdog
 from roles import broker
@@ -124,12 +124,13 @@ class Node:
         """The embedded broker (roles.broker): ready when it answers, and is ours."""
         cfg, s = self.cfg, self.cfg.supervisor
         binary = broker.find_binary(cfg)
-        conf = broker.write_config(cfg)
+        conf = broker.write_config(cfg)  # makes the broker's credentials at first start
         url = bus.servers_of(cfg.stream)[0]
+        auth = credentials.client_options(cfg.stream, cfg.run_dir)
 
         async def probe(pid: int) -> None:
             await broker.probe(url, asyncio.get_running_loop().time() + s.ready_timeout,
-                               name=cfg.node.id, pid=pid)
+                               name=cfg.node.id, pid=pid, auth=auth)
 
         return process_child(
             self.host, "broker", target="roles.broker:exec_server",

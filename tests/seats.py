@@ -16,7 +16,7 @@ import sys
 import nats
 
 from crewlet.coord import buckets
-
+from crewlet.credentials import client_url as credentials_url
 from tests.conftest import CREWLETCTL
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -83,8 +83,12 @@ def seats_stats(node) -> dict:
 
 
 def node_url(node) -> str:
-    """The client URL of a node's embedded broker."""
-    return f"nats://{node.config['stream']['listen']}"
+    """The client URL of a node's embedded broker, with the node's own
+    credentials in it: the broker admits nobody else (crewlet.credentials).
+    Read from the node's run dir, so only once the node has started. A URL
+    rather than connect options so that a pool of several nodes' URLs works
+    too (nats-py takes each server's user from its URL)."""
+    return credentials_url(node.config["stream"]["listen"], node.run_dir)
 
 
 def read_nats(url: str, fn):

@@ -23,7 +23,7 @@ from typing import TypeVar
 import click
 import nats
 
-from crewlet import bus
+from crewlet import bus, credentials
 from crewlet.bus import servers_of
 from crewlet.company import load_company
 from crewlet.config import ConfigError, NodeConfig, load_node_config
@@ -47,12 +47,24 @@ def node_config(ctl: Ctl) -> NodeConfig:
         fail(f"configuration error: {exc}", EXIT_CONFIG)
 
 
+def broker_auth(ctl: Ctl, cfg) -> dict[str, str]:
+    """The node's broker credentials, from its run dir (crewlet.credentials);
+    exits 69 saying where it looked when they cannot be read (the node never
+    started, or crewletctl runs as a user who may not read the run dir)."""
+    try:
+        return credentials.client_options(cfg.stream, ctl.target.run_dir)
+    except (OSError, ValueError) as exc:
+        fail(f"cannot read the broker's credentials: {exc} "
+             f"({ctl.target.where()})", EXIT_UNREACHABLE)
+
+
 def with_control_plane(ctl: Ctl, work: Callable[[ControlPlane], Awaitable[T]]) -> T:
     """Run ``work(control_plane)`` on a fresh connection to the node's NATS;
     exits 69 when NATS cannot be reached or the control plane fails."""
     cfg = node_config(ctl)
     servers = servers_of(cfg.stream)
     where = ", ".join(servers)
+    auth = broker_auth(ctl, cfg)
 
     async def run() -> T:
         errors: list[Exception] = []
@@ -65,7 +77,7 @@ def with_control_plane(ctl: Ctl, work: Callable[[ControlPlane], Awaitable[T]]) -
             # (0 means forever) even without reconnects: make that one quick pass.
             nc = await nats.connect(servers, name=PROG, connect_timeout=CONNECT_TIMEOUT,
                                     allow_reconnect=False, max_reconnect_attempts=1,
-                                    reconnect_time_wait=0.1, error_cb=keep)
+                                    reconnect_time_wait=0.1, error_cb=keep, **auth)
         except Exception as exc:  # refused, timed out, bad greeting: all "unreachable"
             why = errors[-1] if errors else exc  # the cause, rather than "no servers available"
             text = str(why).strip()

@@ -68,7 +68,7 @@ from urllib.parse import urlsplit
 
 import nats
 
-from crewlet import ports, private
+from crewlet import credentials, ports, private
 from crewlet.config import NodeConfig
 from crewlet.config.model import is_route_to_self
 
@@ -124,8 +124,9 @@ def _q(value: str) -> str:
     return json.dumps(value)
 
 
-def config_lines(cfg: NodeConfig) -> list[str]:
-    """The server's config for this node, one line per entry."""
+def config_lines(cfg: NodeConfig, users: dict[str, str] | None = None) -> list[str]:
+    """The server's config for this node, one line per entry; with *users*
+    (``{user: password}``, :mod:`crewlet.credentials`), only they are admitted."""
     stream = cfg.stream
     host, _, port = stream.listen.rpartition(":")
     lines = [
@@ -136,6 +137,12 @@ def config_lines(cfg: NodeConfig) -> list[str]:
         f"port: {int(port)}",
         "logtime: false",
     ]
+    if users is not None:
+        lines += ["authorization {",
+                  "  users: [",
+                  *(f"    {{ user: {_q(u)}, password: {_q(p)} }}" for u, p in users.items()),
+                  "  ]",
+                  "}"]
     if stream.leaf is None:  # standalone or member: this server runs JetStream
         lines += ["jetstream {",
                   f"  store_dir: {_q(store_dir(cfg))}",
@@ -152,11 +159,17 @@ def config_lines(cfg: NodeConfig) -> list[str]:
                   "  ]",
                   "}"]
         if c.leaf_listen is not None:
-            lines += ["leafnodes {", f"  listen: {_q(c.leaf_listen)}", "}"]
+            lines += ["leafnodes {", f"  listen: {_q(c.leaf_listen)}",
+                      "  authorization {",
+                      f"    user: {_q(credentials.LEAF_USER)}",
+                      f"    password: {_q(credentials.LEAF_PASSWORD)}",
+                      "  }",
+                      "}"]
     if stream.leaf is not None:
         lines += ["leafnodes {",
                   "  remotes: [",
-                  "    { urls: [" + ", ".join(_q(u) for u in stream.leaf.remotes) + "] }",
+                  "    { urls: [" + ", ".join(_q(credentials.leaf_url(u))
+                                          for u in stream.leaf.remotes) + "] }",
                   "  ]",
                   "}"]
     return lines
@@ -166,9 +179,13 @@ def write_config(cfg: NodeConfig) -> str:
     """Write the server's config for this node; returns its path."""
     if kind(cfg) != "leaf":
         private.make_dir(store_dir(cfg))
+    users = credentials.ensure(cfg.run_dir)
     path = os.path.join(cfg.run_dir, "nats.conf")
-    with open(path + ".tmp", "w") as f:
-        f.write("\n".join(config_lines(cfg)) + "\n")
+    # 0600: it holds the passwords (as the credentials file does).
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a leftover .tmp keeps its old mode through O_CREAT
+    with open(fd, "w") as f:
+        f.write("\n".join(config_lines(cfg, users)) + "\n")
     os.replace(path + ".tmp", path)
     return path
 
@@ -206,7 +223,8 @@ class NotOurs(Exception):
 
 
 async def probe(url: str, deadline: float, kind: str | None = None, *,
-                name: str | None = None, pid: int | None = None) -> None:
+                name: str | None = None, pid: int | None = None,
+                auth: dict[str, str] | None = None) -> None:
     """Return once the broker at *url* is ready for its *kind* (see the module
     docstring): a client connects and, for a standalone server, JetStream
     answers; for a member or a leaf, the server answers a PING.
@@ -218,7 +236,9 @@ async def probe(url: str, deadline: float, kind: str | None = None, *,
 
     With *pid*, only process *pid* listening on the port will do; with
     *name*, only a server whose INFO has that ``server_name``. Another
-    answering is not ready (see the module docstring).
+    answering is not ready (see the module docstring). *auth*: the
+    ``nats.connect`` options that authenticate (:mod:`crewlet.credentials`);
+    a server that refuses them is not ready either.
     """
     loop = asyncio.get_running_loop()
     host, port = urlsplit(url).hostname, urlsplit(url).port
@@ -237,7 +257,7 @@ async def probe(url: str, deadline: float, kind: str | None = None, *,
             continue
         try:
             nc = await nats.connect(url, connect_timeout=1, allow_reconnect=False,
-                                    error_cb=_quiet)
+                                    error_cb=_quiet, **(auth or {}))
             try:
                 answering = nc._server_info.get("server_name")
                 if name is not None and answering != name:

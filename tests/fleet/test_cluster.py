@@ -21,12 +21,13 @@ from crewlet import bus
 from crewlet.config import NodeConfig
 from roles import broker
 from tests.conftest import free_port, wait_for
+from tests.seats import node_url
 
 DOMAIN = "crewlet"  # the default stream.domain
 
 
 def url(node) -> str:
-    return f"nats://{node.config['stream']['listen']}"
+    return node_url(node)
 
 
 def make_members(make_node, ids=("fa", "fb", "fc"), cluster="crewtest", **overrides):
@@ -220,7 +221,9 @@ def test_leaf_config_has_no_jetstream_and_one_remote_over_every_member(tmp_path)
     assert broker.kind(cfg) == "leaf"
     text = "\n".join(broker.config_lines(cfg))
     assert "jetstream" not in text and "cluster" not in text
-    assert '{ urls: ["nats-leaf://127.0.0.1:7422", "nats-leaf://127.0.0.1:7423"] }' in text
+    # Dialled as the leaf user the members' leaf listeners admit (crewlet.credentials).
+    assert ('{ urls: ["nats-leaf://crewlet-leaf:crewlet-leaf@127.0.0.1:7422", '
+            '"nats-leaf://crewlet-leaf:crewlet-leaf@127.0.0.1:7423"] }') in text
 
 
 def test_jetstream_helper_uses_the_domain_only_from_a_leaf(tmp_path):

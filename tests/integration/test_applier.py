@@ -32,6 +32,7 @@ from roles.data_applier.applier import Applier, rows_below
 from roles.data_applier import custody as custody_module
 from roles.data_applier.custody import Custody
 from tests.conftest import wait_for
+from tests.seats import node_url
 from tests.estate import applied, copy_of, grant, publish_all, run, until
 
 DEADLINE = 30.0  # s for one whole check (tests.estate.run's cap)
@@ -495,7 +496,7 @@ def test_a_killed_applier_converges_to_an_uninterrupted_copy(make_node, short_tm
     node = make_node(node={"id": "t1", "roles": ["data"]},
                      supervisor={"intensity": 20, "backoff_min": 0.05, "backoff_max": 0.2})
     node.start()
-    url = f"nats://{node.config['stream']['listen']}"
+    url = node_url(node)
     kills = 4
     chunk = 500
     started = [threading.Event() for _ in range(kills)]
