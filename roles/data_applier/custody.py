@@ -147,6 +147,7 @@ class Custody:
     async def _drain(self, psub) -> None:
         while not self.stopping:
             if not self.serving():
+                await _hand_back_queued(psub)
                 await asyncio.sleep(FETCH_WAIT)
                 continue
             try:
@@ -181,3 +182,23 @@ class Custody:
             self.stats["ack_failed"] += len(failed)
             events.event("custody_ack_failed", "warning", failed=len(failed), of=len(msgs),
                          error=f"{type(failed[0]).__name__}: {failed[0]}")
+
+
+async def _hand_back_queued(psub) -> None:
+    """NAK the events already delivered to this process but not yet fetched.
+
+    A pull the server answered after our fetch gave up (its wait used up)
+    leaves events in the subscription's queue; a copy that went out of
+    service fetches no more, so without this they would wait out the ack
+    wait (30 s) before another data node could keep them. nats-py has no
+    public way to take them without pulling more, so its queue is read
+    directly (as its own fetch does first)."""
+    queue = getattr(getattr(psub, "_sub", None), "_pending_queue", None)
+    handed = []
+    while queue is not None and not queue.empty():
+        msg = queue.get_nowait()
+        psub._sub._pending_size -= len(msg.data)
+        if msg.reply:  # status messages carry no ack subject
+            handed.append(msg)
+    if handed:
+        await asyncio.gather(*(m.nak() for m in handed), return_exceptions=True)
