@@ -347,6 +347,17 @@ def natsd(short_tmp):
 
 
 @pytest.fixture
+def tier_a(natsd, short_tmp):
+    """A Tier A file of a node whose broker is the external :func:`natsd`
+    (``stream.type: nats``): what crewletctl's control-plane commands read."""
+    path = os.path.join(short_tmp, "crewlet.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump({"node": {"id": "t1"}, "data_dir": os.path.join(short_tmp, "data"),
+                        "stream": {"type": "nats", "servers": [natsd.url]}}, f)
+    return path
+
+
+@pytest.fixture
 def nats_cluster(short_tmp):
     """Three JetStream cluster members on loopback (R3 capable)."""
     cports = [free_port() for _ in range(3)]

@@ -9,7 +9,6 @@ import subprocess
 
 import nats
 import pytest
-import yaml
 from nats.js.errors import KeyWrongLastSequenceError
 
 from crewlet.company import load_company, parse_company
@@ -155,15 +154,6 @@ def test_watch_before_anything_is_active_yields_the_first_activation(natsd):
 def ctl(config: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*CREWLETCTL, "-c", config, *args], capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
-
-
-@pytest.fixture
-def tier_a(natsd, short_tmp):
-    path = os.path.join(short_tmp, "crewlet.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump({"node": {"id": "t1"}, "data_dir": os.path.join(short_tmp, "data"),
-                        "stream": {"type": "nats", "servers": [natsd.url]}}, f)
-    return path
 
 
 def test_crewletctl_apply_and_history(tier_a, short_tmp):

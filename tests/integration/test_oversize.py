@@ -71,15 +71,6 @@ def test_a_revision_just_within_the_limit_is_stored_and_just_over_is_refused_uns
 
 
 @pytest.fixture
-def tier_a(natsd, short_tmp):
-    path = os.path.join(short_tmp, "crewlet.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump({"node": {"id": "t1"}, "data_dir": os.path.join(short_tmp, "data"),
-                        "stream": {"type": "nats", "servers": [natsd.url]}}, f)
-    return path
-
-
-@pytest.fixture
 def big_company(short_tmp):
     path = os.path.join(short_tmp, "big.yaml")
     with open(path, "w") as f:
