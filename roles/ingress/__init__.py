@@ -81,11 +81,10 @@ async def main(ctx: RoleContext) -> None:
     access = EstateAccess(cfg, ctx.nats, js, ctx.zmq, holders=holders).start()
     projection = Projection(node_id=cfg.node.id, nc=ctx.nats, js=js, holders=holders,
                             estate_view=access.view, run_dir=cfg.run_dir, zctx=ctx.zmq,
-                            heartbeat=cfg.fleet.heartbeat, gone_for=cfg.ingress.gone_for)
+                            gone_for=cfg.ingress.gone_for)
     front = Front(cfg=cfg, nc=ctx.nats, js=js,
                   mailboxes=JetStreamMailboxes(js, ctx.nats, ack_wait=cfg.fleet.ack_wait),
-                  router=access.router, projection=projection, control_plane=None, keyring=keyring,
-                  zctx=ctx.zmq)
+                  router=access.router, projection=projection, control_plane=None)
     front.metrics = Metrics(projection)
     projection.on_turn = front.metrics.turn
 

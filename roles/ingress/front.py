@@ -15,7 +15,6 @@ from fastapi import Request
 
 from crewlet.company.model import Company
 from crewlet.config import NodeConfig
-from crewlet.tokens import Keyring
 from roles.ingress.problems import Problem
 
 
@@ -28,8 +27,6 @@ class Front:
     router: Any                  # crewlet.estate.router.Router (EstateAccess's)
     projection: Any              # roles.ingress.projection.Projection
     control_plane: Any           # crewlet.coord.control_plane.ControlPlane (None until opened)
-    keyring: Keyring
-    zctx: Any = None             # the child's ZeroMQ context (crewletd's control socket)
     company: Company | None = None
     seat_names: frozenset[str] = frozenset()  # the company's seats (a lookup per request, at any size)
     metrics: Any = None          # roles.ingress.metrics.Metrics

@@ -74,13 +74,12 @@ class Projection:
     ``gone`` holds nodes whose presence went less than ``gone_for`` ago."""
 
     def __init__(self, *, node_id: str, nc, js, holders: Holders, estate_view, run_dir: str, zctx,
-                 heartbeat: float, gone_for: float, clock: Callable[[], float] = time.time):
+                 gone_for: float, clock: Callable[[], float] = time.time):
         self.node_id = node_id
         self.nc, self.js = nc, js
         self.holders = holders
         self.estate_view = estate_view
         self.run_dir, self.zctx = run_dir, zctx
-        self.heartbeat = heartbeat
         self.gone_for = gone_for
         self.clock = clock
         self.feed = Feed()

@@ -24,8 +24,10 @@ T = TypeVar("T")
 
 # An Idempotency-Key: it becomes an op id or a trigger, so printable and short.
 KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
-# Seconds a route gives the estate router (it asks data nodes in turn within it).
+# Seconds a route gives the estate router (it asks data nodes in turn within it): a
+# read; a write, which may wait out a leader election on one node, then ask the next.
 ESTATE_WAIT = 15.0
+WRITE_WAIT = 4 * ESTATE_WAIT
 # Characters of a cursor: ours are a few dozen. A longer one is not ours, and is
 # not decoded (deeply nested JSON would blow the parser's recursion limit: a 500).
 CURSOR_MAX = 1000
@@ -109,3 +111,17 @@ def refused(outcome: dict[str, Any]) -> Problem:
     if " is at rev " in why or " is at version " in why:
         return Problem(409, "conflict", why)
     return Problem(409, "refused", why)
+
+
+async def read(f, query: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The answer of estate read *query* through *f*'s router (a Front), counted
+    in the router metrics; its failures as problems (:func:`estate`)."""
+    try:
+        answer = await estate(f.router.read(query, args, timeout=ESTATE_WAIT))
+    except Problem:
+        if f.metrics is not None:
+            f.metrics.router("read", "failed")
+        raise
+    if f.metrics is not None:
+        f.metrics.router("read", "ok")
+    return answer or {}

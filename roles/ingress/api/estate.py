@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from crewlet.estate import ops
 from crewlet.estate.search import fts_query
-from roles.ingress.api.common import (CURSOR, ESTATE_WAIT, INT_MAX, SEQ_MAX, decode_cursor,
+from roles.ingress.api.common import (CURSOR, ESTATE_WAIT, WRITE_WAIT, read, INT_MAX, SEQ_MAX, decode_cursor,
                                       encode_cursor, estate, idempotency_key, refused, seq_at)
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import Front, front
@@ -35,7 +35,6 @@ from roles.ingress.problems import Problem, responses
 router = APIRouter(prefix="/v1", responses=responses(400, 401, 403, 422, 503))
 
 Status = Literal["open", "doing", "blocked", "done", "cancelled"]
-SeatName = Field(pattern=ops.SEAT_NAME)
 TaskId = Path(pattern=ops.TASK_ID, description="A task id, like T12")
 # A label, as the tracker takes them (the document says so, not only the route).
 Label = Annotated[str, Field(min_length=1, max_length=100)]
@@ -149,38 +148,17 @@ class PageWrite(BaseModel):
                                        description="Refused (409) unless the page is at this version")
 
 
-class Written(_Open):
-    ok: bool = True
-    seq: int | None = None
-
-
 async def _write(f: Front, kind: str, args: dict[str, Any], key: str | None) -> dict[str, Any]:
     # The key alone would make a task.create and a later page.write under it one op:
     # the page route would be answered the task's outcome.
     target = str(args.get("id") or args.get("path") or "")
     op = ops.make_op(kind, args, node=f.node_id, id=ops.op_id("api", kind, target, key) if key else None)
-    outcome = await estate(f.router.write(op, timeout=ops_wait(kind)))
+    outcome = await estate(f.router.write(op, timeout=WRITE_WAIT))
     if f.metrics is not None:
         f.metrics.router("write", "ok" if outcome.get("ok") else "refused")
     if not outcome.get("ok"):
         raise refused(outcome)
     return outcome
-
-
-def ops_wait(kind: str) -> float:
-    return ESTATE_WAIT * 4  # a write may wait out a leader election on one node, then ask the next
-
-
-async def _read(f: Front, query: str, args: dict[str, Any]) -> dict[str, Any]:
-    try:
-        answer = await estate(f.router.read(query, args, timeout=ESTATE_WAIT))
-    except Problem:
-        if f.metrics is not None:
-            f.metrics.router("read", "failed")
-        raise
-    if f.metrics is not None:
-        f.metrics.router("read", "ok")
-    return answer or {}
 
 
 # ------------------------------------------------------------------ turns
@@ -200,7 +178,7 @@ async def turns(request: Request, seat: str | None = Query(None, pattern=ops.SEA
         args["since"] = since
     if "before" in at:
         args["before"] = seq_at(at, "before")
-    rows = (await _read(f, "turn.list", args)).get("turns") or []
+    rows = (await read(f, "turn.list", args)).get("turns") or []
     last = rows[-1].get("seq") if len(rows) == limit and rows else None
     return TurnPage(items=rows, next=encode_cursor({"before": last}) if isinstance(last, int) else None)
 
@@ -224,7 +202,7 @@ async def list_tasks(request: Request, status: Status | None = None,
                 or int(at["after"][1:]) > SEQ_MAX):  # a task's number is its log seq
             raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
         args["after"] = at["after"]
-    rows = (await _read(f, "task.list", args)).get("tasks") or []
+    rows = (await read(f, "task.list", args)).get("tasks") or []
     nxt = encode_cursor({"after": rows[-1]["id"]}) if len(rows) == limit and rows else None
     return TaskPage(items=rows, next=nxt)
 
@@ -232,7 +210,7 @@ async def list_tasks(request: Request, status: Status | None = None,
 @router.get("/tasks/{id}", response_model=TaskDetail, tags=["tasks"], summary="One task with its comments",
             responses=responses(404))
 async def get_task(request: Request, id: str = TaskId, _=Depends(READ)) -> TaskDetail:
-    answer = await _read(front(request), "task.get", {"id": id})
+    answer = await read(front(request), "task.get", {"id": id})
     if not answer.get("task"):
         raise Problem(404, "not_found", f"no task {id}")
     return TaskDetail(task=answer["task"], comments=answer.get("comments") or [])
@@ -283,7 +261,7 @@ async def list_pages(request: Request, prefix: str = Query("", max_length=200),
                 or not re.match(ops.PAGE_PATH, at["after"])):
             raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
         args["after"] = at["after"]
-    rows = (await _read(front(request), "page.list", args)).get("pages") or []
+    rows = (await read(front(request), "page.list", args)).get("pages") or []
     nxt = encode_cursor({"after": rows[-1]["path"]}) if len(rows) == limit and rows else None
     return PageList(items=rows, next=nxt)
 
@@ -296,7 +274,7 @@ PagePath = Path(pattern=ops.PAGE_PATH, max_length=ops.PAGE_PATH_MAX,
 @router.get("/pages/{path:path}", response_model=Page, tags=["pages"], summary="One page with its body",
             responses=responses(404))
 async def get_page(request: Request, path: str = PagePath, _=Depends(READ)) -> Page:
-    page = (await _read(front(request), "page.read", {"path": path})).get("page")
+    page = (await read(front(request), "page.read", {"path": path})).get("page")
     if not page:
         raise Problem(404, "not_found", f"no page {path}")
     return Page(**page)
@@ -352,7 +330,7 @@ async def list_files(request: Request, project: str | None = Query(None, pattern
                 or not 1 <= len(at["path"]) <= ops.FILE_PATH_MAX):
             raise Problem(400, "bad_cursor", "cursor is not one this listing gave out")
         args["after"] = at
-    rows = (await _read(front(request), "file.list", args)).get("files") or []
+    rows = (await read(front(request), "file.list", args)).get("files") or []
     nxt = (encode_cursor({"project": rows[-1]["project"], "path": rows[-1]["path"]})
            if len(rows) == limit and rows else None)
     return FileList(items=rows, next=nxt)

@@ -19,8 +19,8 @@ from crewlet.coord.counters import Ledger
 from crewlet.estate import ops
 from crewlet.queue.base import MAIL_MAX, MailboxError
 from crewlet.queue.post import post
-from roles.ingress.api.common import CURSOR, decode_cursor, encode_cursor, idempotency_key
-from roles.ingress.api.estate import Turn, _read
+from roles.ingress.api.common import CURSOR, decode_cursor, encode_cursor, idempotency_key, read
+from roles.ingress.api.estate import Turn
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import front
 from roles.ingress.problems import Problem, responses
@@ -99,7 +99,7 @@ async def get_seat(request: Request, seat: str = SeatPath, _=Depends(READ)) -> S
         row.update(await f.mailboxes.info(seat))  # as the broker has it now
     except Exception:
         pass  # the sampled counts stand
-    turns = (await _read(f, "turn.list", {"seat": seat, "limit": 10})).get("turns") or []
+    turns = (await read(f, "turn.list", {"seat": seat, "limit": 10})).get("turns") or []
     return SeatDetail(**row, last_turns=turns)
 
 
