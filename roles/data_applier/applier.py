@@ -210,6 +210,8 @@ class Applier:
         # (nats-py's requests use it) can swallow a cancel.
         self.stopping = False
         self._sub = None
+        # The grants bucket, opened on the first fence to judge and kept.
+        self._grants = None
         self._status_failing = False
         self.custody = None
         self.stats: dict[str, Any] = {"ops": 0, "requests": 0, "dropped": 0,
@@ -374,7 +376,10 @@ class Applier:
         # The verdicts on the tokens that would raise a seat's fence, read
         # (or judged) before the write: the same for every copy (grants.py).
         # Unanswered, this raises and the batch is applied again later.
-        verdicts = await grants.verdicts(self.js, apply.raising(self.store, entries), self.replicas)
+        fences = apply.raising(self.store, entries)
+        if fences and self._grants is None:
+            self._grants = await grants.open_bucket(self.js, self.replicas)
+        verdicts = await grants.verdicts(self.js, self._grants, fences)
         outcomes, applied = await self.write(self._apply_sync, entries, verdicts)
         self.stats["ops"] += len(outcomes)
         self.applied = applied

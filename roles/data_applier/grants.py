@@ -54,6 +54,7 @@ import json
 from typing import Iterable
 
 from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
 from crewlet.coord import buckets
@@ -107,15 +108,24 @@ async def judge(js: JetStreamContext, seat: str, token: int, node: str) -> str |
             f"it: it cannot be vouched for")
 
 
-async def verdicts(js: JetStreamContext, fences: Iterable[Fence], replicas: int
+async def open_bucket(js: JetStreamContext, replicas: int) -> KeyValue:
+    """The ``grants`` bucket, ensured with ``leases`` beside it (every node
+    makes both at boot, but a data node may be first). Once per copy, not
+    per batch: an R3 bucket cannot be created while a member is down, and
+    the verdicts only need it to exist."""
+    kv = await buckets.ensure(js, buckets.GRANTS, replicas)
+    await buckets.ensure(js, buckets.LEASES, replicas)
+    return kv
+
+
+async def verdicts(js: JetStreamContext, kv: KeyValue, fences: Iterable[Fence]
                    ) -> dict[Fence, str | None]:
     """The verdict on each fence: None (granted) or why not. Read from
-    ``grants``; judged and recorded there by the first copy to ask."""
+    ``grants`` (*kv*, from :func:`open_bucket`); judged and recorded there by
+    the first copy to ask."""
     fences = set(fences)
     if not fences:
         return {}
-    kv = await buckets.ensure(js, buckets.GRANTS, replicas)
-    await buckets.ensure(js, buckets.LEASES, replicas)
     out: dict[Fence, str | None] = {}
     for fence in sorted(fences):
         name = key(*fence)

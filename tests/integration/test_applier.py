@@ -30,6 +30,7 @@ from crewlet.groups import GroupRefused
 from crewlet.queue import JetStreamMailboxes
 from roles.data_applier.applier import Applier, rows_below
 from roles.data_applier import custody as custody_module
+from roles.data_applier import grants
 from roles.data_applier.custody import Custody
 from tests.conftest import wait_for
 from tests.seats import node_url
@@ -277,6 +278,9 @@ def test_the_applier_follows_the_log_across_a_stream_leader_change(nats_cluster,
             info = await until(lambda: estate_log.ensure_stream(js, 3), 10, "the log on the cluster",
                                ignoring=(nats.errors.Error,))
             leader = info.cluster.leader
+            # As a node does at boot: an R3 bucket cannot be made with a member down.
+            await until(lambda: grants.open_bucket(js, 3), 10, "the grants bucket on the cluster",
+                        ignoring=(nats.errors.Error,))
         first = next(s for s in nats_cluster if s.name == leader)
         others = [s.url for s in nats_cluster if s is not first]
         nc = await nats.connect(servers=[first.url, *others], dont_randomize=True, error_cb=_quiet,
