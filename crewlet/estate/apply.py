@@ -50,6 +50,16 @@ from crewlet.estate.ops import KINDS, OP_ID, Op, OpError
 from crewlet.estate.store import APPLIED, Store, fenced_key, join, pack, seq_key, unpack
 
 
+# The rules ops are applied by. Bump it when an op this module accepted would
+# now be refused or applied otherwise: a copy applied under other rules holds
+# rows a copy made now would not (a NaN ``at``, a page at ``a//b``), so the
+# applier applies the log again from its first op (roles/data_applier/applier.py).
+#   1  (unrecorded) before issue 16
+#   2  every field checked (finite numbers, one form of page path), fences
+#      raised only by granted tokens
+RULES = 2
+
+
 class Refused(Exception):
     """The op is well formed but cannot be applied; the message says why."""
 

@@ -28,6 +28,10 @@ table             key → value                                  kind
 ``local``         this node's own bookkeeping                  this node's own
 ================  ===========================================  ===============
 
+``local`` keeps, among others, the rules the rows were applied under
+(:func:`rules`): a copy applied under older rules is emptied (:func:`reset`)
+and applied again from the log, so it holds what a copy made now would.
+
 ``index`` keys, ``\\0``-separated: ``task·all·seq``, ``task·status·<status>·seq``,
 ``task·assignee·<seat>·seq`` → task id; ``turn·seat·<seat>·seq`` → turns key.
 
@@ -63,6 +67,7 @@ NODE_LOCAL = ("events", "local")
 TABLES = REPLICATED + NODE_LOCAL
 
 APPLIED = b"applied"
+RULES = b"estate.rules"  # in ``local``: see :func:`rules`
 SEP = b"\0"
 
 _U64 = struct.Struct(">Q")
@@ -156,6 +161,31 @@ def open_env(path: str, *, readonly: bool = False) -> Store:
             raise StoreUnavailable(f"the estate copy at {path} is not initialised yet") from None
         store = _open[key] = Store(env, dbs, path, readonly)
         return store
+
+
+def rules(store: Store) -> int | None:
+    """The rules (:data:`crewlet.estate.apply.RULES`) this copy's rows were
+    applied under; None if it never said (a copy made before rules were kept)."""
+    with store.env.begin() as txn:
+        raw = txn.get(RULES, db=store.dbs["local"])
+    return int(raw) if raw is not None else None
+
+
+def record_rules(store: Store, version: int) -> None:
+    with store.env.begin(write=True) as txn:
+        txn.put(RULES, str(version).encode(), db=store.dbs["local"])
+
+
+def reset(store: Store, version: int) -> None:
+    """Empty every replicated table (``applied`` with them) and record that
+    the rows to come are applied under rules *version*, in one transaction: a
+    copy is then "the log up to 0" and is applied again from the first op.
+    Readers in other processes keep the snapshot they hold until they end it
+    (LMDB); the node-local tables stay."""
+    with store.env.begin(write=True) as txn:
+        for name in REPLICATED:
+            txn.drop(store.dbs[name], delete=False)
+        txn.put(RULES, str(version).encode(), db=store.dbs["local"])
 
 
 def close_env(store: Store) -> None:

@@ -55,7 +55,8 @@ Watching it
 ``crewletctl status`` shows this child's stats (applied, in service, reason,
 ops applied per second, requests, events kept); the events to grep for are
 ``estate_service``, ``estate_log_following``, ``estate_log_gap``,
-``estate_log_stalled``, ``estate_log_unavailable``, ``custody_*``.
+``estate_log_stalled``, ``estate_log_unavailable``, ``estate_copy_reapplying``,
+``custody_*``.
 """
 
 from __future__ import annotations

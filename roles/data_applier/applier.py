@@ -46,6 +46,13 @@ log found with another creation time was made anew under this copy, and no
 seq of the new log means what it meant in the old one, so the copy is out of
 service even once the new log has grown past it.
 
+A copy is applied under one set of rules (:data:`crewlet.estate.apply.RULES`,
+kept in ``local``). A copy applied under other rules — an older version that
+accepted a NaN ``at`` or a page at ``a//b`` — may hold rows a copy made now
+would not, so it is emptied and applied again from the log's first op, out of
+service (``reapplying``) until it is back where it was. A log that no longer
+starts at 1 cannot redo it: the copy is out of service, to be rebuilt.
+
 Requests (:meth:`Applier.handle`)
 ---------------------------------
 The shapes are :mod:`crewlet.estate.wire`'s. A request past its deadline is
@@ -138,7 +145,7 @@ PUBLISH_PAUSE = 0.05
 # queued, the ended ones are dropped.
 WAITERS_PRUNED_AT = 1000
 
-_CAUSES = ("stopped", "evicted", "log", "anew")  # the order reasons are given in
+_CAUSES = ("stopped", "evicted", "log", "anew", "rules", "reapplying")  # the order reasons are given in
 
 
 def rows_below(applied: int, first: int) -> str:
@@ -153,6 +160,11 @@ def ahead_of_log(applied: int, last: int) -> str:
 def log_made_anew(applied: int, followed: str, now: str) -> str:
     return (f"the log was made anew (this copy applied {applied} ops of the log created "
             f"{followed}; the log now was created {now}): rebuild this copy")
+
+
+def rules_changed(kept: int | None, first: int) -> str:
+    return (f"this copy was applied under rules {kept or 1} and this version applies rules "
+            f"{apply.RULES}, but the log starts at {first}, not 1: rebuild this copy")
 
 
 _LOG_CREATED = b"estate.log_created"
@@ -212,6 +224,13 @@ class Applier:
         self._sub = None
         # The grants bucket, opened on the first fence to judge and kept.
         self._grants = None
+        # While "reapplying": the seq the copy had reached under older rules.
+        self._reapplying_to = self.applied
+        kept = store.rules(self.store)
+        if self.applied and kept != apply.RULES:
+            # Not served before the log is asked whether it can be applied again.
+            self._out["reapplying"] = (f"the copy was applied under rules {kept or 1}, "
+                                       f"this version's are {apply.RULES}")
         self._status_failing = False
         self.custody = None
         self.stats: dict[str, Any] = {"ops": 0, "requests": 0, "dropped": 0,
@@ -312,7 +331,8 @@ class Applier:
         info = await estate_log.ensure_stream(self.js, self.replicas)
         self._bounds(info.state.first_seq, info.state.last_seq, self.applied)
         await self._check_log_identity(info)
-        if "log" in self._out or "anew" in self._out:
+        await self._check_rules()
+        if "log" in self._out or "anew" in self._out or "rules" in self._out:
             await asyncio.sleep(STATUS_EVERY)  # the status loop keeps looking
             return
         start = self.applied + 1
@@ -383,6 +403,8 @@ class Applier:
         outcomes, applied = await self.write(self._apply_sync, entries, verdicts)
         self.stats["ops"] += len(outcomes)
         self.applied = applied
+        if "reapplying" in self._out and applied >= self._reapplying_to:
+            self.set_out("reapplying", None)
         # The log holds at least what was applied from it (its bounds are
         # read every few seconds; "applied 34 of log 30" would read wrong).
         self.log_last = max(self.log_last or 0, applied)
@@ -450,6 +472,35 @@ class Applier:
         created = info.created.isoformat()
         kept = await self.write(_follows, self.store, created, self.applied == 0)
         self.set_out("anew", log_made_anew(self.applied, kept, created) if kept != created else None)
+
+    async def _check_rules(self) -> None:
+        """A copy applied under other rules than this version's
+        (:data:`crewlet.estate.apply.RULES`) may hold rows a copy made now
+        would not: it is emptied and applied again from the log's first op,
+        out of service until it is back where it was. A log that no longer
+        starts at 1 cannot redo it: out of service, to be rebuilt."""
+        kept = await self.write(store.rules, self.store)
+        if kept == apply.RULES:
+            return
+        if self.applied == 0:
+            await self.write(store.record_rules, self.store, apply.RULES)
+            return
+        if (self.log_first or 0) > 1:
+            self.set_out("rules", rules_changed(kept, self.log_first))
+            self.set_out("reapplying", None)
+            return
+        was = self.applied
+        events.event("estate_copy_reapplying", "warning", applied=was, rules=kept or 1,
+                     now=apply.RULES)
+        self._reapplying_to = was
+        self.set_out("reapplying", f"applying the log again under rules {apply.RULES} "
+                                   f"(the copy was at {was} under rules {kept or 1})")
+        await self.write(self._reset_copy)
+        self.applied = 0
+
+    def _reset_copy(self) -> None:
+        store.reset(self.store, apply.RULES)
+        self._catch_up_index()  # the copy is behind the index now: the index starts over
 
     # ------------------------------------------------------------ waiting
 

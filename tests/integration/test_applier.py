@@ -24,11 +24,11 @@ import zmq
 
 from crewlet import ipc
 from crewlet.estate import log as estate_log
-from crewlet.estate import store, wire
+from crewlet.estate import apply, store, wire
 from crewlet.estate.ops import make_op
 from crewlet.groups import GroupRefused
 from crewlet.queue import JetStreamMailboxes
-from roles.data_applier.applier import Applier, rows_below
+from roles.data_applier.applier import Applier, rows_below, rules_changed
 from roles.data_applier import custody as custody_module
 from roles.data_applier import grants
 from roles.data_applier.custody import Custody
@@ -336,6 +336,48 @@ def test_rows_below_the_logs_first_sequence_put_the_copy_out_of_service(natsd, s
                 assert record["in_service"] is False and record["reason"] == reason
                 assert (record["applied"], record["log_first"], record["log_last"]) == (10, 15, 20)
                 assert a.applied == 10  # nothing applied past the hole
+    run(check(), DEADLINE)
+
+
+def _as_an_older_version_left_it(data_dir: str) -> None:
+    """Make the copy at *data_dir* what a version before rules were kept
+    left: no rules recorded, and a row this version's checks refuse (a task
+    whose ``at`` is NaN, as the probe of issue 16 stored)."""
+    copy = store.open_env(store.copy_path(data_dir))
+    try:
+        with copy.env.begin(write=True) as txn:
+            txn.delete(store.RULES, db=copy.dbs["local"])
+            txn.put(b"T999", store.pack({"id": "T999", "title": "forged", "at": float("nan")}),
+                    db=copy.dbs["tasks"])
+    finally:
+        store.close_env(copy)
+
+
+def test_a_copy_applied_under_older_rules_is_applied_again_from_the_log(natsd, short_tmp):
+    async def check():
+        async with connection(natsd.url) as (nc, js):
+            await estate_log.ensure_stream(js, 1)
+            rng = random.Random(3)
+            await publish_all(js, [mixed_op(rng, "w", i) for i in range(60)])
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                await until(lambda: a.applied == 60, what="the log applied")
+                made_now = store.digest(a.store)
+                assert store.rules(a.store) == apply.RULES
+            _as_an_older_version_left_it(f"{short_tmp}/a")
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                await until(lambda: a.applied == 60 and a.in_service, what="applied again")
+                assert store.rules(a.store) == apply.RULES
+                assert store.digest(a.store) == made_now  # the forged row is gone
+                got = await a.handle(wire.read_request("task.get", {"id": "T999"}))
+                assert got["status"] == "ok" and got["answer"]["task"] is None
+            # The log no longer starts at 1: nothing to apply again from.
+            await js.purge_stream(estate_log.STREAM, seq=10)
+            _as_an_older_version_left_it(f"{short_tmp}/a")
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                await until(lambda: a.reason == rules_changed(None, 10), what="out of service")
+                assert a.reason == rules_changed(None, 10)
+                assert "rules 1" in a.reason and f"rules {apply.RULES}" in a.reason
+                assert not a.in_service and a.applied == 60
     run(check(), DEADLINE)
 
 
