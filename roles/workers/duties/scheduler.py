@@ -28,7 +28,8 @@ A schedule seen for the first time, or with another timing than its record's
 that is fired. A record of a schedule the company dropped is left as it is
 (small, and the schedule's history should it come back with the same timing).
 
-Events: ``schedule_started``, ``schedule_fired`` (per tick: trigger, seat,
+Events: ``scheduler_running`` (this holder's start: ticks due before it
+are missed), ``schedule_started``, ``schedule_fired`` (per tick: trigger, seat,
 scheduled time, how late), ``schedule_ticks_skipped`` (missed ticks
 ``catch_up`` did not fire: how many, the first and last), ``schedule_failed``
 (the mailbox or the record could not be written: tried again after
@@ -159,8 +160,10 @@ class Scheduler:
 
 
 async def run(ctx) -> None:
+    since = time.time()
+    log.event("scheduler_running", since=since, token=ctx.token)
     try:
-        await Scheduler(ctx, since=time.time()).run()
+        await Scheduler(ctx, since=since).run()
     except Deposed as exc:
         # Another holder runs the schedules: stop here. The runner finds the
         # lease lost at its next tend (or, were it still ours, starts us again).
