@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
+from typing import Any, Iterable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -204,3 +205,27 @@ def iso(when: float | None) -> str | None:
     if when is None:
         return None
     return (datetime.fromtimestamp(0, UTC) + timedelta(seconds=round(when))).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rows(schedules: Iterable[Any], records: dict[str, dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Each of *schedules* (the company's :class:`~crewlet.company.model.Schedule`)
+    with its next tick and its last fire from *records* (name -> the duty's
+    record, :mod:`crewlet.coord.fired`): what ``crewletctl schedules --json``
+    and ``GET /v1/schedules`` show. A record of another timing is history,
+    not this schedule's."""
+    out = []
+    for s in schedules:
+        timing = s.timing
+        record = records.get(s.name) or {}
+        ours = record.get("spec") == timing.spec
+        settled = record.get("settled") if ours else None
+        nxt = timing.next_after(float(settled) if isinstance(settled, (int, float)) else now)
+        fired = record.get("fired") if ours else None
+        out.append({
+            "name": s.name, "seat": s.seat, "timing": timing.spec, "catch_up": s.catch_up,
+            "next": iso(nxt), "due": nxt <= now,
+            "last": None if not isinstance(fired, (int, float)) else {
+                "scheduled": iso(fired), "trigger": record.get("trigger"),
+                "fired_at": record.get("fired_at"), "node": record.get("node"),
+                "token": record.get("token")}})
+    return out

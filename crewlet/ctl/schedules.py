@@ -26,7 +26,6 @@ from typing import Any
 import click
 
 from crewlet.company.load import from_revision
-from crewlet.company.model import Company
 from crewlet.config import ConfigError
 from crewlet.coord.buckets import LEASES, last
 from crewlet.coord.control_plane import ControlPlane, ControlPlaneError
@@ -34,31 +33,10 @@ from crewlet.coord.fired import Fired
 from crewlet.coord.lease import read_owner
 from crewlet.ctl import EXIT_REFUSED, Ctl, fail
 from crewlet.ctl.apply import with_control_plane
-from crewlet.schedules import iso
+from crewlet.schedules import rows
 
 COLUMNS = ("schedule", "seat", "timing", "catch up", "next", "last fired", "by", "sent")
 DUTY_KEY = "duty.scheduler"
-
-
-def rows(company: Company, records: dict[str, dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """One object per schedule of *company*, with *records* (name -> the
-    duty's record) applied, as ``--json`` prints them."""
-    out = []
-    for s in company.schedules:
-        timing = s.timing
-        record = records.get(s.name) or {}
-        ours = record.get("spec") == timing.spec  # a record of another timing is history
-        settled = record.get("settled") if ours else None
-        nxt = timing.next_after(float(settled) if isinstance(settled, (int, float)) else now)
-        fired = record.get("fired") if ours else None
-        out.append({
-            "name": s.name, "seat": s.seat, "timing": timing.spec, "catch_up": s.catch_up,
-            "next": iso(nxt), "due": nxt <= now,
-            "last": None if not isinstance(fired, (int, float)) else {
-                "scheduled": iso(fired), "trigger": record.get("trigger"),
-                "fired_at": record.get("fired_at"), "node": record.get("node"),
-                "token": record.get("token")}})
-    return out
 
 
 def table(rev: Any, holder: dict[str, Any] | None, schedules: list[dict[str, Any]], now: float) -> str:
@@ -110,7 +88,7 @@ def schedules(ctl: Ctl, as_json: bool) -> None:
     except ConfigError as exc:
         fail(f"the active company cannot be read: {exc}", EXIT_REFUSED)
     now = time.time()
-    found = rows(company, records, now)
+    found = rows(company.schedules, records, now)
     if as_json:
         click.echo(json.dumps({"rev": rev, "holder": holder, "schedules": found}, indent=2))
     else:

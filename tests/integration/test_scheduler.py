@@ -9,6 +9,8 @@ their records on ``EVENTS`` (``done`` per trigger id).
 from __future__ import annotations
 
 import json
+import os
+import urllib.request
 from collections import Counter
 
 
@@ -60,6 +62,14 @@ def test_schedules_fire_follow_revisions_and_refuse_a_bad_one(natsd, make_node):
     assert beat["last"]["trigger"].startswith("beat=") and beat["next"] > beat["last"]["scheduled"]
     text = ctl(n, "schedules")
     assert text.returncode == 0 and "beat" in text.stdout and "held by t1" in text.stdout
+    with open(os.path.join(n.run_dir, "api-token")) as f:
+        token = f.read().strip()
+    ask = urllib.request.Request(f"http://{n.config['ingress']['listen']}/v1/schedules",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(ask, timeout=10) as answer:
+        api = json.load(answer)
+    assert api["rev"] == 1 and api["holder"] == shown["holder"]
+    assert api["schedules"][0]["name"] == "beat" and api["schedules"][0]["last"]["node"] == "t1"
 
     # A new revision: beat goes, pulse comes, without a restart.
     out = ctl(n, "apply", company(n.dir, "two.yaml", "  - {name: pulse, seat: pm, every: 3s, message: pulse}"))

@@ -164,7 +164,8 @@ def test_a_schedules_defaults_and_timing():
 
 
 def test_crewletctl_schedules_shows_next_and_last_fire_and_who():
-    from crewlet.ctl.schedules import rows, table
+    from crewlet.ctl.schedules import table
+    from crewlet.schedules import rows
     company = parse_company(BASE_COMPANY + '  - {name: c, seat: pm, cron: "0 9 * * *", tz: Europe/Paris, '
                                            'message: m}\n')
     fired = at("2025-03-10 10:00:00")
@@ -172,12 +173,12 @@ def test_crewletctl_schedules_shows_next_and_last_fire_and_who():
                       "fired_at": fired + 0.2, "node": "n1", "token": 7},
                "c": {"spec": "cron 0 9 * * * UTC", "settled": fired, "fired": fired}}  # another tz: history
     now = fired + 60
-    ok, c = rows(company, records, now)
+    ok, c = rows(company.schedules, records, now)
     assert ok["next"] == "2025-03-10T10:05:00Z" and not ok["due"]
     assert ok["last"] == {"scheduled": "2025-03-10T10:00:00Z", "trigger": "ok=20250310T100000Z",
                           "fired_at": fired + 0.2, "node": "n1", "token": 7}
     assert c["last"] is None and c["next"] == "2025-03-11T08:00:00Z"  # 09:00 Paris, CET
-    late = rows(company, records, fired + 3600)[0]
+    late = rows(company.schedules, records, fired + 3600)[0]
     assert late["due"]  # nobody fired 10:05: no holder
     text = table(3, {"node": "n1", "token": 7}, [ok, c], now)
     assert "n1 (token 7)" in text and "60s ago" in text and "held by n1 (token 7)" in text
