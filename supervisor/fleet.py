@@ -37,7 +37,8 @@ from typing import Any, Callable
 import crewlet
 from crewlet import bus, log
 from crewlet.company.model import Company
-from crewlet.config import NodeConfig
+from crewlet.company.load import from_revision
+from crewlet.config import ConfigError, NodeConfig
 from crewlet.coord import buckets
 from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionNotFound
 from crewlet.coord.holders import Holders
@@ -287,8 +288,11 @@ class Fleet:
         try:
             if doc is None:
                 raise RevisionNotFound(f"revision {rev} is named active but does not exist")
-            company = Company.model_validate(doc["company"])
-        except Exception as exc:  # missing or invalid: keep what we run
+            company = from_revision(doc.get("company"), f"revision {rev}")
+        except ConfigError as exc:  # invalid: keep what we run; the line names the key
+            self.error = str(exc)
+            self.publish("company_refused", "error", rev=rev, epoch=epoch, error=self.error)
+        except Exception as exc:  # missing: keep what we run
             self.error = f"revision {rev}: {type(exc).__name__}: {exc}"
             self.publish("company_refused", "error", rev=rev, epoch=epoch, error=self.error)
         else:

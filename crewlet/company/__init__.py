@@ -16,7 +16,7 @@ every check; ``etc/company.yaml`` is the annotated sample)::
       local: {kind: scripted, rules: [{match: hello, reply: hi}]}
     seats:                                 # at least one; names unique
       - {name: pm, persona: "...", provider: local, placement: {labels: {zone: eu}}}
-    schedules: [{name: standup, seat: pm, every: 1d, message: "..."}]   # every XOR cron
+    schedules: [{name: standup, seat: pm, cron: "0 9 * * 1-5", tz: Europe/Paris, message: "..."}]  # every XOR cron; catch_up
     budgets: {org: 500000, seats: {pm: 50000}}
     retention: {turns_days: 90, mail_days: 14}
     integrations:                          # inbound webhooks at /v1/hooks/<name> (crewlet.hooks)

@@ -1,7 +1,8 @@
 """Reading a company file: YAML, environment expansion, one-line errors.
 
 ``load_company(path)`` reads a file; ``parse_company(text, source)`` parses
-text that came from elsewhere (``source`` labels errors). Both return a
+text that came from elsewhere (``source`` labels errors); ``from_revision(doc,
+"revision 3")`` validates a stored revision's document again. Both return a
 validated :class:`~crewlet.company.model.Company` or raise
 :class:`~crewlet.config.ConfigError` — the same one-line
 ``<file>: <key>: <problem>`` as Tier A, exit code 78 — with ``file`` the
@@ -42,6 +43,17 @@ def parse_company(text: str, source: str = "<company>", env: Mapping[str, str] |
     if not isinstance(data, dict):
         raise ConfigError(source, None, f"the top level must be a mapping of keys, got {_show(data)}")
     data = expand_tree(data, os.environ if env is None else env, (), source)
+    try:
+        return Company.model_validate(data)
+    except ValidationError as e:
+        raise _from_validation(e, source) from None
+
+
+def from_revision(data: object, source: str) -> Company:
+    """The company of a stored revision's ``company`` document, validated
+    again (a node may know rules, time zones or cron forms the node that
+    stored it did not); :class:`ConfigError` naming *source* (``revision 3``)
+    and the key otherwise."""
     try:
         return Company.model_validate(data)
     except ValidationError as e:

@@ -30,10 +30,15 @@ from urllib.parse import urlsplit
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
                       model_validator)
 
+from crewlet.queue.base import MAIL_MAX
+from crewlet.schedules import CATCH_UP, DEFAULT_CATCH_UP, DEFAULT_TZ, Timing, check_cron, zone
+
 # A seat name is part of NATS subjects and KV keys (agents.inbox.<seat>, seat.<id>).
 SEAT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # A provider name is part of KV keys (cooldowns: <provider>.<key id>).
 PROVIDER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+# A schedule name is part of its ticks' trigger ids (<name>=<time>) and of a KV key (schedule.<name>).
+SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 # An integration name is a URL part (/v1/hooks/<name>) and a KV key part.
 INTEGRATION_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # An environment variable name (api_key_env names one; it never holds the key).
@@ -49,6 +54,7 @@ HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 # Company.digest(): hex characters kept of the sha256.
 DIGEST_LENGTH = 16
 
+CatchUp = Literal[CATCH_UP]
 ProviderKind = Literal["scripted", "openai", "anthropic", "cli"]
 HTTP_KINDS = ("openai", "anthropic")
 # providers.<name>.max_concurrent of a cli provider when not given (None for other kinds).
@@ -99,6 +105,8 @@ SeatName = Annotated[str, _pattern(
     SEAT_NAME_RE, "must be 1-63 of a-z, 0-9, '_' or '-', starting with a letter or digit")]
 ProviderName = Annotated[str, _pattern(
     PROVIDER_NAME_RE, "must be 1-63 letters, digits, '_' or '-', starting with a letter or digit")]
+ScheduleName = Annotated[str, _pattern(
+    SCHEDULE_NAME_RE, "must be 1-63 letters, digits, '_' or '-', starting with a letter or digit")]
 IntegrationName = Annotated[str, _pattern(
     INTEGRATION_NAME_RE, "must be 1-63 of a-z, 0-9, '_' or '-', starting with a letter or digit")]
 EnvName = Annotated[str, _pattern(
@@ -252,13 +260,20 @@ class Seat(_Model):
 # ------------------------------------------------------------------ the rest
 
 class Schedule(_Model):
-    """A message sent to a seat's mailbox periodically: exactly one of every, cron."""
+    """A message sent to a seat's mailbox at its times: exactly one of every, cron.
 
-    name: str = Field(min_length=1)  # unique among schedules
+    The ``scheduler`` duty sends it (:mod:`crewlet.schedules` says when, and
+    what ``catch_up`` does with ticks missed while no node held the duty).
+    """
+
+    name: ScheduleName  # unique among schedules; part of each tick's trigger id
     seat: str  # the seat that receives the message
     every: str | None = None  # a period: a whole number and s, m, h or d ("30s", "5m", "1h", "1d")
     cron: str | None = Field(None, validate_default=True)  # five cron fields: minute hour day month weekday
-    message: str  # the text delivered
+    # the IANA time zone cron is read in (cron only; every counts from the Unix epoch, UTC)
+    tz: str | None = Field(None, validate_default=True)
+    catch_up: CatchUp = DEFAULT_CATCH_UP  # ticks missed while no node held the duty: latest, all or none
+    message: str = Field(max_length=MAIL_MAX)  # the text delivered (a mail's limit)
 
     @field_validator("every")
     @classmethod
@@ -283,6 +298,16 @@ class Schedule(_Model):
         fields = v.split()
         if len(fields) != CRON_FIELDS or not all(CRON_FIELD_RE.match(f) for f in fields):
             raise ValueError(f"expected five cron fields (minute hour day month weekday), got {v!r}")
+        return check_cron(v)
+
+    @field_validator("tz")
+    @classmethod
+    def _tz(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return DEFAULT_TZ if info.data.get("every") is None else None
+        if info.data.get("every") is not None:
+            raise ValueError("only for cron: every counts from the Unix epoch, in UTC")
+        zone(v)
         return v
 
     @property
@@ -292,6 +317,13 @@ class Schedule(_Model):
             return None
         m = DURATION_RE.match(self.every)
         return int(m.group(1)) * DURATION_UNITS[m.group(2)]
+
+    @property
+    def timing(self) -> Timing:
+        """When it ticks (:class:`crewlet.schedules.Timing`)."""
+        if self.every is not None:
+            return Timing(every=self.period)
+        return Timing(cron=self.cron, tz=self.tz or DEFAULT_TZ)
 
 
 class Route(_Model):

@@ -29,7 +29,8 @@ bucket     keys                                            answers
 =========  ==============================================  =========================
 leases     node.<id>, seat.<id>, duty.<name>, conv.<id>    who is alive, who runs what
 config     rev.<n>, active                                 company revisions, the epoch
-status     node.<id>, estate.<id>, evicted.<id>            revision reached, estate copy, eviction
+status     node.<id>, estate.<id>, evicted.<id>,           revision reached, estate copy, eviction,
+           schedule.<name>                                 a schedule's last fire (crewlet.coord.fired)
 ledger     <trigger id>                                    has a trigger been worked
 claims     <integration>.<delivery id>                     delivery dedupe, a week
 cooldowns  <provider>.<key id>                             provider key cooling
