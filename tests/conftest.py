@@ -323,20 +323,26 @@ class NatsServer:
     routes: list[str] = field(default_factory=list)
     cluster_name: str | None = None
     proc: subprocess.Popen | None = None
+    conf: list[str] | None = None  # the lines of a config file to run with instead of the options above
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> "NatsServer":
+        os.makedirs(self.dir, exist_ok=True)
         argv = [nats_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-n", self.name,
                 "-js", "-sd", os.path.join(self.dir, "js")]
-        if self.cluster_port is not None:
+        if self.conf is not None:
+            path = os.path.join(self.dir, "nats.conf")
+            with open(path, "w") as f:
+                f.write("\n".join(self.conf) + "\n")
+            argv = [nats_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-n", self.name, "-c", path]
+        elif self.cluster_port is not None:
             argv += ["--cluster", f"nats://127.0.0.1:{self.cluster_port}",
                      "--cluster_name", self.cluster_name or "test"]
             if self.routes:
                 argv += ["--routes", ",".join(self.routes)]
-        os.makedirs(self.dir, exist_ok=True)
         log = open(os.path.join(self.dir, "nats.log"), "ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -347,6 +353,10 @@ class NatsServer:
         assert self.proc is not None and self.proc.poll() is None, "nats-server exited"
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def log(self) -> str:
+        with open(os.path.join(self.dir, "nats.log"), errors="replace") as f:
+            return f.read()
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
