@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 
 import nats
@@ -186,3 +187,63 @@ def test_crewletctl_fleet_secret_makes_rotates_and_retires(short_tmp):
     assert old == first and new != first
     assert run("--retire").returncode == 0
     assert credentials.read_fleet_secrets(path) == [new]
+
+
+async def _put(node, bucket: str, key: str, value: bytes, within: float) -> None:
+    """A KV write through *node*'s broker, retried until *within* seconds passed
+    (a stream leader election takes ~5 s when the member gone led the bucket)."""
+    nc = await nats.connect(node_url(node), connect_timeout=2, allow_reconnect=False)
+    try:
+        js = nc.jetstream(timeout=2)
+        kv = await retry(lambda: js.create_key_value(bucket=bucket, replicas=3), within, what="the bucket")
+        await retry(lambda: kv.put(key, value), within, what=f"a write through {node.config['node']['id']}")
+    finally:
+        await nc.close()
+
+
+def _restart(node, others: list) -> None:
+    """Stop *node* (SIGTERM), check the others still write (quorum), start it again."""
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.wait_exit(30) == 0
+    asyncio.run(_put(others[0], "rotation", "while-down", node.config["node"]["id"].encode(), 20))
+    start_alone(node, timeout=30)
+
+
+@pytest.mark.fleet
+@pytest.mark.timeout(240)
+def test_rotating_the_fleet_secret_member_by_member_keeps_the_quorum(make_node, short_tmp):
+    """README, "Security": `crewletctl fleet-secret --rotate`, members restarted
+    one at a time, then `--retire` and the same again. A restarted member
+    admits only the new secret but dials with both, so it reaches the members
+    not yet restarted; two members stay routed at every step."""
+    members, _ = make_members(make_node, cluster=CLUSTER)
+    for node in members:
+        start_alone(node)
+    for node in members:
+        node.wait_running(timeout=60)
+    real_ports = {int(n.config["stream"]["listen"].rpartition(":")[2]) for n in members}
+    asyncio.run(_put(members[0], "rotation", "before", b"1", 30))
+    path = make_node.fleet_secret  # one file here; on a real fleet, a copy on each node
+    old, = credentials.read_fleet_secrets(path)
+    run = subprocess.run([*CREWLETCTL, "fleet-secret", path, "--rotate"], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    for step in ("rotate", "retire"):
+        for i, node in enumerate(members):
+            _restart(node, [m for m in members if m is not node])
+            # Back, it is routed to both others again, and writes through it are stored.
+            wait_for(lambda: asyncio.run(_peer_ports(node)) >= real_ports - {int(
+                node.config["stream"]["listen"].rpartition(":")[2])}, 30,
+                what=f"{node.config['node']['id']} routed to the others after the {step} restart")
+            asyncio.run(_put(node, "rotation", f"{step}-{i}", b"1", 30))
+        if step == "rotate":
+            run = subprocess.run([*CREWLETCTL, "fleet-secret", path, "--retire"], capture_output=True, text=True,
+                                 timeout=30)
+            assert run.returncode == 0, run.stderr
+    # The old secret admits nobody now.
+    rogue = _rogue(short_tmp, "old-secret", _route_conf(members[0].config["stream"]["cluster"]["listen"],
+                                                        f"{credentials.fleet_user(old)}:{old}@"))
+    try:
+        wait_for(lambda: _refusals(rogue) >= REFUSALS, 15, what="the old secret refused")
+        assert asyncio.run(_peer_ports(members[0])) <= real_ports
+    finally:
+        rogue.stop()
