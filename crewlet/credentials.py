@@ -19,15 +19,55 @@ is the next step, and the file's shape leaves room for it.
 Rotating: stop the node, delete the file, start the node; a new password is
 made and nothing else changes (nothing outside the node ever held it).
 
-Not yet covered: the links between the nodes of a fleet. Each node makes
-its own credentials, so no node knows another's. Cluster routes are admitted
-without credentials, as before. A member's leaf-node listener must name some
-user (without one, nats-server holds leaves to the client users, and a leaf
-cannot know them), so it admits :data:`LEAF_USER` with the fixed, public
-:data:`LEAF_PASSWORD`, and a leaf dials its remotes with them. That keeps a
-fleet's leaves working and is no secret: the leaf port is as open as it was.
-Credentials shared by a fleet (from a file or the environment) are the next
-step; see the README, "Security".
+A fleet's links. Each node makes its own client credentials, so no node
+knows another's; the links between the nodes of a fleet take a secret they
+share instead: ``stream.fleet_credentials``, a file made by ``crewletctl
+fleet-secret`` (:func:`new_fleet_secret`, 32 random bytes as url-safe text),
+copied to every node, and refused unless it is its owner's only
+(:func:`check_private`). A node with ``stream.cluster`` or ``stream.leaf``
+and no such file is refused at start (exit 78 naming the key). The secret
+is never in the model (the config only names the file), never logged, and
+never in the environment, which every child — agents and MCP servers
+included — would inherit; ``${CREDENTIALS_DIRECTORY}/...`` in the path
+takes a systemd credential.
+
+With it the generated ``nats.conf`` of a member admits routes only as the
+fleet user (``cluster { authorization { user, password } }``) and leaves
+likewise (``leafnodes { authorization { users } }``); its routes and a
+leaf's remotes dial with it in their URLs (:func:`dial_urls`). The user
+name is made from the secret (:func:`fleet_user`), so two secrets in use at
+once are two users. Nothing else is admitted on those ports: a server
+routing or dialling without the secret gets ``Authorization Violation``
+and never joins.
+
+Rotating without losing the quorum. nats-server admits one route user, and
+a reload (SIGHUP) with a new one closes at once the routes to members still
+on the old (measured with 2.15.1), so a fleet cannot switch all at once.
+Instead the file holds, for the time of a rotation, two lines: the secret in
+force, then the one it replaces (``crewletctl fleet-secret --rotate``). A
+member admits routes with the first only, but dials every peer with both,
+so a member already restarted reaches those not yet restarted with the old
+one. They cannot reach it (it no longer takes theirs), but one route between
+two members is enough, whichever side dialled. Leaves are admitted with
+either. So: copy the
+rotated file to every node, restart the members one at a time (each back
+before the next), then the leaves; then ``--retire`` (the old line goes),
+copy, and restart them all again the same way. The old secret admits nobody
+after that. Until the retire, each member logs a refused route now and then
+for the secret its peers no longer take.
+
+TLS (``stream.tls: {ca, cert, key}``): the client port, the routes and the
+leaf links serve this node's cert; routes and leaves require the peer's
+cert from the same CA (mutual TLS), clients sign in with their password
+over TLS. crewlet's clients — every role, the broker's readiness probe,
+crewletctl — get an SSL context trusting only the CA
+(:func:`tls_context`) from :func:`client_options`. Certificates must name
+the addresses peers and clients dial (checked: a name mismatch is refused).
+
+An external broker (``stream.type: nats``): ``stream.credentials`` names a
+file of its credentials (:func:`read_external`), a NATS ``.creds`` file or
+one line ``user:password``, 0600; :func:`client_options` gives them to
+every client, and ``stream.tls`` the CA to trust.
 """
 
 from __future__ import annotations

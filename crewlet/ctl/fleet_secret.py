@@ -8,7 +8,7 @@ running. The secret is never printed.
 
 - no option: a new file with one secret; an existing file is refused.
 - ``--rotate``: a new secret in force, the one it replaces kept after it.
-  Restart the members one at a time, then the leaves (README, "Security").
+  Restart the members one at a time, then the leaves (README, "A fleet's links").
 - ``--retire``: drop the replaced secret, once every node runs on the new one.
 """
 
@@ -49,7 +49,7 @@ def fleet_secret(path: str, rotate: bool, retire: bool) -> None:
         credentials.write_fleet_secrets(os.path.abspath(path), lines)
     except OSError as exc:
         fail(f"cannot write {path}: {exc.strerror or exc}", EXIT_CONFIG)
-    said = {True: "rotated: a new secret in force, the old one kept after it"}.get(rotate) or \
-        ("retired the replaced secret" if retire else "made a fleet secret")
+    said = ("rotated: a new secret in force, the old one kept after it" if rotate
+            else "retired the replaced secret" if retire else "made a fleet secret")
     click.echo(f"{path}: {said} (user {credentials.fleet_user(lines[0])}); copy it to every node, mode 0600",
                err=True)

@@ -212,7 +212,7 @@ def _restart(node, others: list) -> None:
 @pytest.mark.fleet
 @pytest.mark.timeout(240)
 def test_rotating_the_fleet_secret_member_by_member_keeps_the_quorum(make_node, short_tmp):
-    """README, "Security": `crewletctl fleet-secret --rotate`, members restarted
+    """README, "A fleet's links": `crewletctl fleet-secret --rotate`, members restarted
     one at a time, then `--retire` and the same again. A restarted member
     admits only the new secret but dials with both, so it reaches the members
     not yet restarted; two members stay routed at every step."""
