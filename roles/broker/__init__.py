@@ -32,6 +32,11 @@ leaf
     server answers a PING, whether or not a member is reachable yet (the
     leaf keeps dialling): the members may well be started after it.
 
+A member's routes and leaf listener, and a leaf's remotes, carry the fleet's
+secret (``stream.fleet_credentials``; see :mod:`crewlet.credentials`): routes
+admit its user only, leaves each secret the file holds. With ``stream.tls``
+the client port, routes and leaf links are TLS, routes and leaves mutual.
+
 Ready also means *ours*: the server answering on ``stream.listen`` must be
 this child — the process the probe was given holds the listening socket, and
 the server's INFO names it ``node.id`` — never merely something on the port
