@@ -224,21 +224,45 @@ def node_config(dir: str, **overrides: Any) -> dict:
     return cfg
 
 
+def make_fleet_secret(path: str) -> str:
+    """Write a new fleet secret file at *path* (0600), as ``crewletctl
+    fleet-secret`` does; returns *path*."""
+    from crewlet import credentials
+    credentials.write_fleet_secrets(path, [credentials.new_fleet_secret()])
+    return path
+
+
 class Nodes:
     """A factory of nodes in one short temp dir: ``nodes(**config_overrides)``
     writes a config (:func:`node_config`) and gives the :class:`Node`, not
     started; :meth:`close` stops them all (SIGTERM, then SIGKILL of whatever is
     left) and removes the dir. :func:`make_node` is one per test; a module's
-    fixture makes its own to share nodes between tests."""
+    fixture makes its own to share nodes between tests.
+
+    The nodes of one factory are one fleet: a node given ``stream.cluster``
+    or ``stream.leaf`` without ``stream.fleet_credentials`` is given the
+    factory's fleet secret file (:attr:`fleet_secret`, made at first use)."""
 
     def __init__(self, dir: str | None = None):
         self.dir = dir or tempfile.mkdtemp(prefix="cw", dir="/tmp")  # short: socket paths
         self.owned = dir is None
         self.nodes: list[Node] = []
+        self._fleet_secret: str | None = None
+
+    @property
+    def fleet_secret(self) -> str:
+        """The path of this factory's fleet secret file (0600)."""
+        if self._fleet_secret is None:
+            self._fleet_secret = make_fleet_secret(os.path.join(self.dir, "fleet.secret"))
+        return self._fleet_secret
 
     def __call__(self, **overrides: Any) -> Node:
         d = os.path.join(self.dir, f"n{len(self.nodes)}")
         os.makedirs(d)
+        stream = overrides.get("stream")
+        if isinstance(stream, dict) and ("cluster" in stream or "leaf" in stream) \
+                and "fleet_credentials" not in stream:
+            overrides["stream"] = {**stream, "fleet_credentials": self.fleet_secret}
         cfg = node_config(d, **overrides)
         path = os.path.join(d, "crewlet.yaml")
         with open(path, "w") as f:
@@ -299,20 +323,26 @@ class NatsServer:
     routes: list[str] = field(default_factory=list)
     cluster_name: str | None = None
     proc: subprocess.Popen | None = None
+    conf: list[str] | None = None  # the lines of a config file to run with instead of the options above
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> "NatsServer":
+        os.makedirs(self.dir, exist_ok=True)
         argv = [nats_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-n", self.name,
                 "-js", "-sd", os.path.join(self.dir, "js")]
-        if self.cluster_port is not None:
+        if self.conf is not None:
+            path = os.path.join(self.dir, "nats.conf")
+            with open(path, "w") as f:
+                f.write("\n".join(self.conf) + "\n")
+            argv = [nats_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-n", self.name, "-c", path]
+        elif self.cluster_port is not None:
             argv += ["--cluster", f"nats://127.0.0.1:{self.cluster_port}",
                      "--cluster_name", self.cluster_name or "test"]
             if self.routes:
                 argv += ["--routes", ",".join(self.routes)]
-        os.makedirs(self.dir, exist_ok=True)
         log = open(os.path.join(self.dir, "nats.log"), "ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -323,6 +353,10 @@ class NatsServer:
         assert self.proc is not None and self.proc.poll() is None, "nats-server exited"
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def log(self) -> str:
+        with open(os.path.join(self.dir, "nats.log"), errors="replace") as f:
+            return f.read()
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -31,7 +31,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
                       field_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from crewlet import tokens
+from crewlet import credentials, tokens
 
 # sun_path is 108 bytes including the terminating NUL.
 MAX_UNIX_SOCKET_PATH = 107
@@ -216,6 +216,41 @@ class LeafSection(_Section):
     remotes: list[LeafUrl] = Field(min_length=1)  # the members' leaf addresses; the leaf dials one, fails over to the next
 
 
+def _readable(v: str, info: ValidationInfo, *, secret: bool = False) -> str:
+    """*v* resolved (:func:`_resolve_path`) and readable; with *secret*, not
+    open to group or others (:func:`crewlet.credentials.check_private`)."""
+    v = _resolve_path(v, info)
+    try:
+        with open(v, "rb"):
+            pass
+        if secret:
+            credentials.check_private(v)
+    except OSError as exc:
+        raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
+    return v
+
+
+class TlsSection(_Section):
+    """TLS on the embedded broker's client port, routes and leaf links, or to
+    an external broker (``stream.type: nats``). PEM files."""
+
+    ca: str  # the CA that signed every node's certificate: what the node's clients and its peers trust
+    cert: str | None = None  # this node's certificate, naming the addresses peers and clients dial; required when embedded
+    key: str | None = Field(None, validate_default=True)  # its private key (0600); required with cert
+
+    @field_validator("ca", "cert")
+    @classmethod
+    def _file(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else _readable(v, info)
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if (v is None) != (info.data.get("cert") is None) and "cert" in info.data:
+            raise ValueError("cert and key go together: give both, or neither")
+        return None if v is None else _readable(v, info, secret=True)
+
+
 class StreamSection(_Section):
     type: Literal["embedded", "nats"] = "embedded"  # run our own nats-server, or use an existing NATS
     listen: HostPort = "127.0.0.1:4222"  # client address of the embedded nats-server
@@ -225,6 +260,12 @@ class StreamSection(_Section):
     domain: str = "crewlet"  # JetStream domain the embedded JetStream serves; a leaf reaches the members' through it
     cluster: ClusterSection | None = None  # embedded broker is a member of this JetStream cluster (data nodes); ignored when type is nats
     leaf: LeafSection | None = None  # embedded broker is a leaf of the members, without JetStream (nodes without data); ignored when type is nats
+    # The fleet's shared secret: a file (`crewletctl fleet-secret FILE`, 0600), the same on every node.
+    # A member's routes and leaf listener admit only nodes that hold it; required with cluster or leaf.
+    fleet_credentials: str | None = Field(None, validate_default=True)
+    # type nats: the broker's credentials, a NATS .creds file or one line user:password (0600).
+    credentials: str | None = None
+    tls: TlsSection | None = Field(None, validate_default=True)  # TLS on the broker's client port, routes and leaves; None: none
 
     @field_validator("servers")
     @classmethod
@@ -249,6 +290,42 @@ class StreamSection(_Section):
         if v is not None and info.data.get("type") == "embedded" and info.data.get("cluster") is not None:
             raise ValueError("cannot be set together with stream.cluster: the embedded broker is either a "
                              "cluster member (a data node) or a leaf of the members (a node without data)")
+        return v
+
+    @field_validator("fleet_credentials")
+    @classmethod
+    def _fleet_credentials(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            linked = [k for k in ("cluster", "leaf") if info.data.get(k) is not None]
+            if linked and info.data.get("type") == "embedded":
+                raise ValueError(f"required with stream.{linked[0]}: a fleet's routes and leaves admit only "
+                                 "the nodes that hold its secret. Make one with `crewletctl fleet-secret FILE`, "
+                                 "copy it to every node (mode 0600) and name it here")
+            return v
+        v = _resolve_path(v, info)
+        try:
+            credentials.read_fleet_secrets(v)
+        except OSError as exc:
+            raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
+        return v
+
+    @field_validator("credentials")
+    @classmethod
+    def _credentials(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        v = _resolve_path(v, info)
+        try:
+            credentials.read_external(v)
+        except OSError as exc:
+            raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
+        return v
+
+    @field_validator("tls")
+    @classmethod
+    def _tls(cls, v: TlsSection | None, info: ValidationInfo) -> TlsSection | None:
+        if v is not None and info.data.get("type") == "embedded" and v.cert is None:
+            raise ValueError("an embedded broker serves TLS with this node's certificate: give cert and key")
         return v
 
     @property

@@ -32,6 +32,11 @@ leaf
     server answers a PING, whether or not a member is reachable yet (the
     leaf keeps dialling): the members may well be started after it.
 
+A member's routes and leaf listener, and a leaf's remotes, carry the fleet's
+secret (``stream.fleet_credentials``; see :mod:`crewlet.credentials`): routes
+admit its user only, leaves each secret the file holds. With ``stream.tls``
+the client port, routes and leaf links are TLS, routes and leaves mutual.
+
 Ready also means *ours*: the server answering on ``stream.listen`` must be
 this child — the process the probe was given holds the listening socket, and
 the server's INFO names it ``node.id`` — never merely something on the port
@@ -148,31 +153,72 @@ def config_lines(cfg: NodeConfig, users: dict[str, str] | None = None) -> list[s
                   f"  store_dir: {_q(store_dir(cfg))}",
                   f"  domain: {_q(stream.domain)}",
                   "}"]
+    lines += _block("tls", _tls_lines(cfg, verify=False))  # the client port
+    # The fleet's links admit only holders of its secret (crewlet.credentials):
+    # routes the one in force (nats-server takes one route user), leaves each
+    # secret held; both dial with each, the one in force first.
+    held = credentials.fleet_secrets(stream) if stream.cluster or stream.leaf else []
+    if (stream.cluster or stream.leaf) and not held:  # the config refuses it; never an open link
+        raise ValueError("stream.fleet_credentials: required with stream.cluster or stream.leaf")
     if stream.cluster is not None:
         c = stream.cluster
         routes = [r for r in c.routes if not is_route_to_self(r, c.listen)]
         lines += ["cluster {",
                   f"  name: {_q(c.name)}",
                   f"  listen: {_q(c.listen)}",
+                  *_indent(_user_lines(held[0]) if held else []),
+                  *_indent(_block("tls", _tls_lines(cfg, verify=True))),
                   "  routes: [",
-                  *(f"    {_q(r)}" for r in routes),
+                  *(f"    {_q(r)}" for r in credentials.dial_urls(routes, held)),
                   "  ]",
                   "}"]
         if c.leaf_listen is not None:
             lines += ["leafnodes {", f"  listen: {_q(c.leaf_listen)}",
+                      *_indent(_block("tls", _tls_lines(cfg, verify=True))),
                       "  authorization {",
-                      f"    user: {_q(credentials.LEAF_USER)}",
-                      f"    password: {_q(credentials.LEAF_PASSWORD)}",
+                      "    users: [",
+                      *(f"      {{ user: {_q(credentials.fleet_user(s))}, password: {_q(s)} }}"
+                        for s in held),
+                      "    ]",
                       "  }",
                       "}"]
     if stream.leaf is not None:
-        lines += ["leafnodes {",
-                  "  remotes: [",
-                  "    { urls: [" + ", ".join(_q(credentials.leaf_url(u))
-                                          for u in stream.leaf.remotes) + "] }",
-                  "  ]",
-                  "}"]
+        urls = credentials.dial_urls(stream.leaf.remotes, held)
+        remote = ["{", "  urls: [" + ", ".join(_q(u) for u in urls) + "]",
+                  *_indent(_block("tls", _tls_lines(cfg, verify=False))), "}"]
+        lines += ["leafnodes {", "  remotes: [", *_indent(_indent(remote)), "  ]", "}"]
     return lines
+
+
+# Seconds a TLS handshake may take: nats-server's default half second is
+# short for a loaded machine with two cores.
+TLS_TIMEOUT = 2.0
+
+
+def _tls_lines(cfg: NodeConfig, *, verify: bool) -> list[str]:
+    """The entries of a ``tls {}`` block from ``stream.tls`` ([] without it);
+    *verify*: the peer must present a certificate of the CA (routes always
+    do, whatever this says; leaves are made to; clients sign in with a
+    password instead)."""
+    tls = cfg.stream.tls
+    if tls is None:
+        return []
+    lines = [f"  cert_file: {_q(tls.cert)}", f"  key_file: {_q(tls.key)}",
+             f"  ca_file: {_q(tls.ca)}", f"  timeout: {TLS_TIMEOUT}"]
+    return lines + (["  verify: true"] if verify else [])
+
+
+def _user_lines(secret: str) -> list[str]:
+    return ["authorization {", f"  user: {_q(credentials.fleet_user(secret))}",
+            f"  password: {_q(secret)}", "}"]
+
+
+def _block(name: str, entries: list[str]) -> list[str]:
+    return [f"{name} {{", *entries, "}"] if entries else []
+
+
+def _indent(lines: list[str]) -> list[str]:
+    return [f"  {line}" for line in lines]
 
 
 def write_config(cfg: NodeConfig) -> str:

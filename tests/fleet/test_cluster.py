@@ -17,10 +17,10 @@ import time
 import nats
 import pytest
 
-from crewlet import bus
+from crewlet import bus, credentials
 from crewlet.config import NodeConfig
 from roles import broker
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, make_fleet_secret, wait_for
 from tests.seats import node_url
 
 DOMAIN = "crewlet"  # the default stream.domain
@@ -186,6 +186,13 @@ def test_roles_and_broker_kind_that_do_not_fit_are_refused_with_exit_78(make_nod
 
 
 def _cfg(tmp_path, **overrides) -> NodeConfig:
+    """A node's config; a member or a leaf holds the fleet secret file *tmp_path*/fleet.secret."""
+    stream = overrides.get("stream") or {}
+    if ("cluster" in stream or "leaf" in stream) and "fleet_credentials" not in stream:
+        path = str(tmp_path / "fleet.secret")
+        if not os.path.exists(path):
+            make_fleet_secret(path)
+        overrides["stream"] = {**stream, "fleet_credentials": path}
     return NodeConfig.model_validate({"data_dir": str(tmp_path / "d"), "node": {"id": "n1"}, **overrides})
 
 
@@ -207,8 +214,12 @@ def test_member_config_drops_a_route_to_itself(tmp_path):
     lines = broker.config_lines(cfg)
     text = "\n".join(lines)
     assert 'domain: "prod"' in text and 'name: "crew"' in text and 'listen: "127.0.0.1:6222"' in text
-    assert '"nats-route://127.0.0.1:6222"' not in text  # itself
-    assert '"nats-route://localhost:6223"' in text and '"nats-route://10.0.0.2:6222"' in text
+    secret, = credentials.read_fleet_secrets(cfg.stream.fleet_credentials)
+    who = f"{credentials.fleet_user(secret)}:{secret}@"
+    assert "127.0.0.1:6222\"" not in text.split("routes:")[1]  # itself
+    assert f'"nats-route://{who}localhost:6223"' in text and f'"nats-route://{who}10.0.0.2:6222"' in text
+    # Routes and leaves admit the fleet's user only.
+    assert text.count(f'user: "{credentials.fleet_user(secret)}"') == 2 and text.count(secret) == 4
     assert "leafnodes {" in text and 'listen: "127.0.0.1:7422"' in text
     no_leaves = _cfg(tmp_path, stream={"cluster": {"name": "crew", "listen": "127.0.0.1:6222",
                                                    "routes": ["nats-route://127.0.0.1:6223"]}})
@@ -221,9 +232,11 @@ def test_leaf_config_has_no_jetstream_and_one_remote_over_every_member(tmp_path)
     assert broker.kind(cfg) == "leaf"
     text = "\n".join(broker.config_lines(cfg))
     assert "jetstream" not in text and "cluster" not in text
-    # Dialled as the leaf user the members' leaf listeners admit (crewlet.credentials).
-    assert ('{ urls: ["nats-leaf://crewlet-leaf:crewlet-leaf@127.0.0.1:7422", '
-            '"nats-leaf://crewlet-leaf:crewlet-leaf@127.0.0.1:7423"] }') in text
+    # Dialled as the fleet user the members' leaf listeners admit (crewlet.credentials).
+    secret, = credentials.read_fleet_secrets(cfg.stream.fleet_credentials)
+    user = credentials.fleet_user(secret)
+    assert (f'urls: ["nats-leaf://{user}:{secret}@127.0.0.1:7422", '
+            f'"nats-leaf://{user}:{secret}@127.0.0.1:7423"]') in text
 
 
 def test_jetstream_helper_uses_the_domain_only_from_a_leaf(tmp_path):

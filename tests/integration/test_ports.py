@@ -23,7 +23,7 @@ from roles import broker
 from supervisor.node import Node
 from supervisor.spec import StartFailed
 from supervisor.zygote import Zygote
-from tests.conftest import free_port, nats_binary, wait_for
+from tests.conftest import free_port, make_fleet_secret, nats_binary, wait_for
 from tests.seats import held, node_url, read_nats, write_company
 
 # A refusal at start takes crewletd's imports and the check: well under this.
@@ -193,6 +193,8 @@ def _broker_start(cfg: NodeConfig):
 
 
 def _config(short_tmp: str, **stream) -> NodeConfig:
+    if "cluster" in stream:  # a member holds the fleet's secret
+        stream["fleet_credentials"] = make_fleet_secret(os.path.join(short_tmp, "fleet.secret"))
     return NodeConfig.model_validate({
         "node": {"id": "ours"}, "data_dir": os.path.join(short_tmp, "data"),
         "stream": stream, "supervisor": {"ready_timeout": 10},

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from crewlet.config import DEFAULT_CONFIG_PATHS, ConfigError, NodeConfig, expand_env, load_node_config
+from tests.conftest import make_fleet_secret
 
 REPO = Path(__file__).resolve().parents[2]
 NODE0_WARNING = "node.id is unset; using node-0 — set CREWLET_NODE_ID or node.id to a distinct, stable id per node"
@@ -141,6 +142,7 @@ def test_full_file_round_trip(tmp_path):
     expected = yaml.safe_load(FULL)
     expected["node"]["labels"]["rack"] = "12"  # numbers are accepted as strings
     expected["ingress"] = {**NodeConfig().ingress.model_dump(), "listen": "[::1]:8080"}
+    expected["stream"].update(fleet_credentials=None, credentials=None, tls=None)
     expected["debug"]["faults"] = [
         {"role": "seats", "kind": "crash", "after": 0, "seconds": 3600, "code": 9, "once": True},
         {"role": "workers", "kind": "wedge", "after": 2, "seconds": 5, "code": 1, "once": False},
@@ -310,6 +312,12 @@ def test_relative_paths_resolve_against_the_file(tmp_path, monkeypatch):
 
 # -- fleet: what the embedded broker is (stream.cluster / stream.leaf) ------------------
 
+def with_fleet_secret(tmp_path, text: str) -> str:
+    """*text* whose stream section names the fleet secret file made in *tmp_path*."""
+    make_fleet_secret(str(tmp_path / "fleet.secret"))
+    return text.replace("stream: {", "stream: {fleet_credentials: fleet.secret, ")
+
+
 CLUSTER = "{name: crew, listen: '127.0.0.1:6222', routes: ['nats-route://127.0.0.1:6223']}"
 LEAF = "{remotes: ['nats-leaf://127.0.0.1:7422']}"
 
@@ -345,7 +353,7 @@ LEAF = "{remotes: ['nats-leaf://127.0.0.1:7422']}"
     ],
 )
 def test_fleet_broker_refusals(tmp_path, text, key, problem):
-    path = write(tmp_path, text)
+    path = write(tmp_path, with_fleet_secret(tmp_path, text))
     err = error(path)
     assert (err.file, err.key) == (path, key)
     assert problem in err.problem
@@ -355,9 +363,11 @@ def test_fleet_broker_refusals(tmp_path, text, key, problem):
 def test_broker_kind_follows_the_stream_section(tmp_path):
     assert NodeConfig().stream.broker_kind == "standalone"
     assert NodeConfig().stream.domain == "crewlet"
-    member = load_node_config(write(tmp_path, f"node: {{id: a}}\nstream: {{cluster: {CLUSTER}}}\n"))
+    member = load_node_config(write(tmp_path, with_fleet_secret(
+        tmp_path, f"node: {{id: a}}\nstream: {{cluster: {CLUSTER}}}\n")))
     assert member.stream.broker_kind == "member" and member.stream.cluster.leaf_listen is None
-    leaf = load_node_config(write(tmp_path, f"node: {{id: d, roles: [seats]}}\nstream: {{leaf: {LEAF}}}\n"))
+    leaf = load_node_config(write(tmp_path, with_fleet_secret(
+        tmp_path, f"node: {{id: d, roles: [seats]}}\nstream: {{leaf: {LEAF}}}\n")))
     assert leaf.stream.broker_kind == "leaf"
     # A node without data and without cluster or leaf runs a standalone broker (a single node).
     alone = load_node_config(write(tmp_path, "node: {id: s, roles: [seats]}\n"))
@@ -381,6 +391,8 @@ FLEET_FILES = ("node-a", "node-b", "node-c", "node-d-leaf")
 
 def test_fleet_example_files(monkeypatch, tmp_path):
     monkeypatch.setenv("CREWLET_FLEET_DIR", str(tmp_path / "fleet"))
+    (tmp_path / "fleet").mkdir()
+    make_fleet_secret(str(tmp_path / "fleet" / "fleet.secret"))  # as etc/fleet/README.md says
     cfgs = {name: load_node_config(str(REPO / "etc" / "fleet" / f"{name}.yaml")) for name in FLEET_FILES}
     assert all(c.warnings == [] for c in cfgs.values())
     members = [cfgs[n] for n in FLEET_FILES[:3]]
@@ -392,6 +404,7 @@ def test_fleet_example_files(monkeypatch, tmp_path):
     assert [c.data_dir for c in cfgs.values()] == [str(tmp_path / "fleet" / d) for d in "abcd"]
     assert {c.stream.replicas for c in cfgs.values()} == {3}
     assert {c.stream.domain for c in cfgs.values()} == {"crewlet"}
+    assert {c.stream.fleet_credentials for c in cfgs.values()} == {str(tmp_path / "fleet" / "fleet.secret")}
     assert len({c.stream.cluster.name for c in members}) == 1
     # Every member routes to the other two, and the leaf dials every member's leaf port.
     for me in members:

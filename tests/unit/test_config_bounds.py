@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from crewlet.config import ConfigError, NodeConfig, load_node_config
 from crewlet.config.load import ALIAS_NODES_MAX, YAML_MAX_BYTES
+from tests.unit.test_config import with_fleet_secret
 
 BIN = Path(sys.executable).parent
 # Seconds a refusal may take beyond the same command on an empty file, measured
@@ -124,7 +125,7 @@ def test_the_defaults_are_within_the_bounds():
 ])
 def test_an_address_bound_twice_is_refused(tmp_path, text, key):
     path = tmp_path / "crewlet.yaml"
-    path.write_text(text)
+    path.write_text(with_fleet_secret(tmp_path, text))
     with pytest.raises(ConfigError) as info:
         load_node_config(path)
     assert info.value.key == key, str(info.value)
