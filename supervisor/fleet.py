@@ -314,7 +314,7 @@ class Fleet:
             try:
                 started = time.monotonic()
                 await self.mailboxes.ensure_streams(
-                    replicas=self.cfg.stream.replicas, mail_days=company.retention.mail_days,
+                    replicas=self.cfg.stream.replicas, events_days=company.retention.events_days,
                     max_consumers=mailbox_capacity(len(seats)))
                 created = await self.mailboxes.ensure(seats)
                 await estate_log.ensure_stream(self._js, self.cfg.stream.replicas)

@@ -475,7 +475,7 @@ def test_an_idle_custody_is_quiet(natsd, short_tmp, monkeypatch):
 
     async def check():
         async with connection(natsd.url) as (nc, js):
-            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100, mail_days=1)
+            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100)
             async with applier(natsd.url, f"{short_tmp}/a", "a", custody=True) as a:
                 kept = await until(lambda: a.custody, what="custody running")
                 await until(lambda: kept.stats["idle"] >= 500, 20, "500 idle fetches")
@@ -491,8 +491,7 @@ def test_each_event_is_kept_by_exactly_one_data_node(natsd, short_tmp):
     async def check():
         async with connection(natsd.url) as (nc, js):
             # crewletd's fleet makes EVENTS (with the mailboxes); here the test does.
-            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100,
-                                                           mail_days=1)
+            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100)
             # A node without data may not attach: refused by name.
             refused = Custody(nc, js, None, None, roles=("seats", "workers"))
             with pytest.raises(GroupRefused, match="custody"):
