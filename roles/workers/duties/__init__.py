@@ -26,8 +26,8 @@ class Duty:
 
 
 def _registry() -> tuple[Duty, ...]:
-    from roles.workers.duties import fleet_shape, mailbox_retirement
-    return (fleet_shape.DUTY, mailbox_retirement.DUTY)
+    from roles.workers.duties import fleet_shape, maintenance
+    return (fleet_shape.DUTY, maintenance.DUTY)
 
 
 DUTIES: tuple[Duty, ...] = _registry()
