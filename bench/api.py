@@ -938,7 +938,7 @@ async def prepare_bare(url: str) -> None:
     try:
         js = nc.jetstream(timeout=JS_TIMEOUT)
         mb = JetStreamMailboxes(js, nc)
-        await mb.ensure_streams(replicas=1, max_consumers=1000, mail_days=14)
+        await mb.ensure_streams(replicas=1, max_consumers=1000)
         await mb.ensure([SINK])
         await notify.ensure_stream(js, 1)
         await buckets.ensure(js, buckets.CLAIMS, 1)

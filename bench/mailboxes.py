@@ -269,7 +269,7 @@ async def create_single(url: str, count: int) -> dict[str, Any]:
     try:
         await wait_jetstream([url], 30.0)
         mb = JetStreamMailboxes(js, nc, timeout=JS_TIMEOUT)
-        await mb.ensure_streams(replicas=1, max_consumers=count + 100, mail_days=30)
+        await mb.ensure_streams(replicas=1, max_consumers=count + 100)
         await add_stream(js, BARE, "bare.inbox.", jsq.RETENTION, 1, count + 100)
         seats = [f"seat-{i:05d}" for i in range(count)]
         t0 = time.perf_counter()
@@ -293,7 +293,7 @@ async def create_cluster(urls: list[str], count: int, sample: int) -> dict[str, 
     try:
         mb_a = JetStreamMailboxes(js_a, nc_a, timeout=JS_TIMEOUT)
         await retrying("ensure_streams on the cluster", lambda: mb_a.ensure_streams(
-            replicas=3, max_consumers=count + 100, mail_days=30))
+            replicas=3, max_consumers=count + 100))
         await add_stream(js_a, BARE, "bare.inbox.", jsq.RETENTION, 3, count + 2 * sample + 100)
         seats = [f"seat-{i:05d}" for i in range(count)]
         say(f"R3: creating {count} mailboxes (the first node's boot)")

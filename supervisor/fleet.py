@@ -39,7 +39,7 @@ from crewlet import bus, log
 from crewlet.company.model import Company
 from crewlet.company.load import from_revision
 from crewlet.config import ConfigError, NodeConfig
-from crewlet.coord import buckets
+from crewlet.coord import buckets, duty_reports
 from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionNotFound
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import LeaseError, Leases
@@ -106,6 +106,9 @@ class Fleet:
         # Every stream on the broker: its consumers against its limit, and its
         # messages (crewletctl status's streams line), sampled every heartbeat.
         self.streams: list[dict[str, Any]] | None = None
+        # Each duty's last pass (status duty.<name>: crewlet.coord.duty_reports),
+        # sampled with the streams.
+        self.reports: dict[str, dict[str, Any]] = {}
         # node id -> the revision it reached (status node.<id>), kept by a
         # watcher; its estate copy and eviction are the estate view's.
         self._status_view: dict[str, dict[str, Any]] = {}
@@ -254,6 +257,7 @@ class Fleet:
                     ({"name": i.config.name, "consumers": i.state.consumer_count,
                       "max_consumers": i.config.max_consumers, "messages": i.state.messages}
                      for i in infos), key=lambda row: row["name"])
+                self.reports = await duty_reports.read_all(self._js)
                 failing = False
             except Exception as exc:  # no quorum, a leader moving: keep the last sample
                 if not failing:
@@ -318,7 +322,7 @@ class Fleet:
             try:
                 started = time.monotonic()
                 await self.mailboxes.ensure_streams(
-                    replicas=self.cfg.stream.replicas, mail_days=company.retention.mail_days,
+                    replicas=self.cfg.stream.replicas, events_days=company.retention.events_days,
                     max_consumers=mailbox_capacity(len(seats)))
                 created = await self.mailboxes.ensure(seats)
                 await estate_log.ensure_stream(self._js, self.cfg.stream.replicas)
@@ -393,4 +397,5 @@ class Fleet:
                             "count": len(unplaceable)},
             "connected": bool(self.nc is not None and self.nc.is_connected),
             "streams": self.streams,
+            "reports": self.reports,
         }

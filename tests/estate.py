@@ -42,11 +42,12 @@ def op(kind, args, id=None, seat=None, token=None, at=1000.0, node="n1") -> Op:
 
 def random_ops(rnd: random.Random, n: int, node: str = "n1") -> list[Op]:
     """A mix of every kind of write: refusals (missing tasks, stale tokens,
-    version conflicts), duplicated ids and seat fences among them."""
+    version conflicts), duplicated ids and seat fences among them, turn
+    records (some without a start time) and trims of them."""
     made: list[Op] = []
     for i in range(n):
         kind = rnd.choice(["task.create", "task.update", "task.comment", "page.write", "page.delete",
-                           "diary.write", "dup", "fence", "file.register"])
+                           "diary.write", "dup", "fence", "file.register", "turn.record", "turn.trim"])
         seat, token = rnd.choice([(None, None), ("cto", rnd.randint(1, 5)), ("ceo", rnd.randint(1, 5))])
         if kind == "dup" and made:
             made.append(rnd.choice(made))  # the same op, id and all
@@ -65,6 +66,16 @@ def random_ops(rnd: random.Random, n: int, node: str = "n1") -> list[Op]:
             args = {"path": f"p/{rnd.randint(0, 9)}"}
         elif kind == "file.register":
             args = {"project": "x", "path": f"f{rnd.randint(0, 5)}", "size": i, "sha256": f"{i:064x}"}
+        elif kind == "turn.record":
+            seat, token = seat or "cto", token or 1
+            record = {"seat": seat, "trigger": f"t{i}", "outcome": "done"}
+            if rnd.random() < 0.9:
+                record["started_at"] = 1000.0 + i - rnd.randint(0, 30)  # logged roughly in order
+            args = {"record": record}
+        elif kind == "turn.trim":
+            seat, token = None, None
+            args = {"before": 1000.0 + rnd.randint(0, i + 1), "limit": rnd.randint(1, 5),
+                    "after": rnd.choice([0, 0, rnd.randint(0, i + 1)])}
         else:  # diary.write: a seat writes its own diary
             seat, token = seat or "cto", token or 1
             args = {"seat": seat, "text": f"note {rnd.randint(0, 20)}"}

@@ -18,7 +18,7 @@ every check; ``etc/company.yaml`` is the annotated sample)::
       - {name: pm, persona: "...", provider: local, placement: {labels: {zone: eu}}}
     schedules: [{name: standup, seat: pm, cron: "0 9 * * 1-5", tz: Europe/Paris, message: "..."}]  # every XOR cron; catch_up
     budgets: {org: 500000, seats: {pm: 50000}}
-    retention: {turns_days: 90, mail_days: 14}
+    retention: {turns_days: 90, mail_days: 14, events_days: 7}
     integrations:                          # inbound webhooks at /v1/hooks/<name> (crewlet.hooks)
       gh: {kind: github, secret_env: GITHUB_WEBHOOK_SECRET,   # github, slack or generic
            routes: [{event: issues, repository: acme/web, seat: pm}]}   # first match wins

@@ -380,9 +380,19 @@ class Budgets(_Model):
     seats: dict[str, Tokens] = Field(default_factory=dict)  # per-seat token caps, by seat name
 
 
+# Days any retention may name: ten years, past which "for ever" is the honest word.
+RETENTION_DAYS_MAX = 3650
+
+
 class Retention(_Model):
-    turns_days: int = Field(90, ge=1)  # days a turn record is kept
-    mail_days: int = Field(14, ge=1)  # days worked mail is kept
+    """How long records are kept (the ``maintenance`` duty and each data node
+    apply it; unworked mail is never aged out while its seat exists)."""
+
+    turns_days: int = Field(90, ge=1, le=RETENTION_DAYS_MAX)  # days a turn record is kept
+    # A dropped seat's mailbox still holding mail is retired after this many days,
+    # and the ledger remembers a worked trigger at least this long.
+    mail_days: int = Field(14, ge=1, le=RETENTION_DAYS_MAX)
+    events_days: int = Field(7, ge=1, le=RETENTION_DAYS_MAX)  # days a kept turn event is kept
 
 
 class Company(_Model):

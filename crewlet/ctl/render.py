@@ -52,7 +52,8 @@ CHILD_KEYS = ("name", "pid", "state", "restarts", "uptime_s", "last_exit", "cpu_
               "stats")
 EXIT_KEYS = ("code", "signal", "reason", "at")
 # Keys of ``fleet`` (when not null) and of its nodes / seats / duties in --json output.
-FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties", "streams", "unplaceable")
+FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties", "streams", "unplaceable",
+              "reports")
 # Keys of a broker stream in ``fleet.streams`` (its consumers against its limit).
 STREAM_KEYS = ("name", "consumers", "max_consumers", "messages")
 # A stream whose consumers pass this share of its limit is shown as a warning.
@@ -534,6 +535,36 @@ def duties_line(duties: list[dict[str, Any]]) -> Text:
     return Text(f"duties: {held or 'none'}")
 
 
+# What the maintenance duty's report counts, as a line names it.
+REMOVED_WORDS = (("turns", "turn record", "turn records"), ("mail", "worked message", "worked messages"),
+                 ("mailboxes", "mailbox", "mailboxes"))
+
+
+def maintenance_line(report: dict[str, Any] | None, now: float) -> Text:
+    """'maintenance  swept 12m ago on n1 · removed 120 turn records, 3,400 worked messages,
+    0 mailboxes · in all 4,000 turn records, …': the duty's last sweep
+    (``status`` key ``duty.maintenance``); its errors in yellow."""
+    line = Text("maintenance  ", style="bold")
+    if not isinstance(report, dict):
+        return line.append("no sweep reported yet", style="dim")
+    line.append(f"swept {ago_text(report.get('at'), now)} on {report.get('node') or UNKNOWN}")
+
+    def counts(of: Any) -> str:
+        of = of if isinstance(of, dict) else {}
+        said = []
+        for what, one, many in REMOVED_WORDS:
+            n = of.get(what) if isinstance(of.get(what), int) else 0
+            said.append(f"{n:,} {one if n == 1 else many}")
+        return ", ".join(said)
+    line.append(f" · removed {counts(report.get('removed'))}")
+    line.append(f" · in all {counts(report.get('totals'))}", style="dim")
+    if (report.get("turns") or {}).get("more"):
+        line.append(" · old turn records left for the next sweep", style="yellow")
+    for error in report.get("errors") or []:
+        line.append(f" · {error}", style="yellow")
+    return line
+
+
 def streams_line(streams: list[dict[str, Any]] | None) -> Text:
     """'streams  consumers AGENTS 31/1000 · ESTATE 3/64 · KV_leases 4/256 …': every
     stream on the broker, its consumers against its limit; a stream near it
@@ -573,7 +604,9 @@ def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) ->
     nodes = fleet.get("nodes") or []
     return Group(grid, Text(""), fleet_nodes(nodes, here_id, here_rev, now), *refusals_lines(nodes),
                  *copy_problems(nodes, now), copies_summary(nodes, now), seats_line(fleet.get("seats") or []),
-                 *unplaceable_lines(fleet.get("unplaceable")), duties_line(fleet.get("duties") or []), streams_line(fleet.get("streams")))
+                 *unplaceable_lines(fleet.get("unplaceable")), duties_line(fleet.get("duties") or []),
+                 maintenance_line((fleet.get("reports") or {}).get("maintenance"), now),
+                 streams_line(fleet.get("streams")))
 
 
 # ------------------------------------------------------------------ turns
@@ -692,6 +725,8 @@ def estate_line(stats: dict[str, Any]) -> Text:
     if stats.get("resubscribed"):
         line.append(f" · log resubscribed {plural(stats['resubscribed'], 'time')}", style="yellow")
     line.append(f" · {plural(stats.get('events_kept') or 0, 'event')} kept")
+    if stats.get("events_pruned"):
+        line.append(f", {number(stats['events_pruned'])} pruned")
     return line
 
 

@@ -46,8 +46,8 @@ from typing import Any, Callable
 import lmdb
 
 from crewlet import log
-from crewlet.estate.ops import KINDS, OP_ID, Op, OpError
-from crewlet.estate.store import APPLIED, Store, fenced_key, join, pack, seq_key, unpack
+from crewlet.estate.ops import KINDS, OP_ID, TURN_TRIM_DEFAULT, Op, OpError
+from crewlet.estate.store import APPLIED, Store, fenced_key, join, key_seq, pack, seq_key, unpack
 
 
 # The rules ops are applied by. Bump it when an op this module accepted would
@@ -57,7 +57,9 @@ from crewlet.estate.store import APPLIED, Store, fenced_key, join, pack, seq_key
 #   1  (unrecorded) before issue 16
 #   2  every field checked (finite numbers, one form of page path), fences
 #      raised only by granted tokens
-RULES = 2
+#   3  turn.trim (an older applier refused it as an unknown kind, keeping the
+#      rows a newer one removes)
+RULES = 3
 
 
 class Refused(Exception):
@@ -351,6 +353,68 @@ def _turn_record(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
     return {"turn": seq}
 
 
+# LMDB's longest key: an index key longer than this was never written.
+_KEY_MAX = 511
+
+
+def turn_time(row: Any) -> float | None:
+    """When a turn record's turn started (``started_at``, else ``at``), or None
+    when it does not say (a record is free-form: nothing then says its age)."""
+    if not isinstance(row, dict):
+        return None
+    for field in ("started_at", "at"):
+        value = row.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value  # finite: every op's numbers are (crewlet.estate.ops._plain)
+    return None
+
+
+def _turn_trim(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    """Remove the turn records that started before ``before``, in log order
+    from past seq ``after``, looking at no more than ``limit`` of them.
+
+    Records land when their turns end, so their start times are in log order
+    only roughly: the walk stops at the first record young enough to keep,
+    and an older one logged after it (a turn that ran long) goes at a later
+    trim, once the cutoff has passed the first. A record that names no start
+    time is passed over and kept. The outcome says how many were removed,
+    how many passed over, the last seq looked at (``after`` for the next op)
+    and whether the look stopped at ``limit`` with records still to look at
+    (``more``)."""
+    before = op.args["before"]
+    limit = op.args.get("limit", TURN_TRIM_DEFAULT)
+    after = op.args.get("after", 0)
+    removed = passed = 0
+    more = False
+    cur = txn.cursor(db=dbs["turns"])
+    found = cur.set_range(seq_key(after + 1))
+    while found:
+        if removed + passed >= limit:
+            more = True
+            break
+        key = cur.key()
+        row = unpack(cur.value())
+        started = turn_time(row)
+        if started is not None and started >= before:
+            break
+        after = key_seq(key)
+        if started is None:
+            passed += 1
+            found = cur.next()
+            continue
+        seat = row.get("seat")
+        if isinstance(seat, str) and seat:
+            # Indexed under the seat that recorded it, which a record names
+            # (turns.py); an index key naming another is left to dangle, and
+            # readers pass over an index entry whose row is gone.
+            index_key = join("turn", "seat", seat, key)
+            if len(index_key) <= _KEY_MAX:
+                txn.delete(index_key, db=dbs["index"])
+        removed += 1
+        found = cur.delete() and bool(cur.key())  # deleting moves the cursor to the next row
+    return {"removed": removed, "passed": passed, "after": after, "more": more, "before": before}
+
+
 def _seat_of(op: Op) -> str:
     seat = op.args["seat"]
     if op.seat is not None and op.seat != seat:
@@ -395,6 +459,7 @@ KIND_APPLY: dict[str, Callable[..., dict[str, Any]]] = {
     "episode.add": _episode_add,
     "diary.write": _diary_write,
     "seat.fence": _seat_fence,
+    "turn.trim": _turn_trim,
 }
 
 assert set(KIND_APPLY) == set(KINDS), "every op kind has exactly one apply function"

@@ -87,6 +87,11 @@ FREE_STR_MAX = PAGE_BODY_MAX
 FREE_KEY_MAX = 200
 FREE_ITEMS_MAX = 10_000
 RECORD_MAX_BYTES = 512 * 1024
+# Turn records one ``turn.trim`` looks at, at most (removed or passed over): an
+# op's work on every copy stays a few milliseconds, however much is old. The
+# maintenance duty sends the next op while an outcome says ``more``.
+TURN_TRIM_MAX = 1000
+TURN_TRIM_DEFAULT = 500
 
 
 class OpError(ValueError):
@@ -148,6 +153,13 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     # Raises the seat's fence to the op's token: what a new owner publishes on
     # claiming a seat, so its predecessor's later writes are refused at once.
     Kind("seat.fence", "seat", "move_on", _obj()),
+    # Removes turn records that started before ``before`` (the maintenance
+    # duty's retention, crewlet.estate.apply._turn_trim), looking at most at
+    # ``limit`` of them past log seq ``after``; the operator's, never a seat's.
+    Kind("turn.trim", "turns", "move_on", _obj(
+        ("before",), before={"type": "number", "minimum": 0, "maximum": AT_MAX},
+        limit={"type": "integer", "minimum": 1, "maximum": TURN_TRIM_MAX},
+        after={"type": "integer", "minimum": 0, "maximum": INT_MAX})),
 )}
 
 QUERIES: dict[str, dict[str, Any]] = {
@@ -229,6 +241,9 @@ class Op:
             raise OpError(f"token must be an integer from 1 to {INT_MAX}, got {_show(self.token)}")
         if self.kind == "seat.fence" and self.seat is None:
             raise OpError("seat.fence needs the seat and its token")
+        if self.kind == "turn.trim" and self.seat is not None:
+            # Retention is the company's: a seat may not remove turn records.
+            raise OpError("turn.trim is the maintenance duty's, not a seat's")
         if not isinstance(self.node, str) or not _NODE.match(self.node):
             raise OpError(f"node must be 1-{NODE_MAX} printable ASCII characters, got {_show(self.node)}")
         if not (_is_number(self.at) and 0 <= self.at <= AT_MAX):

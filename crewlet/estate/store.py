@@ -34,6 +34,9 @@ and applied again from the log, so it holds what a copy made now would.
 
 ``index`` keys, ``\\0``-separated: ``task·all·seq``, ``task·status·<status>·seq``,
 ``task·assignee·<seat>·seq`` → task id; ``turn·seat·<seat>·seq`` → turns key.
+Turn records past the company's ``retention.turns_days`` are removed, with
+their index entries, by ``turn.trim`` ops (the maintenance duty's), so every
+copy removes the same rows.
 
 The replicated tables are what :func:`digest` hashes: two copies that applied
 the same log have the same digest. ``events`` is not replicated: each event

@@ -10,7 +10,7 @@ exactly what the successor is handed.
 How the pieces are used::
 
     mb = JetStreamMailboxes(js, nc)                      # one per process
-    await mb.ensure_streams(replicas=3, max_consumers=seats + 100, mail_days=30)
+    await mb.ensure_streams(replicas=3, max_consumers=seats + 100, events_days=7)
     await mb.ensure(company_seats)                       # at boot and at every apply,
                                                          # before anything publishes
     await mb.send("alice", "hello", trigger="slack.123") # the trigger dedupes the send
@@ -31,8 +31,9 @@ How the pieces are used::
 * **Size.** A mail holds at most ``MAIL_MAX`` (100,000) characters
   (:func:`~crewlet.queue.base.check_mail`): every surface that sends for
   someone refuses more, naming the limit, before anything is published.
-* **Worked mail** is kept by the stream until ``mail_days`` pass; ``trim(seat)``
-  (a workers duty) drops what is below a mailbox's ack floor sooner.
+* **Worked mail** is dropped by ``trim(seat)`` (the ``maintenance`` duty): what
+  lies below a mailbox's ack floor. Nothing ages mail out: an unowned seat's
+  unworked mail waits in its mailbox until somebody claims the seat.
 * ``ack(token)`` / ``nak(token)`` on :class:`Mailboxes` act on a delivery by its
   token alone, e.g. after a restart.
 

@@ -155,8 +155,9 @@ class Mailboxes(ABC):
     """Every seat's mailbox, through one process's connection."""
 
     @abstractmethod
-    async def ensure_streams(self, *, replicas: int, max_consumers: int, mail_days: int) -> None:
-        """Create (or bring up to date) the streams mailboxes live in; never deletes data."""
+    async def ensure_streams(self, *, replicas: int, max_consumers: int, events_days: int) -> None:
+        """Create (or bring up to date) the streams mailboxes live in; never
+        ages out mail (worked mail goes by ``trim``)."""
 
     @abstractmethod
     async def ensure(self, seats: Iterable[str]) -> int:

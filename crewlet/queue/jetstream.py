@@ -68,7 +68,11 @@ CONSUMER = "inbox-"                  # + seat: the durable's name
 DLQ_STREAM = "DLQ"
 DLQ_SUBJECT = "dlq."                 # + seat
 EVENTS_STREAM = "EVENTS"
-EVENTS_MAX_AGE_DAYS = 7              # turn records; the estate keeps them durably elsewhere
+# The turn events' age limit when nobody names one (the company's
+# retention.events_days, whose default this is): custody keeps each event in
+# one data node's table for as long (roles/data_applier/custody.py), and the
+# estate keeps the turn records themselves durably elsewhere.
+EVENTS_DAYS = 7
 
 # Limits, not interest: measured with bench/mailboxes.py (nats-server 2.15.1, nats-py 2.16, 2 cores,
 # one server, file storage; 2,000 x publish + fetch(1) + confirmed ack over 200 random seats,
@@ -80,8 +84,9 @@ EVENTS_MAX_AGE_DAYS = 7              # turn records; the estate keeps them durab
 # Interest retention falls about tenfold from 1,000 to 10,000 mailboxes (DESIGN §4 saw the same
 # cliff); limits does not fall with their number. (The idle CPU burn DESIGN reports after
 # interest runs did not show here: 0-5 % of a core idle in every case.) Limits keeps worked
-# mail, so the stream's max_age is mail_days and trim() -- a workers duty -- drops what lies
-# below a mailbox's ack floor sooner.
+# mail, so trim() -- the maintenance duty -- drops what lies below a mailbox's ack floor.
+# The stream has no max_age: an age limit would drop an unowned seat's unworked mail too,
+# and a mailbox keeps its seat's mail until somebody claims the seat.
 RETENTION = "limits"
 
 DEFAULT_ACK_WAIT = 1800.0            # s: what a node that died mid-turn holds comes back after this
@@ -303,22 +308,26 @@ class JetStreamMailboxes(Mailboxes):
 
     # ------------------------------------------------------------ streams
 
-    async def ensure_streams(self, *, replicas: int, max_consumers: int, mail_days: int) -> None:
+    async def ensure_streams(self, *, replicas: int, max_consumers: int,
+                             events_days: int = EVENTS_DAYS) -> None:
         """``AGENTS``, ``DLQ`` and ``EVENTS``, created or brought up to date.
 
         ``max_consumers`` only ever grows (a stream refuses its 1001st consumer
-        otherwise, DESIGN §4); ``mail_days`` is how long mail is kept, worked
-        or not (0: forever); retention is never changed on an existing stream."""
+        otherwise, DESIGN §4). ``AGENTS`` has no age limit (0), and one made
+        with an age limit by an older version loses it: unworked mail is never
+        aged out; worked mail goes by :meth:`trim`. ``events_days`` is how
+        long ``EVENTS`` keeps a turn event. Retention is never changed on an
+        existing stream; an age limit is."""
         await self._ensure_stream(STREAM, {
             "subjects": [SUBJECT + ">"], "retention": RETENTION, "max_consumers": max_consumers,
-            "max_age": mail_days * _DAY * _NS, "num_replicas": replicas})
+            "max_age": 0, "num_replicas": replicas})
         await self._ensure_stream(DLQ_STREAM, {
             "subjects": [DLQ_SUBJECT + ">"], "retention": "limits", "num_replicas": replicas,
             "max_consumers": MAX_READERS})
         await self._ensure_stream(EVENTS_STREAM, {
             "subjects": ["events.>"], "retention": "limits", "num_replicas": replicas,
             "max_consumers": MAX_READERS,
-            "max_age": EVENTS_MAX_AGE_DAYS * _DAY * _NS})
+            "max_age": events_days * _DAY * _NS})
 
     async def _ensure_stream(self, name: str, want: dict[str, Any]) -> None:
         try:

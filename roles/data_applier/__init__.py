@@ -53,7 +53,8 @@ it still answers — with that reason — so callers go to a peer at once.
 Watching it
 -----------
 ``crewletctl status`` shows this child's stats (applied, in service, reason,
-ops applied per second, requests, events kept); the events to grep for are
+ops applied per second, requests, events kept and pruned by the company's
+``retention.events_days``); the events to grep for are
 ``estate_service``, ``estate_log_following``, ``estate_log_gap``,
 ``estate_log_stalled``, ``estate_log_unavailable``, ``estate_copy_reapplying``,
 ``custody_*``.
@@ -68,6 +69,7 @@ from typing import Any
 import zmq
 
 from crewlet import ipc
+from crewlet.company import Company
 from crewlet import log as events
 from crewlet.estate import wire
 from crewlet.runtime import RoleContext
@@ -175,7 +177,16 @@ def stats(applier: Applier) -> dict[str, Any]:
             "log_first": applier.log_first, "log_last": applier.log_last,
             "requests": applier.stats["requests"], "dropped": applier.stats["dropped"],
             "resubscribed": applier.stats["resubscribed"],
-            "events_kept": custody.get("kept", 0)}
+            "events_kept": custody.get("kept", 0), "events_pruned": custody.get("pruned", 0)}
+
+
+async def follow_retention(ctx: RoleContext, applier: Applier) -> None:
+    """Each company revision's ``retention.events_days`` to custody, which
+    prunes this node's kept events by it (roles/data_applier/custody.py)."""
+    async for company in ctx.companies():
+        if applier.custody is not None:
+            days = Company.model_validate(company["company"]).retention.events_days
+            applier.custody.set_keep_days(days)
 
 
 async def report_stats(ctx: RoleContext, applier: Applier) -> None:
@@ -196,6 +207,9 @@ async def main(ctx: RoleContext) -> None:
     for task in tasks:
         task.add_done_callback(lambda t: t.cancelled() or ctx.fail(t.exception()))
     applier.start(custody_roles=ctx.config.node.roles)
+    follow = asyncio.create_task(follow_retention(ctx, applier))
+    follow.add_done_callback(lambda t: t.cancelled() or ctx.fail(t.exception()))
+    tasks.append(follow)
     await ctx.ready()
     try:
         await ctx.stopping.wait()

@@ -276,6 +276,7 @@ class Applier:
             self.custody = Custody(self.nc, self.js, self.store, self.write, roles=custody_roles,
                                    serving=lambda: self.in_service)
             self._spawn(self.custody.run(), "custody")
+            self._spawn(self.custody.prune_loop(), "custody prune")
 
     def _spawn(self, coro: Awaitable, name: str) -> None:
         task = asyncio.create_task(coro, name=f"applier-{name}")
@@ -677,7 +678,9 @@ class Applier:
     def status(self) -> dict[str, Any]:
         return {"node": self.node, "applied": self.applied, "in_service": self.in_service,
                 "reason": self.reason, "log_first": self.log_first, "log_last": self.log_last,
-                "at": time.time()}
+                "at": time.time(),
+                # Since this applier started: the ingresses' retention metric reads it.
+                "events_pruned": self.custody.stats["pruned"] if self.custody is not None else 0}
 
     async def write_status(self) -> None:
         """One ``estate.<node>`` record in ``status`` (a plain publish: the

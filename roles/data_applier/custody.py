@@ -25,6 +25,16 @@ Exactly one node keeps an event in normal running; a node killed between its
 commit and its ack leaves the event to be kept again elsewhere after
 :data:`ACK_WAIT` (at least once, in that window).
 
+**Retention.** Kept events follow the company's ``retention.events_days``,
+the same age the ``EVENTS`` stream keeps them for. The table is this node's
+own (no other copy holds the same events), so each data node prunes its own:
+:meth:`Custody.prune_loop` removes the events stored more than that many
+days ago, oldest first (keys are stream sequences, so stored order), at most
+:data:`PRUNE_BATCH` per transaction on the writer thread, when the retention
+is first known or changes and every :data:`PRUNE_EVERY` seconds. Until the
+node has a company nothing is pruned. ``pruned`` in the stats counts them
+(``crewletctl status``'s ``estate`` line).
+
 The consumer is created only when it does not exist
 (:func:`crewlet.queue.jetstream.create_consumer`, as the mailboxes are).
 """
@@ -33,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any, Awaitable, Callable, Iterable
 
 from nats.aio.client import Client
@@ -41,7 +52,7 @@ from nats.js.errors import NotFoundError
 
 from crewlet import groups
 from crewlet import log as events
-from crewlet.estate.store import Store, pack, seq_key
+from crewlet.estate.store import Store, pack, seq_key, unpack
 from crewlet.queue.jetstream import EVENTS_STREAM, api_prefix, create_consumer
 
 # A node that took events and died gives them back after this: long enough for
@@ -58,6 +69,11 @@ MAX_ACK_PENDING = 1000
 RETRY_MIN = 0.2
 RETRY_MAX = 5.0
 ACK_TIMEOUT = 2.0
+# Seconds between prunes of the kept events (and the first, once the
+# retention is known): old events only take space.
+PRUNE_EVERY = 600.0
+# Events removed per LMDB transaction: the writer thread applies the log too.
+PRUNE_BATCH = 1000
 
 _NS = 1_000_000_000
 
@@ -81,6 +97,26 @@ def keep_events(store: Store, rows: list[tuple[bytes, bytes]]) -> int:
     return new
 
 
+def prune_events(store: Store, before: float, limit: int = PRUNE_BATCH) -> tuple[int, bool]:
+    """Remove the kept events stored before wall-clock *before*, oldest
+    first, at most *limit*, in one transaction: ``(removed, more)``, *more*
+    when it stopped at *limit* with old events left. An event that says no
+    time (none is kept so) counts as old."""
+    removed = 0
+    with store.env.begin(write=True) as txn:
+        cur = txn.cursor(db=store.dbs["events"])
+        found = cur.first()
+        while found:
+            at = unpack(cur.value()).get("at")
+            if isinstance(at, (int, float)) and at >= before:
+                return removed, False
+            if removed >= limit:
+                return removed, True
+            removed += 1
+            found = cur.delete() and bool(cur.key())  # deleting moves the cursor to the next
+    return removed, False
+
+
 class Custody:
     """This node's share of ``EVENTS``, kept in its copy."""
 
@@ -94,8 +130,47 @@ class Custody:
         self.roles = tuple(roles)
         self.serving = serving  # the copy is in service: only then are events taken
         self.name = groups.durable(groups.CUSTODY)
-        self.stats = {"kept": 0, "again": 0, "ack_failed": 0, "idle": 0}  # idle: fetches that found none
+        self.stats = {"kept": 0, "again": 0, "ack_failed": 0, "idle": 0,  # idle: fetches that found none
+                      "pruned": 0}
         self.stopping = False  # loops end on it as well as on a cancel (the applier's stop)
+        self.keep_days: int | None = None  # the company's retention.events_days, once known
+        self._retention_changed = asyncio.Event()
+
+    def set_keep_days(self, days: int) -> None:
+        """The company's ``retention.events_days`` (a new revision): pruned by it at once if it changed."""
+        if days != self.keep_days:
+            self.keep_days = days
+            self._retention_changed.set()
+
+    async def prune_loop(self) -> None:
+        """Prune the kept events past the retention, for ever (module doc)."""
+        while not self.stopping:
+            try:
+                async with asyncio.timeout(PRUNE_EVERY):
+                    await self._retention_changed.wait()
+            except TimeoutError:
+                pass
+            self._retention_changed.clear()
+            if self.keep_days is None:
+                continue
+            try:
+                await self.prune(time.time() - self.keep_days * 86400)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the disk, or the copy closing: the next round tries again
+                events.event("custody_prune_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+
+    async def prune(self, before: float) -> int:
+        """Remove the kept events stored before *before*, a batch per write; how many."""
+        removed, more = 0, True
+        while more and not self.stopping:
+            n, more = await self._write(prune_events, self.store, before)
+            removed += n
+        self.stats["pruned"] += removed
+        if removed:
+            events.event("custody_pruned", removed=removed, before=round(before, 3),
+                         days=self.keep_days)
+        return removed
 
     async def run(self) -> None:
         # A node without a copy may not take events: refused here, by name.

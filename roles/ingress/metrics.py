@@ -10,7 +10,10 @@ Two kinds of figures:
   (:class:`_Live`): mailbox pending and in flight per seat, leases held per
   node, children's restarts and last exit per node, and each copy of the
   estate's applied seq, how far behind the furthest it is, and whether it is
-  in service. Nothing is kept twice, so a seat or node that went has no stale
+  in service; what retention removed in all (``crewlet_retention_removed_total``,
+  by ``what``: turns, mail, mailboxes — the ``maintenance`` duty's totals,
+  carried from holder to holder — and events, each data node's own, by
+  ``node``). Nothing is kept twice, so a seat or node that went has no stale
   series.
 
 ``/metrics`` takes a token with ``read`` unless ``ingress.metrics_open``.
@@ -23,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # Turn durations, seconds: a scripted turn takes milliseconds, a model's minutes.
@@ -130,3 +133,23 @@ class _Live(Collector):
                 behind.add_metric([node["id"]], top - copy["applied"])
                 in_service.add_metric([node["id"]], 1 if copy["in_service"] else 0)
         yield from (up, restarts, running, last_exit, applied, behind, in_service)
+        yield self._retention()
+
+    def _retention(self) -> CounterMetricFamily:
+        """What retention removed: the maintenance duty's totals (node ""), and
+        each data node's pruned events since its applier started (its
+        ``estate.<node>`` status record: a restart starts it again, as
+        Prometheus expects of a counter)."""
+        removed = CounterMetricFamily("crewlet_retention_removed", "What retention removed, by what "
+                                      "(turns, mail, mailboxes: the fleet's; events: each data node's)",
+                                      labels=["what", "node"])
+        totals = (self.p.reports.get("maintenance") or {}).get("totals") or {}
+        for what in ("turns", "mail", "mailboxes"):
+            if isinstance(totals.get(what), int):
+                removed.add_metric([what, ""], totals[what])
+        view = self.p.estate_view
+        for node in sorted(s.id for s in view.data_nodes()):
+            pruned = (view.record(node) or {}).get("events_pruned")
+            if isinstance(pruned, int):
+                removed.add_metric(["events", node], pruned)
+        return removed

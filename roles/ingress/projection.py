@@ -16,6 +16,8 @@ turns       ``events.turn.>``: every turn record as the      a subscription:
 mailboxes,  the ``AGENTS`` consumers and ``DLQ`` subjects,   sampled every
 dead        sampled                                          :data:`SAMPLE` s
 letters
+reports     each duty's last pass (``status`` ``duty.*``)    sampled every
+                                                             :data:`SAMPLE` s
 children    this node's from crewletd (``control``); the     every second;
             others' from their presence                      every heartbeat
 ==========  ===============================================  =================
@@ -46,6 +48,7 @@ import time
 from typing import Any, Callable
 
 from crewlet import ipc, log
+from crewlet.coord import duty_reports
 from crewlet.coord.holders import Holders
 from crewlet.queue.jetstream import CONSUMER, DLQ_STREAM, DLQ_SUBJECT, STREAM, api_prefix, jetstream_api
 from roles.ingress.feed import Feed
@@ -92,6 +95,7 @@ class Projection:
         self.gone: dict[str, dict[str, Any]] = {}        # node -> {info..., gone_at}
         self.children: list[dict[str, Any]] | None = None  # this node's, from crewletd
         self.copies: dict[str, dict[str, Any] | None] = {}
+        self.reports: dict[str, dict[str, Any]] = {}     # duty -> its last pass (metrics)
         self.sampled_at: float | None = None
         self._seen_turns: collections.OrderedDict[tuple, None] = collections.OrderedDict()
         self._shown: dict[str, dict[str, Any]] = {}      # node key -> the row the feed last told
@@ -108,6 +112,7 @@ class Projection:
                 group.create_task(self._sample_mailboxes(), name="projection mailboxes")
                 group.create_task(self._follow_children(), name="projection children")
                 group.create_task(self._follow_copies(), name="projection copies")
+                group.create_task(self._sample_reports(), name="projection reports")
         finally:
             try:
                 await sub.unsubscribe()
@@ -204,6 +209,17 @@ class Projection:
                     log.event("projection_sample_failed", "warning",
                               error=f"{type(exc).__name__}: {exc}")
                 failing = True
+            await asyncio.sleep(SAMPLE)
+
+    async def _sample_reports(self) -> None:
+        """Each duty's last pass, for ``/metrics`` (a failed read keeps the last)."""
+        while True:
+            try:
+                self.reports = await duty_reports.read_all(self.js)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                pass  # the mailbox sampler says when the broker is away
             await asyncio.sleep(SAMPLE)
 
     async def _consumers(self) -> dict[str, dict[str, int]]:

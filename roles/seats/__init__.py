@@ -22,24 +22,41 @@ import sys
 from crewlet import log
 from crewlet.agent.janitor import kill_marked
 from crewlet.company import Company
+from crewlet.company.model import Retention
 from crewlet.coord.counters import Budgets, CounterError, Cooldowns, Ledger
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Leases
 from crewlet.estate.access import EstateAccess
-from crewlet.queue.jetstream import JetStreamMailboxes
+from crewlet.queue.jetstream import MAX_DELIVER, JetStreamMailboxes
 from crewlet.runtime import RoleContext
 from roles.seats.sweeper import SeatSweeper
 from roles.seats.turns import STATS_EVERY, TurnEngine
 
-# Days a ledger entry outlives the mail retention it answers for.
+# Days a ledger entry outlives the longest it is needed for.
 LEDGER_MARGIN_DAYS = 1
+
+
+def ledger_ttl(mail_days: int, ack_wait: float) -> int:
+    """Seconds a ledger entry lives: as long as its mail could be delivered again.
+
+    An entry is written after its turn, just before the ack; mail is never
+    aged out any more, but once acked it is not delivered again. What can
+    come back is a delivery whose ack was lost: after the ack wait, once per
+    delivery left in its budget, until it is dead-lettered
+    (:data:`~crewlet.queue.jetstream.MAX_DELIVER` × ``ack_wait`` bounds it,
+    up to 30 days at the longest ack wait of a day). A dead letter sent back
+    (``crewletctl dlq requeue``) or the same trigger mailed again is covered
+    for the company's ``retention.mail_days``. The longer of the two, and a
+    margin."""
+    # Whole seconds: the broker's per-message TTL header takes an integer.
+    return int(max(mail_days * 86400, MAX_DELIVER * ack_wait)) + LEDGER_MARGIN_DAYS * 86400
 
 
 async def _follow(ctx: RoleContext, sweeper: SeatSweeper, engine: TurnEngine) -> None:
     async for company in ctx.companies():
         model = Company.model_validate(company["company"])
         engine.set_company(model)
-        engine.ledger.ttl = (model.retention.mail_days + LEDGER_MARGIN_DAYS) * 86400
+        engine.ledger.ttl = ledger_ttl(model.retention.mail_days, ctx.config.fleet.ack_wait)
         sweeper.set_company(company["company"])
         log.event("seats_company", rev=company["rev"], seats=len(sweeper.seats))
 
@@ -87,7 +104,8 @@ async def main(ctx: RoleContext) -> None:
     # copy first when it is a data node, else the data nodes over NATS.
     estate = EstateAccess(ctx.config, ctx.nats, js, ctx.zmq, holders=holders).start()
     engine = TurnEngine(node=ctx.node_id, run_dir=ctx.run_dir, mark=mark, mailboxes=mailboxes,
-                        ledger=Ledger(js, ttl=86400 * 15), budgets=Budgets(js),
+                        ledger=Ledger(js, ttl=ledger_ttl(Retention().mail_days, fleet.ack_wait)),
+                        budgets=Budgets(js),
                         cooldowns=Cooldowns(js), sweeper=sweeper,
                         max_concurrent=ctx.config.node.max_concurrent, events_js=js,
                         estate=estate.router)

@@ -35,6 +35,7 @@ class DutyContext:
     role: Any = None  # the workers role's RoleContext (its NATS connection, jetstream())
     holders: Holders | None = None  # who holds which lease: the role's one watch of them
     company: Callable[[], Company | None] = lambda: None  # the company in force on this node
+    estate: Any = None  # the role's estate router (crewlet.estate.router.Router): ops to the log
 
 
 class DutyRunner:
@@ -42,8 +43,9 @@ class DutyRunner:
     duties this node runs now."""
 
     def __init__(self, config: NodeConfig, leases: Leases, duties: tuple[Duty, ...], *,
-                 role: Any = None, holders: Holders | None = None):
+                 role: Any = None, holders: Holders | None = None, estate: Any = None):
         self.config = config
+        self.estate = estate
         self.leases = leases
         self.holders = holders
         self.duties = duties
@@ -96,7 +98,8 @@ class DutyRunner:
 
     def _task(self, duty: Duty, held: Held) -> asyncio.Task:
         ctx = DutyContext(self.config, self.leases, self.config.fleet.heartbeat, held.token,
-                          role=self.role, company=lambda: self.company, holders=self.holders)
+                          role=self.role, company=lambda: self.company, holders=self.holders,
+                          estate=self.estate)
         return asyncio.create_task(duty.run(ctx), name=f"duty {duty.name}")
 
     def _start(self, duty: Duty, held: Held) -> None:

@@ -78,7 +78,7 @@ def test_turn_records_published_during_a_leader_election_land_once(nats_cluster)
         async with _connect([s.url for s in nats_cluster]) as (nc, js):
             await retry(lambda: estate_log.ensure_stream(js, 3))
             mailboxes = JetStreamMailboxes(js, nc)
-            await retry(lambda: mailboxes.ensure_streams(replicas=3, max_consumers=1000, mail_days=1))
+            await retry(lambda: mailboxes.ensure_streams(replicas=3, max_consumers=1000))
         survivors = await _through_a_survivor(nats_cluster, estate_log.STREAM)
         async with _connect(survivors) as (nc, js):
             deadline = time.monotonic() + PATIENCE
@@ -99,7 +99,7 @@ def test_an_ack_sent_during_a_leader_election_is_confirmed(nats_cluster):
     async def main():
         async with _connect([s.url for s in nats_cluster]) as (nc, js):
             mailboxes = JetStreamMailboxes(js, nc)
-            await retry(lambda: mailboxes.ensure_streams(replicas=3, max_consumers=1000, mail_days=1))
+            await retry(lambda: mailboxes.ensure_streams(replicas=3, max_consumers=1000))
             await retry(lambda: mailboxes.ensure(["w"]))
             await mailboxes.send("w", "job 1", trigger="job-1")
             delivery = await mailboxes.attach("w").next(wait=5)

@@ -314,6 +314,20 @@ def test_metrics_need_a_token_unless_configured_open(main, guarded):
     assert r.status_code == 200 and "crewlet_" in r.text
 
 
+def test_metrics_say_what_retention_removed(main):
+    """The maintenance duty's totals (from its last sweep's report, by what)
+    and this data node's pruned events are on /metrics."""
+    def removed():
+        text = main("GET", "/metrics").text
+        return {line.split("{", 1)[1].split("}", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line.startswith("crewlet_retention_removed_total{")}
+    got = wait_for(lambda: (r := removed()) and len(r) == 4 and r, 15,
+                   what="the retention counters (the first sweep's report)")
+    assert set(got) == {'node="",what="turns"', 'node="",what="mail"', 'node="",what="mailboxes"',
+                        'node="t1",what="events"'}, got
+    assert all(v >= 0 for v in got.values())
+
+
 # ---------------------------------------------------------------- mail and turns
 
 def test_mail_with_wait_answers_the_turn_and_a_key_sent_twice_is_worked_once(main):

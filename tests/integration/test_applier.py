@@ -475,7 +475,7 @@ def test_an_idle_custody_is_quiet(natsd, short_tmp, monkeypatch):
 
     async def check():
         async with connection(natsd.url) as (nc, js):
-            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100, mail_days=1)
+            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100)
             async with applier(natsd.url, f"{short_tmp}/a", "a", custody=True) as a:
                 kept = await until(lambda: a.custody, what="custody running")
                 await until(lambda: kept.stats["idle"] >= 500, 20, "500 idle fetches")
@@ -491,8 +491,7 @@ def test_each_event_is_kept_by_exactly_one_data_node(natsd, short_tmp):
     async def check():
         async with connection(natsd.url) as (nc, js):
             # crewletd's fleet makes EVENTS (with the mailboxes); here the test does.
-            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100,
-                                                           mail_days=1)
+            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100)
             # A node without data may not attach: refused by name.
             refused = Custody(nc, js, None, None, roles=("seats", "workers"))
             with pytest.raises(GroupRefused, match="custody"):
@@ -644,3 +643,35 @@ def test_a_killed_applier_converges_to_an_uninterrupted_copy(make_node, short_tm
     # crewletctl status shows the child's stats.
     stats = wait_for(lambda: node.children()["data_applier"].get("stats"), 5, what="stats")
     assert stats["applied"] == last and stats["in_service"] is True
+
+
+def test_each_data_node_prunes_its_own_kept_events_by_the_retention(natsd, short_tmp, monkeypatch):
+    """Kept events past the company's ``retention.events_days`` go from this
+    node's table, oldest first, in batches, once the retention is known;
+    younger ones stay; what went is counted (stats and the status record)."""
+    monkeypatch.setattr(custody_module, "PRUNE_BATCH", 3)  # several batches, for the walk's sake
+
+    def age(a, keys, days):
+        """Make the kept events at *keys* as if stored *days* ago (the stream's
+        timestamps cannot be set: the rows are rewritten in place)."""
+        with a.store.env.begin(write=True) as txn:
+            for key in keys:
+                row = store.unpack(txn.get(key, db=a.store.dbs["events"]))
+                txn.put(key, store.pack({**row, "at": row["at"] - days * 86400}), db=a.store.dbs["events"])
+
+    async def check():
+        async with connection(natsd.url) as (nc, js):
+            await JetStreamMailboxes(js, nc).ensure_streams(replicas=1, max_consumers=100)
+            async with applier(natsd.url, f"{short_tmp}/a", "a", custody=True) as a:
+                kept = await until(lambda: a.custody, what="custody running")
+                for i in range(10):
+                    await js.publish(f"events.turn.s{i}", json.dumps({"i": i}).encode())
+                await until(lambda: kept.stats["kept"] == 10, 10, "ten events kept")
+                await a.write(age, a, [store.seq_key(seq) for seq in range(1, 8)], 10)
+                assert kept.stats["pruned"] == 0 and kept.keep_days is None  # no company: none pruned
+                kept.set_keep_days(7)
+                await until(lambda: kept.stats["pruned"] == 7, 10, "the old events pruned")
+                left = [e["event"]["data"] for e in store.Reader(a.store).query("event.list", {})["events"]]
+                assert left == [{"i": 7}, {"i": 8}, {"i": 9}]
+                assert a.status()["events_pruned"] == 7
+    run(check(), DEADLINE)

@@ -255,10 +255,10 @@ def company_in_force(node, token: str) -> bool:
 
 
 def wait_trimmed_once(nodes, timeout: float = 30) -> None:
-    """``mailbox_retirement`` trims worked mail on its first pass, then not for
+    """``maintenance`` trims worked mail on its first sweep, then not for
     an hour: wait for that pass, so mail counted afterwards stays counted."""
     wait_for(lambda: any(any(e.get("event") == "mailboxes_trimmed" for e in n.events()) for n in nodes),
-             timeout, interval=0.2, what="mailbox_retirement's first trim")
+             timeout, interval=0.2, what="maintenance's first trim")
 
 
 @pytest.fixture(scope="module")

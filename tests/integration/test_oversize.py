@@ -157,7 +157,7 @@ def test_post_refuses_a_text_over_the_limit_before_publishing(natsd):
         nc = await nats.connect(natsd.url, connect_timeout=2)
         try:
             boxes = JetStreamMailboxes(nc.jetstream(timeout=JS_TIMEOUT), nc)
-            await boxes.ensure_streams(replicas=1, max_consumers=10, mail_days=1)
+            await boxes.ensure_streams(replicas=1, max_consumers=10)
             await boxes.ensure(["solo"])
             with pytest.raises(ValueError, match=f"a mail holds at most {MAIL_MAX:,}"):
                 await post(nc, boxes, "solo", "a" * (MAIL_MAX + 1), sender="test")

@@ -53,8 +53,7 @@ def factory_for(urls: list[str], replicas: int, *, domain: str | None = None):
                 ncs.append(await nats.connect(url, connect_timeout=2, allow_reconnect=False))
             pair = tuple(JetStreamMailboxes(nc.jetstream(domain=domain, timeout=2), nc, ack_wait=ack_wait)
                          for nc in ncs)
-            await _retrying(lambda: pair[0].ensure_streams(replicas=replicas, max_consumers=1000,
-                                                           mail_days=7))
+            await _retrying(lambda: pair[0].ensure_streams(replicas=replicas, max_consumers=1000))
             yield pair
         finally:
             for nc in ncs:
@@ -148,7 +147,7 @@ def test_mailbox_consumer_config_and_no_subscription_per_mailbox(natsd):
         nc = await nats.connect(natsd.url)
         js = nc.jetstream(timeout=2)
         mb = JetStreamMailboxes(js, nc, ack_wait=600)
-        await mb.ensure_streams(replicas=1, max_consumers=500, mail_days=3)
+        await mb.ensure_streams(replicas=1, max_consumers=500)
         seats = [f"s{i}" for i in range(50)]
         assert await mb.ensure(seats) == 50
         ci = await js.consumer_info("AGENTS", "inbox-s7")
@@ -167,31 +166,35 @@ def test_mailbox_consumer_config_and_no_subscription_per_mailbox(natsd):
         assert len(nc._subs) - subs_before <= 1
         si = await js.stream_info("AGENTS")
         assert _plain(si.config.retention) == jsq.RETENTION
-        assert si.config.max_consumers == 500 and si.config.max_age == 3 * 86400
+        assert si.config.max_consumers == 500 and not si.config.max_age  # mail is never aged out
         await nc.close()
     run(main())
 
 
 def test_ensure_streams_updates_and_never_shrinks(natsd):
     """Applying a grown company raises max_consumers (the 1001st consumer is refused
-    otherwise); a smaller figure from a stale node does not lower it; mail stays."""
+    otherwise); a smaller figure from a stale node does not lower it; mail stays.
+    An ``AGENTS`` an older version made with an age limit loses it (unworked
+    mail is never aged out); ``EVENTS`` follows the company's events_days."""
     async def main():
         nc = await nats.connect(natsd.url)
         js = nc.jetstream(timeout=2)
+        await js.add_stream(name="AGENTS", subjects=["agents.inbox.>"], retention="limits",
+                            max_age=14 * 86400, max_consumers=100)  # as an older version made it
         mb = JetStreamMailboxes(js, nc)
-        await mb.ensure_streams(replicas=1, max_consumers=100, mail_days=30)
+        await mb.ensure_streams(replicas=1, max_consumers=100)
         await mb.ensure(["keep"])
         seq = await mb.send("keep", "still here")
-        await mb.ensure_streams(replicas=1, max_consumers=1200, mail_days=10)
-        await mb.ensure_streams(replicas=1, max_consumers=100, mail_days=10)
+        await mb.ensure_streams(replicas=1, max_consumers=1200, events_days=30)
+        await mb.ensure_streams(replicas=1, max_consumers=100, events_days=30)
         si = await js.stream_info("AGENTS")
-        assert si.config.max_consumers == 1200 and si.config.max_age == 10 * 86400
+        assert si.config.max_consumers == 1200 and not si.config.max_age
         assert si.state.messages == 1
         d = await mb.attach("keep").next()
         assert d is not None and d.seq == seq
         for name in ("DLQ", "EVENTS"):
             assert (await js.stream_info(name)).config.num_replicas == 1
-        assert (await js.stream_info("EVENTS")).config.max_age == 7 * 86400
+        assert (await js.stream_info("EVENTS")).config.max_age == 30 * 86400
         await nc.close()
     run(main())
 
@@ -215,7 +218,7 @@ def test_a_fetch_that_gave_up_gives_its_message_back(natsd):
     async def main():
         nc = await nats.connect(natsd.url)
         mb = JetStreamMailboxes(nc.jetstream(timeout=2), nc)
-        await mb.ensure_streams(replicas=1, max_consumers=100, mail_days=1)
+        await mb.ensure_streams(replicas=1, max_consumers=100)
         await mb.ensure(["late"])
         box = mb.attach("late")
         waiting = asyncio.ensure_future(box.next(wait=30))

@@ -104,7 +104,7 @@ async def mailboxes(url: str, seats: list[str]):
     nc = await nats.connect(url, connect_timeout=2)
     js = nc.jetstream(timeout=2)
     boxes = JetStreamMailboxes(js, nc)
-    await boxes.ensure_streams(replicas=1, max_consumers=100, mail_days=14)
+    await boxes.ensure_streams(replicas=1, max_consumers=100)
     await boxes.ensure(seats)
     return nc, js, boxes
 

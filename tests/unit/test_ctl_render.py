@@ -265,13 +265,13 @@ def fleet_node(nid, rev=2, seats=(), duties=(), **kw):
     return {**n, **kw}
 
 
-def fleet(*nodes, company=None, error=None, connected=True):
+def fleet(*nodes, company=None, error=None, connected=True, reports=None):
     company = {"rev": 2, "epoch": 2, "digest": "0fbb3459f9f04620"} if company is None else company
     return {"company": company or None, "error": error, "connected": connected, "nodes": list(nodes),
             "seats": [{"name": s, "node": n["id"], "token": 10 + i}
                       for n in nodes for i, s in enumerate(n["seats"])],
             "duties": [{"name": d, "node": n["id"], "token": 2} for n in nodes for d in n["duties"]],
-            "streams": None, "unplaceable": {"seats": [], "count": 0}}
+            "streams": None, "unplaceable": {"seats": [], "count": 0}, "reports": reports or {}}
 
 
 def three_nodes(**kw):
@@ -353,6 +353,24 @@ def test_fleet_in_watch_view_and_hidden_with_no_fleet():
     assert "duties: fleet_shape@n0" in text(render.watch_view(status, None, "w", NOW, 1.0, NOW))
     assert "duties:" not in text(render.watch_view(status, None, "w", NOW, 1.0, NOW, fleet=False))
     assert "NODE" not in text(render.status_view(status, NOW, fleet=False))
+
+
+def test_the_maintenance_line_says_what_the_last_sweep_removed():
+    """The duty's last sweep (status duty.maintenance), on every node's status:
+    when and where, what it removed, in all, and its errors."""
+    out = text(render.status_view(with_fleet(three_nodes()), NOW))
+    assert "no sweep reported yet" in line_of(out, "maintenance")
+    report = {"node": "n0", "token": 4, "at": NOW - 720, "took_ms": 12.5,
+              "removed": {"turns": 1200, "mail": 1, "mailboxes": 0},
+              "totals": {"turns": 4000, "mail": 3400, "mailboxes": 2},
+              "turns": {"days": 90, "before": NOW - 90 * 86400, "more": True},
+              "errors": ["turn records: NobodyAnswered: no data node answered"]}
+    line = line_of(text(render.status_view(with_fleet(three_nodes(reports={"maintenance": report})),
+                                           NOW), width=400), "maintenance")
+    assert "swept 12m00s ago on n0" in line
+    assert "removed 1,200 turn records, 1 worked message, 0 mailboxes" in line
+    assert "in all 4,000 turn records, 3,400 worked messages, 2 mailboxes" in line
+    assert "old turn records left for the next sweep" in line and "NobodyAnswered" in line
 
 
 def test_normalize_fleet():

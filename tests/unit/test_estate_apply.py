@@ -326,3 +326,89 @@ def test_a_query_with_a_non_finite_number_is_refused():
         ops.check_query("turn.list", {"since": float("nan")})
     with pytest.raises(OpError):
         ops.check_query(["page.read"], {})
+
+
+# ----------------------------------------------------------------- turn.trim
+
+def _turn(seat, trigger, started_at=None, token=1):
+    record = {"seat": seat, "trigger": trigger, "outcome": "done"}
+    if started_at is not None:
+        record["started_at"] = started_at
+    return op("turn.record", {"record": record}, seat=seat, token=token)
+
+
+def _index(s):
+    return [k for k, _ in store.dump(s, ("index",))["index"] if k.startswith(b"turn\0seat\0")]
+
+
+def test_turn_trim_removes_old_records_a_bounded_number_at_a_time(copy):
+    """Records that started before the cutoff go, with their seat index
+    entries, in log order, at most ``limit`` looked at per op; the outcome
+    says how many and whether more remain; the next op goes on from
+    ``after``. The walk stops at the first record young enough to keep."""
+    s = copy()
+    run(s, *[_turn("cto" if i % 2 else "ceo", f"t{i}", 100.0 + i) for i in range(8)])  # seqs 1-8
+    first, = run(s, op("turn.trim", {"before": 105.0, "limit": 3}, id="trim:0"))
+    assert first["ok"] and first["result"] == {"removed": 3, "passed": 0, "after": 3, "more": True,
+                                               "before": 105.0}
+    second, = run(s, op("turn.trim", {"before": 105.0, "limit": 3, "after": 3}, id="trim:1"))
+    # t3 and t4 started before 105; t5 did not: the walk stops there.
+    assert second["result"] == {"removed": 2, "passed": 0, "after": 5, "more": False, "before": 105.0}
+    kept = [t["trigger"] for t in q(s, "turn.list")["turns"]]
+    assert kept == ["t7", "t6", "t5"]
+    assert [t["trigger"] for t in q(s, "turn.list", seat="cto")["turns"]] == ["t7", "t5"]
+    assert len(_index(s)) == 3  # the removed records' index entries went with them
+    # Nothing left to remove: an op that removes nothing, and says so.
+    third, = run(s, op("turn.trim", {"before": 105.0}))
+    assert third["result"]["removed"] == 0 and not third["result"]["more"]
+
+
+def test_turn_trim_passes_over_a_record_without_a_time_and_waits_behind_a_young_one(copy):
+    """A record that names no start time is kept (nothing says its age) and
+    passed over; an old record logged after a young one (a long turn that
+    ended late) stays until the cutoff passes the young one too. Its ``at``
+    stands in for a missing ``started_at``."""
+    s = copy()
+    run(s, _turn("cto", "timeless"),                                   # 1
+        op("turn.record", {"record": {"seat": "cto", "trigger": "by-at", "at": 50.0}},
+           seat="cto", token=1),                                       # 2
+        _turn("cto", "young", 200.0),                                  # 3
+        _turn("cto", "long", 90.0))                                    # 4: started early, logged late
+    out, = run(s, op("turn.trim", {"before": 150.0}))
+    assert out["result"] == {"removed": 1, "passed": 1, "after": 2, "more": False, "before": 150.0}
+    assert [t["trigger"] for t in q(s, "turn.list")["turns"]] == ["long", "young", "timeless"]
+    out, = run(s, op("turn.trim", {"before": 250.0}))
+    assert out["result"]["removed"] == 2
+    assert [t["trigger"] for t in q(s, "turn.list")["turns"]] == ["timeless"]
+    assert _index(s) == [store.join("turn", "seat", "cto", store.seq_key(1))]
+
+
+def test_a_trim_sent_twice_lands_once_and_copies_agree(copy):
+    """The duty's op id dedupes: the same trim resent is the first outcome,
+    and removes nothing more; two copies applying the log hold the same bytes."""
+    a, b = copy("a"), copy("b")
+    log = [_turn("cto", f"t{i}", 100.0 + i) for i in range(5)]
+    log += [op("turn.trim", {"before": 103.0, "limit": 2}, id="maintenance:turns:103:0"),
+            _turn("cto", "late", 100.0),
+            op("turn.trim", {"before": 103.0, "limit": 2}, id="maintenance:turns:103:0")]
+    outcomes = run(a, *log)
+    assert outcomes[-1]["duplicate"] and outcomes[-1]["result"] == outcomes[-3]["result"]
+    assert [t["trigger"] for t in q(a, "turn.list")["turns"]] == ["late", "t4", "t3", "t2"]
+    run(b, *log[:3])
+    run(b, *log[3:])
+    assert store.digest(a) == store.digest(b)
+
+
+@pytest.mark.parametrize("args, seat, why", [
+    ({"before": float("nan")}, None, "not a finite number"),
+    ({"before": -1}, None, "before"),
+    ({}, None, "before"),
+    ({"before": 1.0, "limit": ops.TURN_TRIM_MAX + 1}, None, "limit"),
+    ({"before": 1.0, "limit": 0}, None, "limit"),
+    ({"before": 1.0, "after": -1}, None, "after"),
+    ({"before": 1.0, "seat": "cto"}, None, "must not contain"),
+    ({"before": 1.0}, "cto", "maintenance duty's, not a seat's"),
+])
+def test_turn_trim_checks_its_arguments_and_is_no_seats(args, seat, why):
+    with pytest.raises(OpError, match=why):
+        make_op("turn.trim", args, node="n1", seat=seat, token=1 if seat else None)

@@ -26,8 +26,8 @@ class Duty:
 
 
 def _registry() -> tuple[Duty, ...]:
-    from roles.workers.duties import fleet_shape, mailbox_retirement, scheduler
-    return (fleet_shape.DUTY, mailbox_retirement.DUTY, scheduler.DUTY)
+    from roles.workers.duties import fleet_shape, maintenance, scheduler
+    return (fleet_shape.DUTY, maintenance.DUTY, scheduler.DUTY)
 
 
 DUTIES: tuple[Duty, ...] = _registry()
