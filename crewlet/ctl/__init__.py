@@ -187,8 +187,9 @@ def main() -> None:
 
 
 # The command modules import the names above, so they come last.
-from crewlet.ctl import (apply, dlq, evict, history, pages, restart, search, seats, send, status,  # noqa: E402
-                         stop, tasks, token)
+from crewlet.ctl import (apply, dlq, evict, history, outbox, pages, restart, search, seats, send,  # noqa: E402
+                         status, stop, tasks, token)
 
-for _module in (status, restart, stop, apply, history, send, seats, dlq, tasks, pages, search, evict, token):
+for _module in (status, restart, stop, apply, history, send, seats, dlq, outbox, tasks, pages, search, evict,
+                token):
     cli.add_command(getattr(_module, _module.__name__.rpartition(".")[2]))
