@@ -134,20 +134,22 @@ class Valve:
             await asyncio.sleep(CAS_PAUSE)
         raise ValveError(f"taking over {self.name}: the compare-and-set kept failing")
 
-    async def admit(self, rate: float, burst: int, *, sleep=asyncio.sleep) -> None:
+    async def admit(self, rate: float, burst: int, *, sleep=asyncio.sleep) -> float:
         """Return once one send is admitted at *rate* and *burst* (waiting
-        for the slot as long as it takes). Raises :class:`Deposed`, and
-        :class:`ValveError` when the valve cannot be reached."""
+        for the slot as long as it takes): the time it was admitted at (the
+        GCRA's *now*). Raises :class:`Deposed`, and :class:`ValveError` when
+        the valve cannot be reached."""
         failures = 0
         while True:
             revision, tat = self._last if self._last is not None else await self._read()
-            verdict = gcra(tat, self.clock(), rate, burst)
+            now = self.clock()
+            verdict = gcra(tat, now, rate, burst)
             if not verdict.admit:
                 await sleep(verdict.wait)
                 continue
             try:
                 if await self._write(revision, verdict.tat):
-                    return
+                    return now
             except ValveError:
                 failures += 1
                 if failures >= CAS_ATTEMPTS:

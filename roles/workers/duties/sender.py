@@ -157,13 +157,13 @@ class Sender:
             return
         attempt = int((rec or {}).get("attempt") or 0) + 1
         rate, burst = self.rate()
-        await self.valve.admit(rate, burst)
+        admitted = await self.valve.admit(rate, burst)
         claim = uuid.uuid4().hex
         self.unsent.add(claim)
         try:
             claimed = await self.claims.update(
                 outbox.claim_key(n.id), outbox.record(n, outbox.SENDING, node=self.node, token=self.token,
-                                                      claim=claim, attempt=attempt),
+                                                      claim=claim, attempt=attempt, admitted=admitted),
                 last=revision)
         except KeyWrongLastSequenceError:
             # Another holder (overlapping at a hand-over) changed it: look again.
@@ -177,7 +177,8 @@ class Sender:
             state, reason = outbox.DEAD, f"{attempt} sends failed; the last: {reason}"
         extra = {"notification": n.model_dump()} if state == outbox.DEAD else {}
         await self._record(n, claimed, outbox.record(n, state, node=self.node, token=self.token,
-                                                     attempt=attempt, reason=reason, **extra))
+                                                     attempt=attempt, admitted=admitted, reason=reason,
+                                                     **extra))
         self.counts[state] += 1
         log.event(f"outbox_{state}", "info" if state == outbox.SENT else "warning",
                   id=n.id, attempt=attempt, reason=reason)
@@ -192,7 +193,8 @@ class Sender:
         try:
             await self.claims.update(outbox.claim_key(n.id),
                                      outbox.record(n, outbox.UNKNOWN, node=self.node, token=self.token,
-                                                   attempt=rec.get("attempt"), reason=why),
+                                                   attempt=rec.get("attempt"), admitted=rec.get("admitted"),
+                                                   reason=why),
                                      last=revision)
         except KeyWrongLastSequenceError:
             await msg.nak()  # its claimer, alive after all, wrote its outcome: look again
