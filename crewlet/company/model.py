@@ -391,6 +391,9 @@ class Company(_Model):
                      for i, s in enumerate(self.schedules) if s.seat not in seats]
         problems += [At(f"budgets.seats.{name}", f"unknown seat {name!r}")
                      for name in self.budgets.seats if name not in seats]
+        problems += [At(f"integrations.{name}", "the name outbox is crewlet's own (notification claims "
+                        "share the claims bucket's outbox. keys): choose another")
+                     for name in self.integrations if name == "outbox"]
         problems += [At(f"integrations.{name}.routes[{i}].seat", f"unknown seat {r.seat!r}")
                      for name, integration in self.integrations.items()
                      for i, r in enumerate(integration.routes) if r.seat not in seats]

@@ -45,7 +45,7 @@ from typing import Callable
 from nats.js.errors import KeyWrongLastSequenceError
 from pydantic import ValidationError
 
-from crewlet import log, outbox
+from crewlet import groups, log, outbox
 from crewlet.config.model import SmtpSection
 from crewlet.coord import buckets
 from crewlet.coord.valve import Deposed, Valve
@@ -53,7 +53,7 @@ from crewlet.mailer import Mailer
 from crewlet.queue.jetstream import api_prefix, create_consumer
 from roles.workers.duties import Duty
 
-CONSUMER = "sender"
+CONSUMER = groups.durable(groups.SENDER)
 VALVE = "email"                    # the valve's key in the rate bucket
 # Seconds a notification in hand stays ours without a sign of life: a killed
 # sender's comes back this long after (kept alive meanwhile by in_progress).
