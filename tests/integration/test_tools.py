@@ -92,7 +92,7 @@ def test_the_registry_offers_sorted_schemas_and_turns_every_failure_into_an_erro
             await task
 
         reg.remove_owner("mcp:x")
-        assert reg.names() == ["number", "send", "stuck"]
+        assert reg.names() == ["notify", "number", "send", "stuck"]
         reg.add(Tool("zz_refuse", "back", schema, refuse, owner="mcp:x"))  # the name is free again
 
     run(main())
