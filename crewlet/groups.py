@@ -15,6 +15,7 @@ row         consumer (durable)    stream  needs estate  who attaches
 MAILBOX     ``inbox-<seat>``      AGENTS  no            the holder of the seat's lease (seats role)
 CUSTODY     ``custody``           EVENTS  yes           data nodes (each turn event kept by one)
 NOTIFY      ``notify``            NOTIFY  no            any node (ingress runs it): deliveries to mail
+SENDER      ``sender``            OUTBOX  no            the holder of ``duty.sender`` (workers role)
 ==========  ====================  ======  ============  =============================================
 
 A name with a ``<param>`` placeholder is a family of consumers, one per
@@ -88,7 +89,14 @@ NOTIFY = Group(
     why="a stored webhook delivery becomes mail to the seat it was routed to; that needs the "
         "mailboxes only, so any node may, stateless or not")
 
-GROUPS: tuple[Group, ...] = (MAILBOX, CUSTODY, NOTIFY)
+SENDER = Group(
+    name="sender", stream="OUTBOX", needs_estate=False,
+    attach="the holder of the sender duty's lease (workers role)",
+    why="notifications go out through one sender fleet-wide, so the rate stays exact and a "
+        "notification is claimed once; it needs the claims and rate buckets and SMTP, not the estate",
+    role="workers")
+
+GROUPS: tuple[Group, ...] = (MAILBOX, CUSTODY, NOTIFY, SENDER)
 
 
 def durable(group: Group, **params: str) -> str:

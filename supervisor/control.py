@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import zmq
 from nats.js.errors import NotFoundError
 
-from crewlet import bus, ipc, log
+from crewlet import bus, ipc, log, outbox
 from crewlet.company.model import Company
 from crewlet.config.model import NODE_ID_RE
 from crewlet.coord import buckets
@@ -155,6 +155,26 @@ async def dlq(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     return {"dead_letters": [d.row() for d in letters]}
 
 
+async def outbox_(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """What became of the notifications (``state``: only those; ``limit``,
+    ``after``: a page), oldest change first, and how many wait in OUTBOX."""
+    fleet = node.fleet
+    if fleet is None or fleet.js is None:
+        raise CommandError("this node has not joined the fleet yet")
+    state = args.get("state")
+    if state is not None and state not in outbox.STATES:
+        raise CommandError(f"state must be one of {', '.join(outbox.STATES)}, got {state!r}")
+    limit, after = args.get("limit") or 100, args.get("after") or 0
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (limit, after)):
+        raise CommandError("limit and after must be whole numbers")
+    rows = await outbox.outcomes(fleet.js, state=state, after=after, limit=limit)
+    try:
+        waiting = (await fleet.js.stream_info(outbox.STREAM)).state.messages
+    except Exception:
+        waiting = None
+    return {"outcomes": rows, "waiting": waiting}
+
+
 # ------------------------------------------------------------------ the estate
 
 EVICTED_KEY = "evicted."  # + node id, in the status bucket: present = evicted
@@ -253,6 +273,7 @@ COMMANDS: dict[str, Callable[["Node", dict[str, Any]], Awaitable[dict[str, Any]]
     "send": send,
     "seats": seats,
     "dlq": dlq,
+    "outbox": outbox_,
     "estate_read": estate_read,
     "estate_search": estate_search,
     "evict": evict,

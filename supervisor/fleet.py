@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable
 
 import crewlet
-from crewlet import bus, log
+from crewlet import bus, log, outbox
 from crewlet.company.model import Company
 from crewlet.company.load import from_revision
 from crewlet.config import ConfigError, NodeConfig
@@ -327,6 +327,7 @@ class Fleet:
                 created = await self.mailboxes.ensure(seats)
                 await estate_log.ensure_stream(self._js, self.cfg.stream.replicas)
                 await notify.ensure_stream(self._js, self.cfg.stream.replicas)
+                await outbox.ensure_stream(self._js, self.cfg.stream.replicas)
                 log.event("mailboxes_ready", seats=len(seats), created=created,
                           took_ms=round((time.monotonic() - started) * 1000, 1))
                 return

@@ -2,7 +2,7 @@
 
 A :class:`Tool` is a name, a description, a JSON schema of its arguments and
 a coroutine that does the work. A seat's :class:`Registry` holds its tools —
-the built-in ``send`` (:func:`builtin_tools`), the estate's (tracker,
+the built-ins ``send`` and ``notify`` (:func:`builtin_tools`), the estate's (tracker,
 knowledge base, files and the seat's own notes:
 :mod:`crewlet.agent.estate_tools`) and its MCP servers' (``mcp:<server>``,
 added and removed as the servers come and go) — and offers them to the
@@ -22,6 +22,8 @@ write's is its op id.
 
 =============  ============================================================
 send           mail another seat of the company (``Crewlet-From`` names us)
+notify         an email out (``OUTBOX``, :mod:`crewlet.outbox`): its id is
+               ``<seat>.<call key>``, so a redone turn's lands once
 =============  ============================================================
 """
 
@@ -38,8 +40,12 @@ from typing import Any, Awaitable, Callable
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
 
+from pydantic import ValidationError
+
 from crewlet import log
 from crewlet.agent.types import TOOL_NAME_MAX, ToolSpec
+from crewlet.outbox import BODY_MAX, SUBJECT_MAX, TO_MAX, Notification
+from crewlet.outbox import problem as notification_problem
 
 # What every provider accepts as a tool name (OpenAI's rule is the narrowest).
 TOOL_NAME = re.compile(rf"^[A-Za-z0-9_-]{{1,{TOOL_NAME_MAX}}}$")
@@ -55,7 +61,8 @@ class ToolContext:
 
     ``services`` carries ``.mailboxes`` (:class:`crewlet.queue.base.Mailboxes`),
     ``.seats`` (the company's seat names), ``.estate`` (the node's
-    :class:`~crewlet.estate.router.Router`) and ``.node`` (this node's id).
+    :class:`~crewlet.estate.router.Router`), ``.node`` (this node's id) and
+    ``.outbox`` (``await outbox(notification)`` puts one on ``OUTBOX``).
     """
 
     seat: str
@@ -174,8 +181,24 @@ async def _send(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"sent to {seat}"
 
 
+async def _notify(ctx: ToolContext, args: dict[str, Any]) -> str:
+    put = getattr(ctx.services, "outbox", None)
+    if put is None:
+        raise ToolError("notifications are not available on this node")
+    to = args["to"] if isinstance(args["to"], list) else [args["to"]]
+    # The id is the call's place in the turn: a redone turn puts the same
+    # one, and the outbox sends it once (crewlet.outbox).
+    try:
+        n = Notification(id=f"{ctx.seat}.{ctx.call_key}", to=to, subject=args["subject"],
+                         body=args["body"], by=f"seat:{ctx.seat}")
+    except ValidationError as exc:
+        raise ToolError(f"notify refused: {notification_problem(exc)}") from None
+    await put(n)
+    return f"email to {', '.join(to)} queued (it is sent at the company's rate)"
+
+
 def builtin_tools() -> list[Tool]:
-    """The tools every seat has without the estate: send."""
+    """The tools every seat has without the estate: send, notify."""
     return list(_builtins())
 
 
@@ -190,4 +213,15 @@ def _builtins() -> tuple[Tool, ...]:
                              "text": {"type": "string", "minLength": 1, "description": "the message"}},
               "required": ["seat", "text"], "additionalProperties": False},
              _send),
+        Tool("notify", "Send an email to people outside the company (at most 20 addresses). It is "
+                       "queued and sent at the company's rate; each call sends once.",
+             {"type": "object",
+              "properties": {"to": {"anyOf": [{"type": "string"},
+                                              {"type": "array", "items": {"type": "string"},
+                                               "minItems": 1, "maxItems": TO_MAX}],
+                                    "description": "an email address, or a list of them"},
+                             "subject": {"type": "string", "minLength": 1, "maxLength": SUBJECT_MAX},
+                             "body": {"type": "string", "maxLength": BODY_MAX}},
+              "required": ["to", "subject", "body"], "additionalProperties": False},
+             _notify),
     )

@@ -395,6 +395,19 @@ class Retention(_Model):
     events_days: int = Field(7, ge=1, le=RETENTION_DAYS_MAX)  # days a kept turn event is kept
 
 
+class Notify(_Model):
+    """Notifications out: the fleet-wide rate of the ``sender`` duty's valve
+    (a GCRA in the ``rate`` bucket). In any window of T seconds at most
+    ``burst + rate·T`` emails are sent, whichever node sends them; how to reach
+    the SMTP server is each node's Tier A ``smtp:``."""
+
+    # Emails a second, fleet-wide: 0.01 (one in 100 s) to 1,000 (past what one
+    # SMTP connection carries).
+    rate: float = Field(1.0, ge=0.01, le=1000, allow_inf_nan=False)
+    # Emails sent back to back after a quiet spell (1: strictly spaced).
+    burst: int = Field(5, ge=1, le=1000)
+
+
 class Company(_Model):
     """The whole Tier B file. ``Company.model_validate(revision["company"])``
     rebuilds one from a stored revision."""
@@ -406,6 +419,7 @@ class Company(_Model):
     budgets: Budgets = Field(default_factory=Budgets)  # token caps
     retention: Retention = Field(default_factory=Retention)  # how long records are kept
     integrations: dict[IntegrationName, Integration] = Field(default_factory=dict)  # webhooks, by name
+    notify: Notify = Field(default_factory=Notify)  # the email rate, fleet-wide
 
     @model_validator(mode="after")
     def _references(self) -> Company:
@@ -419,6 +433,9 @@ class Company(_Model):
                      for i, s in enumerate(self.schedules) if s.seat not in seats]
         problems += [At(f"budgets.seats.{name}", f"unknown seat {name!r}")
                      for name in self.budgets.seats if name not in seats]
+        problems += [At(f"integrations.{name}", "the name outbox is crewlet's own (notification claims "
+                        "share the claims bucket's outbox. keys): choose another")
+                     for name in self.integrations if name == "outbox"]
         problems += [At(f"integrations.{name}.routes[{i}].seat", f"unknown seat {r.seat!r}")
                      for name, integration in self.integrations.items()
                      for i, r in enumerate(integration.routes) if r.seat not in seats]

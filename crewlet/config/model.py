@@ -505,6 +505,73 @@ class FleetSection(_Section):
         return v
 
 
+# An email address: local@domain, no spaces or angle brackets (a header injection).
+EMAIL_RE = re.compile(r"^[^@\s<>,;\"]{1,64}@[A-Za-z0-9.-]{1,253}$")
+
+
+def _email(v: str) -> str:
+    if not EMAIL_RE.match(v):
+        raise ValueError(f"expected an email address like ops@example.com, got {v!r}")
+    return v
+
+
+Email = Annotated[str, AfterValidator(_email)]
+
+
+class SmtpSection(_Section):
+    """How this node sends email when it holds the ``sender`` duty
+    (roles/workers/duties/sender.py). A node without ``host`` never takes the
+    duty; give every workers node of a fleet the same section. The rate is
+    the company's (``notify:``), so it is one number fleet-wide."""
+
+    host: str | None = Field(None, min_length=1)  # the SMTP server; None: this node sends no email
+    port: int = Field(587, ge=1, le=65535)  # 587 (submission, STARTTLS), 465 (tls: implicit), 25
+    # starttls: upgrade after connecting, refusing a server that cannot; implicit: TLS from the
+    # first byte (port 465); none: plain text (a relay on loopback only).
+    tls: Literal["starttls", "implicit", "none"] = "starttls"
+    username: str | None = Field(None, min_length=1)  # log in as this; None: no login
+    # The password: the environment variable named here, or a file of mode 0600 (never the
+    # password itself, which would land in every copy of this file).
+    password_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    password_file: str | None = None
+    sender: Email = "crewlet@localhost"  # the From: of every email
+    # Seconds one SMTP exchange may take: under the sender's ack wait's heartbeat, and long
+    # enough for a slow relay; an answer not had by then leaves that email `unknown`.
+    timeout: float = Field(30.0, ge=1, le=300)
+    # Seconds before the first retry after a passing failure (4xx, connection refused),
+    # doubling per attempt up to an hour; tests shorten it.
+    retry_after: float = Field(30.0, ge=0.1, le=HOUR)
+    # Sends of one notification (passing failures) before it is dead-lettered.
+    attempts: int = Field(10, ge=1, le=100)
+    # Where crewlet's own notices go (a dead letter, a copy out of service); none: no notices.
+    notices_to: list[Email] = Field(default_factory=list, max_length=20)
+
+    @field_validator("password_file")
+    @classmethod
+    def _password_file(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        if info.data.get("password_env") is not None:
+            raise ValueError("give password_env or password_file, not both")
+        v = _resolve_path(v, info)
+        try:
+            mode = os.stat(v).st_mode
+        except OSError as exc:
+            raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
+        if mode & 0o077:
+            raise ValueError(f"{v} is readable by others (mode {mode & 0o777:o}): chmod 600 it")
+        return v
+
+    def password(self) -> str | None:
+        """The password, read now (a rotated file is picked up at the next connect)."""
+        if self.password_env is not None:
+            return os.environ.get(self.password_env)
+        if self.password_file is not None:
+            with open(self.password_file) as f:
+                return f.read().strip()
+        return None
+
+
 class DebugSection(_Section):
     faults: list[Fault] = Field(default_factory=list)  # injected failures, for testing supervision
 
@@ -524,6 +591,7 @@ class NodeConfig(_Section):
     supervisor: SupervisorSection = Field(default_factory=SupervisorSection)  # restart policy and timeouts
     log: LogSection = Field(default_factory=LogSection)  # logging
     fleet: FleetSection = Field(default_factory=FleetSection)  # lease and sweep timing
+    smtp: SmtpSection = Field(default_factory=SmtpSection)  # sending email (the sender duty)
     debug: DebugSection = Field(default_factory=DebugSection)  # fault injection
     # Filled by the loader via model_copy(update=...), never from the file: hence
     # excluded from dumps, and rejected as unknown keys if a file sets them.

@@ -33,8 +33,12 @@ status     node.<id>, estate.<id>, evicted.<id>,           revision reached, est
            schedule.<name>                                 a schedule's last fire (crewlet.coord.fired)
 ledger     <trigger id>                                    has a trigger been worked
 claims     <integration>.<delivery id>                     delivery dedupe, a week
+           outbox.<digest of a notification id>            a notification's claim and
+                                                           outcome (crewlet/outbox.py)
 cooldowns  <provider>.<key id>                             provider key cooling
-rate       <valve>                                         the notification valve
+rate       <valve>                                         the notification valve: a GCRA
+                                                           state the sender admits each
+                                                           send by (crewlet/coord/valve.py)
 budgets    org, seat.<id>                                  token spend against caps
 objects    store                                           which file store is used
 grants     <seat>.<token>.<node digest>                    is a fencing token a lease

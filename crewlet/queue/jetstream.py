@@ -55,7 +55,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from crewlet import groups, log
+from crewlet import groups, log, outbox
 from crewlet.bus import JETSTREAM_TIMEOUT, MAX_READERS, Unanswered, publish_until
 from crewlet.queue.base import (DELIVERY_BUDGET, TRIGGER_HEADER, DeadLetter, Delivery, Mailbox,
                                 MailboxError, Mailboxes, Stored, check_seat, check_trigger)
@@ -299,6 +299,9 @@ class JetStreamMailboxes(Mailboxes):
         self._seat_locks: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, tuple[int, asyncio.Future]] = {}   # seat -> the fetch in flight
         self._request_ids = itertools.count(1)
+        # Who is told of a dead letter (Tier A smtp.notices_to), set by the
+        # process that dead-letters (the seats role); empty: nobody.
+        self.notices_to: list[str] = []
 
     # ------------------------------------------------------------ the API, raw
 
@@ -610,6 +613,13 @@ class JetStreamMailboxes(Mailboxes):
         await self._delete(STREAM, d.seq)
         log.event("mailbox_dead_letter", "warning", seat=d.seat, seq=d.seq, deliveries=d.deliveries,
                   trigger=d.trigger, reason=reason)
+        # Its id is the dead letter's: dead-lettering again after a crash
+        # puts the same notice, sent once.
+        await outbox.notice(self._js, self.notices_to, f"notice.dead-letter.{d.seq}",
+                            f"crewlet: mail to seat {d.seat} was dead-lettered",
+                            f"Mail {d.trigger or d.seq} to seat {d.seat} was dead-lettered after "
+                            f"{d.deliveries} deliveries: {reason}\n\n"
+                            f"`crewletctl dlq {d.seat}` lists it; `crewletctl dlq requeue SEQ` puts it back.\n")
 
     async def _delete(self, stream: str, seq: int) -> None:
         try:

@@ -103,7 +103,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from crewlet import bus
+from crewlet import bus, outbox
 from crewlet import log as events
 from crewlet.coord import buckets
 from crewlet.estate import apply, store, wire
@@ -232,6 +232,8 @@ class Applier:
             self._out["reapplying"] = (f"the copy was applied under rules {kept or 1}, "
                                        f"this version's are {apply.RULES}")
         self._status_failing = False
+        # Who is told when this copy goes out of service (Tier A smtp.notices_to).
+        self.notices_to: list[str] = []
         self.custody = None
         self.stats: dict[str, Any] = {"ops": 0, "requests": 0, "dropped": 0,
                                       "resubscribed": 0}
@@ -261,6 +263,15 @@ class Applier:
         if (self.in_service, self.reason) != before:
             events.event("estate_service", "info" if self.in_service else "warning",
                          in_service=self.in_service, reason=self.reason, applied=self.applied)
+            if before[0] and not self.in_service and cause != "stopped" and self.notices_to:
+                # The operators are told (Tier A smtp.notices_to); a stop is not news.
+                # One notice per going out, so its id names the moment.
+                self._spawn(outbox.notice(
+                    self.js, self.notices_to, f"notice.out-of-service.{self.node}.{time.time():.0f}",
+                    f"crewlet: the estate copy of node {self.node} is out of service",
+                    f"Node {self.node}'s copy of the estate went out of service at applied "
+                    f"sequence {self.applied}: {self.reason}\n\nIt answers no reads until "
+                    "this is mended; the other copies serve meanwhile.\n"), "notice")
             self._service_changed.set()
             self.changed.set()
 

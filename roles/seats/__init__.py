@@ -100,6 +100,7 @@ async def main(ctx: RoleContext) -> None:
                           sweep=fleet.sweep, heartbeat=fleet.heartbeat,
                           claims=fleet.claims_per_sweep, releases=fleet.releases_per_sweep)
     mailboxes = JetStreamMailboxes(js, ctx.nats)
+    mailboxes.notices_to = list(ctx.config.smtp.notices_to)
     # The seats' tools reach the estate through the router: this node's own
     # copy first when it is a data node, else the data nodes over NATS.
     estate = EstateAccess(ctx.config, ctx.nats, js, ctx.zmq, holders=holders).start()

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -73,7 +74,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from crewlet import log
+from crewlet import log, outbox
 from crewlet.bus import JETSTREAM_TIMEOUT, publish_until
 from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
 from crewlet.agent.estate_tools import estate_tools
@@ -153,6 +154,7 @@ class Services:
     seats: frozenset[str]
     estate: "Router | None" = None  # the tracker, knowledge base and file tools' way in
     node: str = ""                  # this node's id: ops name the node that issued them
+    outbox: Any = None              # await outbox(notification): onto OUTBOX (the notify tool)
 
 
 class TurnEngine:
@@ -209,7 +211,7 @@ class TurnEngine:
         self.company = company
         self.seat_cfgs = {seat.name: seat for seat in company.seats}
         self.services = Services(self.mailboxes, frozenset(s.name for s in company.seats),
-                                 self.estate, self.node)
+                                 self.estate, self.node, outbox=functools.partial(outbox.put, self.js))
         specs = {name: p.model_dump() for name, p in company.providers.items()}
         for name in list(self.providers):
             if specs.get(name) != self._provider_specs.get(name):

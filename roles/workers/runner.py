@@ -58,7 +58,8 @@ class DutyRunner:
         try:
             while not stopping.is_set():
                 for duty in self.duties:
-                    await self._tend(duty)
+                    if duty.wanted(self.config):
+                        await self._tend(duty)
                 try:
                     await asyncio.wait_for(stopping.wait(), self.config.fleet.heartbeat)
                 except asyncio.TimeoutError:

@@ -51,7 +51,7 @@ def test_the_registry_offers_sorted_schemas_and_turns_every_failure_into_an_erro
                    Tool("aa_broken", "raises", schema, broken, owner="mcp:x"),
                    Tool("stuck", "never ends", schema, stuck, owner="mcp:y"),
                    Tool("number", "not a string", schema, number))
-    assert reg.names() == ["aa_broken", "number", "send", "stuck", "zz_refuse"]
+    assert reg.names() == ["aa_broken", "notify", "number", "send", "stuck", "zz_refuse"]
     specs = reg.specs()
     assert [s.name for s in specs] == reg.names() and all(isinstance(s, ToolSpec) for s in specs)
     send = {s.name: s for s in specs}["send"]
@@ -72,7 +72,7 @@ def test_the_registry_offers_sorted_schemas_and_turns_every_failure_into_an_erro
     async def main():
         c = ctx("alice")
         text, error = await reg.call(c, "nope", {})
-        assert error and text.startswith("unknown tool 'nope'; tools: aa_broken, number, send")
+        assert error and text.startswith("unknown tool 'nope'; tools: aa_broken, notify, number, send")
         assert await reg.call(c, "send", {"seat": "bob"}) == \
             ("invalid arguments for send: 'text' is a required property", True)
         assert await reg.call(c, "send", {"seat": "bob", "text": 3}) == \
@@ -92,7 +92,7 @@ def test_the_registry_offers_sorted_schemas_and_turns_every_failure_into_an_erro
             await task
 
         reg.remove_owner("mcp:x")
-        assert reg.names() == ["number", "send", "stuck"]
+        assert reg.names() == ["notify", "number", "send", "stuck"]
         reg.add(Tool("zz_refuse", "back", schema, refuse, owner="mcp:x"))  # the name is free again
 
     run(main())

@@ -127,6 +127,9 @@ supervisor:
   heartbeat_grace: 0
 log: {level: error, format: json}
 fleet: {heartbeat: 1, lease_ttl: 3, sweep: 0.5, claims_per_sweep: 8, releases_per_sweep: 3, ack_wait: 60}
+smtp: {host: mail.example.com, port: 465, tls: implicit, username: crewlet, password_env: SMTP_PASSWORD,
+       password_file: null, sender: bots@example.com, timeout: 10, retry_after: 5, attempts: 3,
+       notices_to: [ops@example.com]}
 debug:
   faults:
     - {role: seats, kind: crash, code: 9}

@@ -12,7 +12,7 @@ To add a duty: write a module with ``DUTY = Duty(name, run)`` and list it in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 if TYPE_CHECKING:
     from roles.workers.runner import DutyContext
@@ -23,11 +23,14 @@ class Duty:
     name: str
     # Runs while this node holds the duty; cancelled when the lease is lost.
     run: Callable[["DutyContext"], Awaitable[None]]
+    # Does a node with this Tier A config take the duty? (The sender only
+    # where an SMTP server is configured.) A node that does not never claims it.
+    wanted: Callable[[Any], bool] = lambda config: True
 
 
 def _registry() -> tuple[Duty, ...]:
-    from roles.workers.duties import fleet_shape, maintenance, scheduler
-    return (fleet_shape.DUTY, maintenance.DUTY, scheduler.DUTY)
+    from roles.workers.duties import fleet_shape, maintenance, scheduler, sender
+    return (fleet_shape.DUTY, maintenance.DUTY, scheduler.DUTY, sender.DUTY)
 
 
 DUTIES: tuple[Duty, ...] = _registry()
