@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import zmq
 from nats.js.errors import NotFoundError
 
-from crewlet import bus, ipc, log, outbox
+from crewlet import bus, disk, ipc, log, outbox
 from crewlet.company.model import Company
 from crewlet.config.model import NODE_ID_RE
 from crewlet.coord import buckets
@@ -94,11 +94,17 @@ async def send(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
         raise CommandError("text must be a non-empty string")
     wait = args.get("wait")
     try:
+        # Before the disk is full, not as a publish the broker never answers.
+        node.disk_watch.refuse_if_low("the mail was not sent")
         return await post(fleet.nc, mailboxes, seat, text, sender=f"crewletctl@{node.cfg.node.id}",
                           trigger=args.get("trigger") or None, wait=wait or None,
                           ledger=Ledger(fleet.js, ttl=0))  # read only: no ttl of its own
-    except ValueError as exc:
+    except (ValueError, disk.NoSpace) as exc:
         raise CommandError(str(exc)) from None
+    except MailboxError as exc:
+        why = node.disk_watch.explain(exc)
+        raise CommandError(f"{why}: the mailbox did not confirm the mail" if why
+                           else f"the mailbox did not take the mail: {exc}") from None
 
 
 async def seats(node: "Node", args: dict[str, Any]) -> dict[str, Any]:

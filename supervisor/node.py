@@ -38,7 +38,7 @@ import zmq
 import zmq.asyncio
 
 import crewlet
-from crewlet import bus, credentials, ipc, log, runtime, sysd, tokens
+from crewlet import bus, credentials, disk, ipc, log, runtime, sysd, tokens
 from crewlet.config import ConfigError, NodeConfig
 from crewlet.watchdog import Watchdog
 from roles import broker
@@ -85,6 +85,12 @@ class Node:
         # The first configuration problem a child stated ("<file>: <key>: <problem>").
         self.config_problem: str | None = None
         self.exit_reason: str | None = None  # why the tree ended by itself
+        # The node's disk as last surveyed (crewlet.disk), and the broker's
+        # line saying a stream's store met a full disk (it is restarted once
+        # space returns; None while the broker is whole).
+        self.disk: list[disk.Space] = []
+        self.disk_watch = disk.Watch.of(cfg)
+        self.broker_wounded: str | None = None
 
     # ------------------------------------------------------------- the tree
 
@@ -140,6 +146,10 @@ class Node:
             diagnose=self._broker_problem)
 
     def _broker_problem(self, line: bytes) -> str | None:
+        if disk.broker_store_failed(line) and self.broker_wounded is None:
+            self.broker_wounded = line.decode(errors="replace").strip()
+            self.publish("broker_store_failed", "error", line=self.broker_wounded,
+                         then="restarted once the disk is above node.disk_floor")
         found = broker.listen_problem(self.cfg, line)
         return self._stated(*found) if found else None
 
@@ -192,11 +202,12 @@ class Node:
         self.host.reap()  # anything that ended before the handler was in place
         sampler = asyncio.create_task(self._sample_stats())
         pinger = asyncio.create_task(self._systemd_watchdog())
+        looker = asyncio.create_task(self._watch_disk())
         try:
             return await self._supervise()
         finally:
             sysd.notify("STOPPING=1")
-            for task in (serving, sampler, pinger):
+            for task in (serving, sampler, pinger, looker):
                 task.cancel()
             self._kill_leftovers()
             watchdog.stop()
@@ -367,6 +378,7 @@ class Node:
                 "broker": {"type": self.cfg.stream.type, "servers": bus.servers_of(self.cfg.stream)},
                 "api": self._api(),
                 "ready": self._ready and not self._stop.is_set(),
+                "disk": self.disk_condition(),
                 "stopping": self._stop.is_set(),
                 "cpu_percent": me.cpu_percent(None), "rss_bytes": me.memory_info().rss,
             },
@@ -412,6 +424,47 @@ class Node:
                 except psutil.Error:
                     pass
             await asyncio.sleep(1.0)
+
+    def disk_condition(self) -> dict[str, Any]:
+        """``node.disk`` of the status (crewlet.disk.condition)."""
+        waiting = None
+        if self.broker_wounded is not None:
+            waiting = f"a stream's store met a full disk; restarted once space returns ({self.broker_wounded})"
+        return disk.condition(self.disk_watch.spaces(), waiting)  # at most FRESH_FOR old
+
+    async def _watch_disk(self) -> None:
+        """Survey the disk every CHECK_EVERY s: say when it goes low and back,
+        and restart a broker whose store met a full disk once it is not low."""
+        was_low: str | None = None
+        while True:
+            # Afresh, not the status's cache: a restart on a stale "not low" would
+            # bring the broker up on a disk still full.
+            self.disk = disk.survey(disk.node_paths(self.cfg.data_dir), self.cfg.node.disk_floor)
+            worst = disk.lowest(self.disk)
+            if worst is not None and was_low is None:
+                self.publish("disk_low", "error", path=worst.path, free_bytes=worst.free,
+                             floor=worst.floor, reason=worst.reason())
+            elif worst is None and was_low is not None:
+                self.publish("disk_ok", path=was_low,
+                             free_bytes={s.path: s.free for s in self.disk})
+            was_low = worst.path if worst is not None else None
+            if worst is None and self.broker_wounded is not None and not self._stop.is_set():
+                await self._restart_broker()
+            await asyncio.sleep(disk.CHECK_EVERY)
+
+    async def _restart_broker(self) -> None:
+        """nats-server answers no publish to a stream whose store met a full
+        disk until it restarts (crewlet.disk): the one cure, done as
+        ``crewletctl restart broker`` does it."""
+        sup = self.root.find("broker") if self.root is not None else None
+        if sup is None:
+            return  # not running it (stream.type nats), or being restarted already
+        why, self.broker_wounded = self.broker_wounded, None
+        self.publish("broker_restarting", "warning", reason=f"its store met a full disk: {why}")
+        try:
+            await sup.restart_child("broker")
+        except Exception as exc:  # its supervisor handles a failed start; say what we saw
+            self.publish("broker_restart_failed", "error", error=f"{type(exc).__name__}: {exc}")
 
     async def _systemd_watchdog(self) -> None:
         interval = sysd.watchdog_interval()

@@ -50,6 +50,7 @@ DAY = 86400.0
 # Ceiling of per-node counts (turn slots, claims and releases a sweep): more than the
 # ~10,000 seats a company revision holds within the broker's 1 MiB message.
 COUNT_MAX = 100_000
+MIB = 1 << 20
 
 
 def _host_port(value: str) -> str:
@@ -109,6 +110,11 @@ class NodeSection(_Section):
     labels: dict[str, str] = Field(default_factory=dict)  # free-form tags for placement and display
     # Agent turns this node runs at once: each is a live task with its memory; >10,000 is a typo.
     max_concurrent: int = Field(32, ge=1, le=10_000)
+    # Bytes that must stay free on the filesystems of data_dir and the broker's store
+    # (crewlet.disk): below it the node is not ready and refuses new mail, applies and
+    # turns rather than fail mid-write. 1 MiB at least (a full disk always counts as
+    # low); 1 TiB at most, past any disk a node is given.
+    disk_floor: int = Field(64 * MIB, ge=MIB, le=MIB << 20)
 
     @field_validator("id")
     @classmethod

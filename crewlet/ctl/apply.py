@@ -8,7 +8,9 @@ dials the node's NATS (the ``stream`` section of its Tier A config: see
 ``crewletctl --help`` for how the config is found), appends the company as
 revision n+1 in the ``config`` bucket and bumps the activation epoch, which
 every node of the fleet watches. NATS unreachable (or without JetStream):
-exit 69, naming the URLs tried.
+exit 69, naming the URLs tried. The node's disk below ``node.disk_floor``
+(:mod:`crewlet.disk`): exit 69, "no space on <path>: N bytes free, …",
+nothing sent — not a timeout of a broker that cannot store it.
 
 :func:`with_control_plane` is shared with ``crewletctl history``.
 """
@@ -23,7 +25,7 @@ from typing import TypeVar
 import click
 import nats
 
-from crewlet import bus, credentials
+from crewlet import bus, credentials, disk
 from crewlet.bus import servers_of
 from crewlet.company import load_company
 from crewlet.config import ConfigError, NodeConfig, load_node_config
@@ -93,10 +95,12 @@ def with_control_plane(ctl: Ctl, work: Callable[[ControlPlane], Awaitable[T]]) -
         finally:
             await nc.close()
 
+    space = disk.Watch(ctl.target.data_dir, cfg.node.disk_floor)
     try:
         return asyncio.run(run())
     except ControlPlaneError as exc:
-        fail(str(exc), EXIT_UNREACHABLE)
+        why = space.explain(exc)  # a broker that cannot store answers nothing: say why
+        fail(f"{why} ({exc})" if why else str(exc), EXIT_UNREACHABLE)
 
 
 def loadable(file: str) -> Company:
@@ -123,12 +127,16 @@ def apply(ctl: Ctl, file: str, check: bool) -> None:
     Every node of the fleet then applies the new revision. Exits 0 when
     stored and activated, 78 when FILE is invalid or its revision would be
     over the broker's 1 MiB (nothing is sent), 69 when the node's NATS cannot
-    be reached.
+    be reached or its disk is below node.disk_floor ("no space on PATH").
     """
     company = loadable(file)
     if check:
         click.echo(f"valid {file}: {len(company.seats)} seats, digest {company.digest()}")
         return
+    try:
+        disk.Watch(ctl.target.data_dir, node_config(ctl).node.disk_floor).refuse_if_low("nothing was applied")
+    except disk.NoSpace as exc:
+        fail(str(exc), EXIT_UNREACHABLE)
     rev, epoch = with_control_plane(ctl, lambda plane: plane.apply(company, os.path.abspath(file)))
     click.echo(f"applied {file}: revision {rev} (epoch {epoch}), {len(company.seats)} seats, "
                f"digest {company.digest()}")

@@ -176,6 +176,22 @@ def human_bytes(n: Any) -> str:
     return f"{mib / 1024:.1f} GiB" if mib >= 10 * 1024 else f"{mib:.1f} MiB"
 
 
+def disk_text(space: dict[str, Any]) -> Text:
+    """'12.3 GiB free (floor 64.0 MiB)' per filesystem; when low, its reason in
+    red (the path and its free bytes); a broker waiting for space to be restarted."""
+    if space.get("low"):
+        text = Text(str(space.get("reason") or "no space"), style="bold red")
+    else:
+        rows = [r for r in space.get("filesystems") or [] if isinstance(r, dict)]
+        text = Text("  ".join(f"{r.get('path')} {human_bytes(r.get('free_bytes'))} free" for r in rows)
+                    or NONE)
+        if rows:
+            text.append(f" (floor {human_bytes(rows[0].get('floor'))})", style="dim")
+    if space.get("broker"):
+        text.append(f"\nbroker: {space['broker']}", style="yellow")
+    return text
+
+
 def percent(value: Any) -> str:
     if value is None:
         return NONE
@@ -260,6 +276,8 @@ def node_header(node: dict[str, Any]) -> Table:
     grid.add_row("broker", " ".join([str(broker.get("type") or NONE), *broker.get("servers", [])]))
     grid.add_row("config", str(node.get("config") or NONE))
     grid.add_row("data dir", str(node.get("data_dir") or NONE))
+    if isinstance(node.get("disk"), dict):
+        grid.add_row("disk", disk_text(node["disk"]))
     api = node.get("api")
     if isinstance(api, dict):
         where = f"{api.get('url')}  (dashboard; the API is /v1, its docs /docs)"

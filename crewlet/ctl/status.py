@@ -27,10 +27,13 @@ from crewlet.ctl.render import normalize, status_view, watch_view
 
 
 def exit_code(status: dict[str, Any]) -> int:
-    """0 when the node is not stopping and every child is running, else 3."""
+    """0 when the node is not stopping, every child is running and its disk
+    is above its floor (and the broker is not waiting for space), else 3."""
     node = status.get("node") or {}
     children = status.get("children") or []
-    healthy = not node.get("stopping") and all(c.get("state") == "running" for c in children)
+    space = node.get("disk") if isinstance(node.get("disk"), dict) else {}
+    healthy = (not node.get("stopping") and all(c.get("state") == "running" for c in children)
+               and not space.get("low") and not space.get("broker"))
     return EXIT_OK if healthy else EXIT_NOT_RUNNING
 
 
@@ -57,8 +60,12 @@ def status(ctl: Ctl, as_json: bool, watch: bool, interval: float, no_fleet: bool
     hold. In --json it is `fleet`, null while the node is in no fleet; each
     node's `estate` is its applier's record, `evicted` the eviction if any.
 
-    Exits 0 when every child is running, 3 when one is not, 69 when no node
-    answers; the fleet does not change the exit code. With --watch, exits 0
+    The `disk` line is the free space on the node's filesystems against
+    node.disk_floor; below it, the path and its free bytes.
+
+    Exits 0 when every child is running, 3 when one is not or the disk is
+    below its floor, 69 when no node answers; the fleet does not change the
+    exit code. With --watch, exits 0
     on Ctrl-C and keeps retrying while the node is unreachable.
     """
     if as_json and watch:

@@ -73,7 +73,7 @@ from urllib.parse import urlsplit
 
 import nats
 
-from crewlet import credentials, ports, private
+from crewlet import credentials, disk, ports, private
 from crewlet.config import NodeConfig
 from crewlet.config.model import is_route_to_self
 
@@ -149,8 +149,12 @@ def config_lines(cfg: NodeConfig, users: dict[str, str] | None = None) -> list[s
                   "  ]",
                   "}"]
     if stream.leaf is None:  # standalone or member: this server runs JetStream
+        # JetStream's limit is the disk's whole size: unset, it is 75 % of what is
+        # free when the server starts, stuck too small after a start on a full disk.
+        size = disk.capacity(store_dir(cfg))
         lines += ["jetstream {",
                   f"  store_dir: {_q(store_dir(cfg))}",
+                  *([f"  max_file_store: {size}"] if size else []),
                   f"  domain: {_q(stream.domain)}",
                   "}"]
     lines += _block("tls", _tls_lines(cfg, verify=False))  # the client port

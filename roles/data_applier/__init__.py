@@ -197,7 +197,7 @@ async def report_stats(ctx: RoleContext, applier: Applier) -> None:
 
 async def main(ctx: RoleContext) -> None:
     applier = Applier(ctx.nats, ctx.jetstream(), ctx.node_id, ctx.config.data_dir,
-                      replicas=ctx.config.stream.replicas)
+                      replicas=ctx.config.stream.replicas, floor=ctx.config.node.disk_floor)
     applier.notices_to = list(ctx.config.smtp.notices_to)
     estate = ipc.bind(ctx.zmq, ctx.run_dir, zmq.ROUTER, "estate")
     applied = ipc.bind(ctx.zmq, ctx.run_dir, zmq.PUB, "applied", linger=PUB_LINGER_MS)

@@ -83,7 +83,12 @@ Out of service for one of (the first that holds is the reason given):
 ``status`` key ``evicted.<node>`` exists; deleting it brings the node back),
 ``rows below the log's first sequence (applied N, the log starts at M)``,
 ``the copy is ahead of the log (...)`` or ``the log was made anew (...)``
-(the copy holds an older log's rows). The status record ``estate.<node>`` in the ``status`` bucket
+(the copy holds an older log's rows), ``no space on <path>: N bytes free,
+under the floor of M (node.disk_floor)`` (the node's disk is low,
+:mod:`crewlet.disk`: the copy applies nothing until it is not, rather than
+fail mid-write) or the same for a write that failed all the same (ENOSPC
+from LMDB; ``the copy … is full`` for LMDB's own map limit), which lasts
+until a batch applies. The status record ``estate.<node>`` in the ``status`` bucket
 says so every :data:`STATUS_EVERY` seconds and at once on a change.
 """
 
@@ -97,13 +102,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Iterable
 
+import lmdb
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from crewlet import bus, outbox
+from crewlet import bus, disk, outbox
 from crewlet import log as events
 from crewlet.coord import buckets
 from crewlet.estate import apply, store, wire
@@ -145,7 +151,7 @@ PUBLISH_PAUSE = 0.05
 # queued, the ended ones are dropped.
 WAITERS_PRUNED_AT = 1000
 
-_CAUSES = ("stopped", "evicted", "log", "anew", "rules", "reapplying")  # the order reasons are given in
+_CAUSES = ("stopped", "evicted", "log", "anew", "rules", "reapplying", "disk", "write")  # the order reasons are given in
 
 
 def rows_below(applied: int, first: int) -> str:
@@ -186,12 +192,32 @@ class _Restart(Exception):
     """The subscription to the log is to be made again from applied + 1."""
 
 
+class _NoSpace(Exception):
+    """A batch not applied for want of space: tried again from applied + 1."""
+
+
+def write_failed(path: str, exc: BaseException, space: disk.Watch | None) -> str | None:
+    """The out-of-service reason for an LMDB write that failed for want of
+    space — the map's own limit (``MapFullError``), or the disk's: ENOSPC, or
+    any error while the disk is low (LMDB 0.9 reports a commit the disk could
+    not take as EIO, measured on tmpfs) —; None for any other failure."""
+    if isinstance(exc, lmdb.MapFullError):
+        return f"the copy {path} is full: LMDB's map of {store.MAP_SIZE:,} bytes (MapFullError)"
+    why = space.explain(exc) if space is not None else None
+    if why is None and disk.is_no_space(exc):
+        why = f"no space on {path}: {exc}"
+    return why and f"{why} (writing the copy {path}: {exc})"
+
+
 class Applier:
     """One node's copy and its writer. Construct inside the running loop."""
 
     def __init__(self, nc: Client, js: JetStreamContext, node: str, data_dir: str, *,
-                 replicas: int = 1):
+                 replicas: int = 1, floor: int | None = None):
         self.nc = nc
+        # The node's disk (None: not watched); below its floor nothing is applied.
+        self.space = disk.Watch(data_dir, floor) if floor else None
+        self.copy_path = store.copy_path(data_dir)
         self.js = js
         self.node = node
         self.replicas = replicas
@@ -327,6 +353,9 @@ class Applier:
             except _Restart:
                 self.stats["resubscribed"] += 1
                 pause = RETRY_MIN
+            except _NoSpace:
+                # Out of service, saying so (set_out); from applied + 1 once there is room.
+                await asyncio.sleep(disk.CHECK_EVERY)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -408,11 +437,22 @@ class Applier:
         # The verdicts on the tokens that would raise a seat's fence, read
         # (or judged) before the write: the same for every copy (grants.py).
         # Unanswered, this raises and the batch is applied again later.
+        self._check_space()
+        if "disk" in self._out:
+            raise _NoSpace()
         fences = apply.raising(self.store, entries)
         if fences and self._grants is None:
             self._grants = await grants.open_bucket(self.js, self.replicas)
         verdicts = await grants.verdicts(self.js, self._grants, fences)
-        outcomes, applied = await self.write(self._apply_sync, entries, verdicts)
+        try:
+            outcomes, applied = await self.write(self._apply_sync, entries, verdicts)
+        except lmdb.Error as exc:
+            why = write_failed(self.copy_path, exc, self.space)
+            if why is None:
+                raise
+            self.set_out("write", why)
+            raise _NoSpace() from exc
+        self.set_out("write", None)
         self.stats["ops"] += len(outcomes)
         self.applied = applied
         if "reapplying" in self._out and applied >= self._reapplying_to:
@@ -710,8 +750,14 @@ class Applier:
             events.event("estate_status_written")
         self._status_failing = False
 
+    def _check_space(self) -> None:
+        """Out of service while the node's disk is below its floor, back once it is not."""
+        low = self.space.low() if self.space is not None else None
+        self.set_out("disk", low.reason() if low is not None else None)
+
     async def _status_loop(self) -> None:
         while not self.stopping:
+            self._check_space()
             await self._refresh_bounds()
             await self.write_status()
             self._service_changed.clear()

@@ -1,8 +1,10 @@
 """The ingress ASGI application: the API (``/v1``), health, metrics, the dashboard.
 
 * ``GET /healthz`` — this process answers: 200 with the node id. No token.
-* ``GET /readyz`` — the node's children are all running: 200, else 503 with
-  the children that are not (asked of crewletd over ``control``). No token.
+* ``GET /readyz`` — the node's children are all running and its disk is
+  above ``node.disk_floor``: 200, else 503 with the children that are not
+  and ``disk``, the reason naming the path and its free bytes
+  (:mod:`crewlet.disk`; asked of crewletd over ``control``). No token.
 * ``/v1/...`` — the API (:mod:`roles.ingress.api`); its OpenAPI 3.1 document
   is ``/v1/openapi.json``, browsable at ``/docs``.
 * ``GET /metrics`` — Prometheus (:mod:`roles.ingress.metrics`).
@@ -195,8 +197,12 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
         children = reply["result"]["children"]
         waiting = [{"name": c["name"], "state": c["state"]}
                    for c in children if c["state"] != "running"]
-        body = {"ready": not waiting, "node": ctx.node_id, "not_running": waiting}
-        return JSONResponse(body, 200 if not waiting else 503)
+        space = (reply["result"].get("node") or {}).get("disk") or {}
+        # Not ready while the disk is low, or the broker waits for space to be restarted.
+        no_space = space.get("reason") if space.get("low") else space.get("broker")
+        ready = not waiting and not no_space
+        body = {"ready": ready, "node": ctx.node_id, "not_running": waiting, "disk": no_space}
+        return JSONResponse(body, 200 if ready else 503)
 
     metrics_auth = [] if cfg.ingress.metrics_open else [Depends(auth.READ)]
 

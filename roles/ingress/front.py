@@ -8,11 +8,12 @@ for anything but its own children and readiness.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 
+from crewlet import disk
 from crewlet.company.model import Company
 from crewlet.config import NodeConfig
 from roles.ingress.problems import Problem
@@ -30,6 +31,11 @@ class Front:
     company: Company | None = None
     seat_names: frozenset[str] = frozenset()  # the company's seats (a lookup per request, at any size)
     metrics: Any = None          # roles.ingress.metrics.Metrics
+    space: disk.Watch | None = field(default=None)  # this node's disk (made from cfg)
+
+    def __post_init__(self) -> None:
+        if self.space is None:
+            self.space = disk.Watch.of(self.cfg)
 
     @property
     def node_id(self) -> str:
@@ -44,6 +50,14 @@ class Front:
     def set_company(self, company: Company) -> None:
         self.company = company
         self.seat_names = frozenset(s.name for s in company.seats)
+
+    def need_space(self, what: str) -> None:
+        """A 507 naming the path and its free bytes while this node's disk is
+        below node.disk_floor (crewlet.disk): refused, not a publish that times out."""
+        try:
+            self.space.refuse_if_low(what)
+        except disk.NoSpace as exc:
+            raise Problem(507, "insufficient_storage", str(exc), headers={"Retry-After": "30"}) from None
 
     def need_seat(self, seat: str) -> str:
         company = self.need_company()

@@ -32,7 +32,7 @@ MEDIA_TYPE = "application/problem+json"
 _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                405: "method_not_allowed", 406: "not_acceptable", 409: "conflict",
                413: "body_too_large", 415: "unsupported_media_type", 422: "invalid",
-               429: "too_many_requests", 503: "unavailable"}
+               429: "too_many_requests", 503: "unavailable", 507: "insufficient_storage"}
 
 
 class ProblemBody(BaseModel):

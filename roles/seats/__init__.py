@@ -19,7 +19,7 @@ import hashlib
 import os
 import sys
 
-from crewlet import log
+from crewlet import disk, log
 from crewlet.agent.janitor import kill_marked
 from crewlet.company import Company
 from crewlet.company.model import Retention
@@ -109,7 +109,7 @@ async def main(ctx: RoleContext) -> None:
                         budgets=Budgets(js),
                         cooldowns=Cooldowns(js), sweeper=sweeper,
                         max_concurrent=ctx.config.node.max_concurrent, events_js=js,
-                        estate=estate.router)
+                        estate=estate.router, space=disk.Watch.of(ctx.config))
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
     holders.on_change = _wake_on_change(sweeper)
     sweeper.on_stop = engine.quiesce

@@ -11,6 +11,9 @@ A turn, in order:
 1. **admission** — this node's last successful renew is under one heartbeat
    old (:meth:`SeatSweeper.admitted`); otherwise the seat stops fetching
    until it is, and a message already fetched is NAKed straight back;
+   and the node's disk is above ``node.disk_floor`` (:mod:`crewlet.disk`):
+   a turn's writes (its in-flight record, the ledger, the ack, the records)
+   land on it, so while it is low the mail waits in the mailbox, unfetched;
 2. **budget** — the org and seat caps of the company; a seat over one fetches
    nothing (its mail waits in the mailbox) and says so once (``turn_deferred``);
    a provider key cooling after a 429 is waited out the same way;
@@ -36,7 +39,9 @@ is killed mid-turn its next incarnation (or crewletd's, within the lease's
 TTL) NAKs it on claiming the seat again, and the turn is redone at once
 rather than after the 30-minute ack wait. A node that dies whole has no next
 incarnation to do this; its mail comes back after the ack wait, as DESIGN
-says.
+says. A record that cannot be written (the disk filled under the turn) is
+no reason to keep the delivery: it is handed back to come again in
+:data:`RETRY_DELAY` s, unworked — never left to the ack wait.
 
 **Poison mail.** The in-flight record also counts the crashes of the seats
 process its delivery was in hand at, one after the other (``<token> <seq>
@@ -74,7 +79,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from crewlet import log, outbox
+from crewlet import disk, log, outbox
 from crewlet.bus import JETSTREAM_TIMEOUT, publish_until
 from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
 from crewlet.agent.estate_tools import estate_tools
@@ -167,8 +172,10 @@ class TurnEngine:
 
     def __init__(self, *, node: str, run_dir: str, mark: str, mailboxes: Mailboxes, ledger: Ledger,
                  budgets: Budgets, cooldowns: Cooldowns, sweeper: SeatSweeper,
-                 max_concurrent: int, events_js, estate: "Router | None" = None):
+                 max_concurrent: int, events_js, estate: "Router | None" = None,
+                 space: disk.Watch | None = None):
         self.node = node
+        self.space = space  # the node's disk: no turn starts while it is low
         self.estate = estate
         self.mark = mark
         self.inflight_dir = os.path.join(run_dir, "inflight")
@@ -594,6 +601,8 @@ class SeatWork:
                 why = "admission: this node's lease renewals are late"
             elif not engine.fence(self.seat, self.token):
                 why = "admission: the seat's lease is not fresh"
+            elif engine.space is not None and (low := engine.space.low()) is not None:
+                why = low.reason()
             elif (budget := engine.over_budget(self.seat)) is not None:
                 why = budget
             else:
@@ -625,7 +634,17 @@ class SeatWork:
         # back after the last one; any other delivery starts a count of its own.
         suspect, self.suspect = self.suspect, None
         self._crashes = suspect[1] if suspect is not None and suspect[0] == delivery.seq else 0
-        self._remember_inflight(delivery, self._crashes)
+        try:
+            self._remember_inflight(delivery, self._crashes)
+        except OSError as exc:
+            # Escaping from here, the delivery stayed in hand unacked: it came
+            # back only after the ack wait (30 min). Unrecorded, it is not worked
+            # (a crash would lose it to that wait again): it goes back now.
+            why = engine.space.explain(exc) if engine.space is not None else None
+            log.event("turn_deferred", "warning", seat=self.seat, trigger=delivery.trigger,
+                      reason=f"the in-flight record could not be written: {why or exc}")
+            await self._hand_back(delivery, RETRY_DELAY)
+            return
         settled = False  # acked, NAKed or dead-lettered: no longer in our hands
         try:
             worked = await engine.ledger.done(delivery.trigger)

@@ -101,6 +101,7 @@ node:
   roles: [workers, data]
   labels: {zone: eu-1, rack: 12}
   max_concurrent: 8
+  disk_floor: 1048576
 data_dir: /srv/crewlet
 stream:
   type: nats

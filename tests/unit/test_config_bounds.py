@@ -34,6 +34,7 @@ SLOW_TO_SCAN = ("huge_int", "too_big")
 # (dotted key, values refused). The section the key is in is written around it.
 BAD = [
     ("node.max_concurrent", [0, 10_001, "1e23", ".inf", 1.5]),
+    ("node.disk_floor", [0, 1_048_575, (1 << 40) + 1, "1e300", ".inf", ".nan"]),
     ("stream.replicas", [0, 6, ".nan"]),
     ("ingress.max_body", [1023, 64 * 1024 * 1024 + 1, ".inf"]),
     ("ingress.gone_for", [-1, 86_401, ".inf", ".nan"]),

@@ -51,7 +51,7 @@ async def get_company(request: Request, _=Depends(READ)) -> Revision:
 
 
 @router.post("/company", status_code=201, response_model=Applied,
-             responses={**responses(400, 415, 422),
+             responses={**responses(400, 415, 422, 507),
                         200: {"model": Applied, "description": "In force already: nothing changed"}},
              summary="Apply a company revision (admin)",
              openapi_extra={"requestBody": {"required": True, "content": {
@@ -87,6 +87,7 @@ async def apply_company(request: Request, grant=Depends(ADMIN)) -> Applied:
     size = revision_size(company, source, grant.name)
     if size > MAX_PAYLOAD:  # what the control plane would refuse: said before anything is sent
         raise Problem(413, "company_too_large", str(RevisionTooLarge(size, MAX_PAYLOAD)))
+    f.need_space("nothing was applied")
     if f.control_plane is None:
         raise Problem(503, "unavailable", "the control plane is not open yet", headers={"Retry-After": "2"})
     try:

@@ -104,11 +104,12 @@ async def get_seat(request: Request, seat: str = SeatPath, _=Depends(READ)) -> S
 
 
 @router.post("/seats/{seat}/mail", status_code=202, response_model=Sent, summary="Send a seat mail",
-             responses=responses(400, 404))
+             responses=responses(400, 404, 507))
 async def mail(request: Request, body: Mail, seat: str = SeatPath, grant=Depends(WRITE),
                key: str | None = Depends(idempotency_key)) -> Sent:  # the token first: a 401 before a 400
     f = front(request)
     f.need_seat(seat)
+    f.need_space("the mail was not sent")
     try:
         sent = await post(f.nc, f.mailboxes, seat, body.text, sender=f"api:{grant.name}",
                           trigger=key, wait=body.wait, ledger=Ledger(f.js, ttl=0))
