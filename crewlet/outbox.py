@@ -60,7 +60,10 @@ SUBJECT = "outbox."                # + channel
 # unanswered publish lands once; past it, the claim keeps a repeat from being sent.
 DUPLICATE_WINDOW = 120.0
 KEEP_DAYS = 7                      # a notification nobody sent by then is dropped (no sender configured)
-MAX_BYTES = 1024 ** 3              # the stream's size bound: older notifications go first
+# The stream's bound, in notifications (older ones go first). Not in bytes: a
+# stream's max_bytes is reserved from the broker's store when it is made, and
+# on a small disk a node could then make no stream at all.
+MAX_MSGS = 100_000
 PUT_PATIENCE = 10.0                # seconds a put is resent while unanswered (a leader election)
 
 # Sizes of a notification (characters): an id holds a seat, a trigger (200) and
@@ -113,7 +116,7 @@ def stream_config(replicas: int) -> StreamConfig:
     # there is what is still to send.
     return StreamConfig(name=STREAM, subjects=[SUBJECT + ">"], retention=RetentionPolicy.WORK_QUEUE,
                         storage=StorageType.FILE, num_replicas=replicas, max_age=KEEP_DAYS * 86400,
-                        max_bytes=MAX_BYTES, duplicate_window=DUPLICATE_WINDOW,
+                        max_msgs=MAX_MSGS, duplicate_window=DUPLICATE_WINDOW,
                         max_consumers=MAX_READERS)
 
 
