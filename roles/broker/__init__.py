@@ -68,7 +68,7 @@ from urllib.parse import urlsplit
 
 import nats
 
-from crewlet import credentials, ports, private
+from crewlet import credentials, permissions, ports, private
 from crewlet.config import NodeConfig
 from crewlet.config.model import is_route_to_self
 
@@ -138,11 +138,9 @@ def config_lines(cfg: NodeConfig, users: dict[str, str] | None = None) -> list[s
         "logtime: false",
     ]
     if users is not None:
-        lines += ["authorization {",
-                  "  users: [",
-                  *(f"    {{ user: {_q(u)}, password: {_q(p)} }}" for u, p in users.items()),
-                  "  ]",
-                  "}"]
+        lines += ["authorization {", "  users: [",
+                  *(line for u, p in users.items() for line in _user_lines(cfg, u, p)),
+                  "  ]", "}"]
     if stream.leaf is None:  # standalone or member: this server runs JetStream
         lines += ["jetstream {",
                   f"  store_dir: {_q(store_dir(cfg))}",
@@ -173,6 +171,24 @@ def config_lines(cfg: NodeConfig, users: dict[str, str] | None = None) -> list[s
                   "  ]",
                   "}"]
     return lines
+
+
+def _user_lines(cfg: NodeConfig, user: str, password: str) -> list[str]:
+    """One user of the client port, with what it may publish and subscribe
+    to when it is a role's (:mod:`crewlet.permissions`; crewlet's may do anything)."""
+    grant = permissions.grants(cfg.node.id).get(user)
+    if grant is None:
+        return [f"    {{ user: {_q(user)}, password: {_q(password)} }}"]
+    publish, subscribe = permissions.subjects(grant, role=user, node=cfg.node.id,
+                                              domain=cfg.stream.domain)
+
+    def allow(what: str, subjects: list[str]) -> list[str]:
+        return [f"      {what}: {{ allow: [", *(f"        {_q(s)}" for s in subjects), "      ] }"]
+
+    return [f"    {{ user: {_q(user)}, password: {_q(password)}, permissions: {{",
+            *allow("publish", publish), *allow("subscribe", subscribe),
+            *(["      allow_responses: true"] if grant.responds else []),
+            "    } }"]
 
 
 def write_config(cfg: NodeConfig) -> str:
