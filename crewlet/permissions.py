@@ -135,6 +135,10 @@ class Grant:
 
 
 ANY = ">"  # every key of a bucket
+# Seconds a role that answers requests (the applier) may take to answer one:
+# the broker lets one answer through to a request's reply subject for this
+# long. Longer than any estate request waits (wire.WRITE_WAIT).
+ANSWER_WITHIN = 120
 ESTATE_ASK = wire.SUBJECT_PREFIX + "*"  # a request to any data node's applier
 EVENTS = mail.EVENTS_STREAM
 TURN_EVENTS = "events.turn.>"  # crewlet.queue.post and the ingress projection

@@ -187,7 +187,8 @@ def _user_lines(cfg: NodeConfig, user: str, password: str) -> list[str]:
 
     return [f"    {{ user: {_q(user)}, password: {_q(password)}, permissions: {{",
             *allow("publish", publish), *allow("subscribe", subscribe),
-            *(["      allow_responses: true"] if grant.responds else []),
+            *([f'      allow_responses: {{ max: 1, expires: "{permissions.ANSWER_WITHIN}s" }}']
+              if grant.responds else []),
             "    } }"]
 
 

@@ -11,6 +11,7 @@ import stat
 from crewlet import credentials, permissions
 from crewlet.config import NodeConfig
 from crewlet.config.model import CHILD_FOR_ROLE
+from crewlet.estate import wire
 from roles import broker
 
 
@@ -107,4 +108,7 @@ def test_nats_conf_gives_crewlet_every_right_and_each_role_its_list(tmp_path):
     assert f'{{ user: "crewlet", password: {json.dumps(users["crewlet"])} }}' in text
     for role in credentials.ROLE_USERS:
         assert f'{{ user: "{role}", password: {json.dumps(users[role])}, permissions: {{' in text
-    assert text.count("allow_responses: true") == 1  # the applier's answers to estate requests
+    # The applier answers estate requests, one answer each, within longer than they wait.
+    assert text.count("allow_responses:") == 1
+    assert f'allow_responses: {{ max: 1, expires: "{permissions.ANSWER_WITHIN}s" }}' in text
+    assert permissions.ANSWER_WITHIN > wire.WRITE_WAIT
