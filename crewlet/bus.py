@@ -86,11 +86,15 @@ def kv_subject(js: JetStreamContext, bucket: str) -> str:
     return f"$KV.{bucket}." if prefix == "$JS.API" else f"{prefix}.$KV.{bucket}."
 
 
-async def connect(stream, *, name: str, run_dir: str, connect_timeout: float = 2.0) -> Client:
+async def connect(stream, *, name: str, run_dir: str, connect_timeout: float = 2.0,
+                  user: str = credentials.CREWLET_USER, inbox: str | None = None) -> Client:
     """Open this process's connection; reconnects forever once established.
 
-    Authenticated as crewlet with the credentials in *run_dir*
-    (:mod:`crewlet.credentials`) when the broker is the node's own.
+    Authenticated as *user* — a role's own (its child name), else crewlet —
+    with the credentials in *run_dir* (:mod:`crewlet.credentials`) when the
+    broker is the node's own. *inbox*: the prefix of the connection's
+    inboxes (a role's user may subscribe only under its own,
+    :func:`crewlet.permissions.inbox`).
     """
 
     async def disconnected() -> None:
@@ -106,7 +110,9 @@ async def connect(stream, *, name: str, run_dir: str, connect_timeout: float = 2
         log.event("nats_closed", "debug")
 
     servers = servers_of(stream)
-    auth = credentials.client_options(stream, run_dir)
+    auth = credentials.client_options(stream, run_dir, user)
+    if inbox is not None:
+        auth["inbox_prefix"] = inbox
     # The first connect tries each server a few times and then fails, so a
     # child started while its broker is down exits (and is restarted with
     # backoff) instead of hanging in "starting". Once connected, reconnect

@@ -11,13 +11,29 @@ the run dir (another local user, an MCP server run as someone else, anyone
 who reaches the port from elsewhere) is refused with ``Authorization
 Violation`` before anything is read or written.
 
-The file is JSON: ``{"users": {"<user>": "<password>"}}``. Today it holds one
-user, :data:`CREWLET_USER`, allowed every subject: every role and crewletctl
-use it. Narrowing it to one user per role with the subjects that role needs
-is the next step, and the file's shape leaves room for it.
+The file is JSON: ``{"users": {"<user>": "<password>"}}``, one password of
+its own per user (:data:`USERS`):
 
-Rotating: stop the node, delete the file, start the node; a new password is
-made and nothing else changes (nothing outside the node ever held it).
+================  ===========================================================
+``crewlet``       crewletd (its fleet child, the readiness probe) and
+                  ``crewletctl``: every right. crewletd makes the streams and
+                  buckets, claims the node's presence, applies companies and
+                  creates mailboxes; crewletctl is the operator's tool.
+``data_applier``  the role of the same name, and so on for ``ingress``,
+``ingress``       ``seats`` and ``workers``: each only what that role needs
+``seats``         (:mod:`crewlet.permissions` has the lists and why), so the
+``workers``       ``grants`` bucket is the applier's alone, ingress never
+                  publishes to the estate log, no role deletes a stream.
+================  ===========================================================
+
+A file made by an older crewlet (``crewlet`` alone) gets the missing users
+added by crewletd's next start (:func:`ensure`), its password kept; the
+file is replaced whole, atomically, 0600.
+
+Rotating: stop the node, delete the file, start the node; new passwords are
+made for every user and nothing else changes (nothing outside the node ever
+held them). To rotate one user's alone, delete its entry from the file
+instead: the next start makes it a new one and keeps the others.
 
 A fleet's links. Each node makes its own client credentials, so no node
 knows another's; the links between the nodes of a fleet take a secret they
@@ -80,8 +96,14 @@ import re
 import secrets
 import ssl
 
+from crewlet.config.model import CHILD_FOR_ROLE
+
 CREDENTIALS_FILE = "broker-users.json"
 CREWLET_USER = "crewlet"
+# The users of a node's broker: crewlet's own (crewletd, crewletctl) and one
+# per role, named as the role's child (crewlet.config.model.CHILD_FOR_ROLE).
+ROLE_USERS = tuple(CHILD_FOR_ROLE.values())
+USERS = (CREWLET_USER, *ROLE_USERS)
 PASSWORD_BYTES = 32  # of randomness; url-safe base64 text, so it is a URL's userinfo as it stands
 
 
@@ -91,14 +113,34 @@ def path(run_dir: str) -> str:
 
 def ensure(run_dir: str) -> dict[str, str]:
     """The users of the broker of the node whose run dir is *run_dir*
-    (``{user: password}``): made (0600, written whole before it is visible)
-    if the file does not exist, read otherwise."""
+    (``{user: password}``, every one of :data:`USERS`): made (0600, written
+    whole before it is visible) if the file does not exist; a file that
+    lacks some (an older crewlet's, crewlet's user alone) gets them added,
+    the passwords it holds kept; read otherwise. crewletd calls it, before
+    it starts the broker; everyone else only reads."""
     try:
-        return read(run_dir)
+        users = read(run_dir)
     except FileNotFoundError:
-        pass
+        users = None
+    if users is not None:
+        missing = [u for u in USERS if u not in users]
+        if missing:
+            users = {**users, **{u: _password() for u in missing}}
+            _write(run_dir, users, replace=True)
+        return users
+    _write(run_dir, {u: _password() for u in USERS}, replace=False)
+    return read(run_dir)
+
+
+def _password() -> str:
+    return secrets.token_urlsafe(PASSWORD_BYTES)
+
+
+def _write(run_dir: str, users: dict[str, str], *, replace: bool) -> None:
+    """Write the users file whole, 0600, under a temporary name first: a
+    reader sees the old file or the new one. *replace*: over the file there;
+    else only if there is none (another process's made meanwhile is kept)."""
     target = path(run_dir)
-    users = {CREWLET_USER: secrets.token_urlsafe(PASSWORD_BYTES)}
     tmp = f"{target}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -107,12 +149,15 @@ def ensure(run_dir: str) -> dict[str, str]:
     finally:
         os.close(fd)
     try:
+        if replace:
+            os.replace(tmp, target)
+            return
         os.link(tmp, target)  # fails if another process made one meanwhile: keep theirs
     except FileExistsError:
         pass
     finally:
-        os.unlink(tmp)
-    return read(run_dir)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def read(run_dir: str) -> dict[str, str]:
@@ -125,15 +170,26 @@ def read(run_dir: str) -> dict[str, str]:
     return users
 
 
-def client_options(stream, run_dir: str) -> dict:
+def password(run_dir: str, user: str = CREWLET_USER) -> str:
+    """*user*'s password; ValueError naming the file if it has none (a file
+    an older crewlet made, before the node's crewletd started again)."""
+    users = read(run_dir)
+    if user not in users:
+        raise ValueError(f"{path(run_dir)}: no {user!r} user; start the node (crewletd) "
+                         "to add it, or delete the file and restart the node")
+    return users[user]
+
+
+def client_options(stream, run_dir: str, user: str = CREWLET_USER) -> dict:
     """The keyword arguments of ``nats.connect`` that authenticate a client of
-    the node whose ``stream`` section and run dir are given: crewlet's user
-    for an embedded broker; for ``stream.type: nats`` those of
-    ``stream.credentials`` (none without: its URLs carry whatever it asks
-    for). With ``stream.tls``, the SSL context that trusts its CA as well."""
+    the node whose ``stream`` section and run dir are given, as *user* (a
+    role's child name, or crewlet's) for an embedded broker; for
+    ``stream.type: nats`` those of ``stream.credentials`` (none without: its
+    URLs carry whatever it asks for). With ``stream.tls``, the SSL context
+    that trusts its CA as well."""
     if stream.type != "embedded":
         return {**external_options(stream), **tls_options(stream)}
-    return {"user": CREWLET_USER, "password": read(run_dir)[CREWLET_USER], **tls_options(stream)}
+    return {"user": user, "password": password(run_dir, user), **tls_options(stream)}
 
 
 def external_options(stream) -> dict[str, str]:
@@ -147,13 +203,13 @@ def tls_options(stream) -> dict:
     return {} if ctx is None else {"tls": ctx}
 
 
-def client_url(listen: str, run_dir: str) -> str:
-    """``nats://crewlet:<password>@<listen>``: the URL of the embedded broker
-    listening on *listen*, authenticated as crewlet — for a tool or a test
-    that dials a node's broker itself (nats-py takes a server's user from its
-    URL, so a pool of several nodes' URLs works too). It holds the password:
-    never log it."""
-    return f"nats://{CREWLET_USER}:{read(run_dir)[CREWLET_USER]}@{listen}"
+def client_url(listen: str, run_dir: str, user: str = CREWLET_USER) -> str:
+    """``nats://<user>:<password>@<listen>``: the URL of the embedded broker
+    listening on *listen*, authenticated as *user* (crewlet by default) —
+    for a tool or a test that dials a node's broker itself (nats-py takes a
+    server's user from its URL, so a pool of several nodes' URLs works too).
+    It holds the password: never log it."""
+    return f"nats://{user}:{password(run_dir, user)}@{listen}"
 
 
 # --------------------------------------------------------------------------

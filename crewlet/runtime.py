@@ -37,7 +37,7 @@ import psutil
 import zmq
 import zmq.asyncio
 
-from crewlet import bus, ipc, log
+from crewlet import bus, ipc, log, permissions
 from crewlet.config import ConfigError, NodeConfig
 from crewlet.watchdog import Watchdog
 
@@ -241,7 +241,9 @@ async def _amain(role: str, cfg: NodeConfig, incarnation: int, boot: str, main) 
     heartbeat = asyncio.create_task(ctx._heartbeat())
     faults = asyncio.create_task(_inject_faults(ctx))
     try:
-        ctx.nats = await bus.connect(cfg.stream, name=f"{cfg.node.id}/{role}", run_dir=cfg.run_dir)
+        # As the role's own broker user, allowed only what the role needs (crewlet.permissions).
+        ctx.nats = await bus.connect(cfg.stream, name=f"{cfg.node.id}/{role}", run_dir=cfg.run_dir,
+                                     user=role, inbox=permissions.inbox(role, cfg.node.id))
         await main(ctx)
     finally:
         await ctx.report("stopping")

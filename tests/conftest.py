@@ -160,6 +160,15 @@ class Node:
         except FileNotFoundError:
             return ""
 
+    def refused_roles(self) -> list[str]:
+        """The broker's ``Permissions Violation`` lines about this node's own
+        roles (their connections are named ``<node>/<role>``; a test's own
+        clients are not), from its log: each one is a role refused something
+        it tried to do (crewlet.permissions)."""
+        mark = f":{self.config['node']['id']}/"
+        return [line for line in self.read_log().splitlines()
+                if " Violation - " in line and mark in line]
+
     def wait_exit(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout)
@@ -282,8 +291,11 @@ class Nodes:
                 except subprocess.TimeoutExpired:
                     pass
             node.kill_all()
+        refused = [line for node in self.nodes for line in node.refused_roles()]
         if self.owned:
             shutil.rmtree(self.dir, ignore_errors=True)
+        # Every test that runs a node tests the roles' broker permissions too.
+        assert not refused, "the broker refused a role (crewlet/permissions.py):\n" + "\n".join(refused)
 
 
 @pytest.fixture

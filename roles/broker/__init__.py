@@ -73,7 +73,7 @@ from urllib.parse import urlsplit
 
 import nats
 
-from crewlet import credentials, disk, ports, private
+from crewlet import credentials, disk, permissions, ports, private
 from crewlet.config import NodeConfig
 from crewlet.config.model import is_route_to_self
 
@@ -143,11 +143,9 @@ def config_lines(cfg: NodeConfig, users: dict[str, str] | None = None) -> list[s
         "logtime: false",
     ]
     if users is not None:
-        lines += ["authorization {",
-                  "  users: [",
-                  *(f"    {{ user: {_q(u)}, password: {_q(p)} }}" for u, p in users.items()),
-                  "  ]",
-                  "}"]
+        lines += ["authorization {", "  users: [",
+                  *(line for u, p in users.items() for line in _client_user_lines(cfg, u, p)),
+                  "  ]", "}"]
     if stream.leaf is None:  # standalone or member: this server runs JetStream
         # JetStream's limit is the disk's whole size: unset, it is 75 % of what is
         # free when the server starts, stuck too small after a start on a full disk.
@@ -223,6 +221,25 @@ def _block(name: str, entries: list[str]) -> list[str]:
 
 def _indent(lines: list[str]) -> list[str]:
     return [f"  {line}" for line in lines]
+
+
+def _client_user_lines(cfg: NodeConfig, user: str, password: str) -> list[str]:
+    """One user of the client port, with what it may publish and subscribe
+    to when it is a role's (:mod:`crewlet.permissions`; crewlet's may do anything)."""
+    grant = permissions.grants(cfg.node.id).get(user)
+    if grant is None:
+        return [f"    {{ user: {_q(user)}, password: {_q(password)} }}"]
+    publish, subscribe = permissions.subjects(grant, role=user, node=cfg.node.id,
+                                              domain=cfg.stream.domain)
+
+    def allow(what: str, subjects: list[str]) -> list[str]:
+        return [f"      {what}: {{ allow: [", *(f"        {_q(s)}" for s in subjects), "      ] }"]
+
+    return [f"    {{ user: {_q(user)}, password: {_q(password)}, permissions: {{",
+            *allow("publish", publish), *allow("subscribe", subscribe),
+            *([f'      allow_responses: {{ max: 1, expires: "{permissions.ANSWER_WITHIN}s" }}']
+              if grant.responds else []),
+            "    } }"]
 
 
 def write_config(cfg: NodeConfig) -> str:

@@ -17,7 +17,7 @@ import time
 import nats
 import pytest
 
-from crewlet import bus, credentials
+from crewlet import bus, credentials, permissions
 from crewlet.config import NodeConfig
 from roles import broker
 from tests.conftest import free_port, make_fleet_secret, wait_for
@@ -159,7 +159,29 @@ def test_stateless_node_runs_a_leaf_and_reaches_the_members_jetstream_through_th
             await leaf.close()
             await member.close()
 
+    async def seats_on_the_leaf():
+        # A role's rights hold on the leaf's broker, where it connects: the
+        # leaf's seats user reaches the members' leases through the domain,
+        # and the leaf refuses it the grants bucket before anything is forwarded.
+        errors = []
+
+        async def keep(exc):
+            errors.append(str(exc).lower())
+        leaf = await nats.connect(credentials.client_url(stateless.config["stream"]["listen"],
+                                                         stateless.run_dir, "seats"),
+                                  connect_timeout=2, error_cb=keep,
+                                  inbox_prefix=permissions.inbox("seats", "fd"))
+        try:
+            js = bus.jetstream(leaf, NodeConfig.model_validate(stateless.config).stream)
+            assert (await js.stream_info("KV_leases")).config.name == "KV_leases"
+            with pytest.raises(nats.errors.TimeoutError):
+                await leaf.request(f"$JS.{DOMAIN}.API.$KV.grants.forged.1.0", b"{}", timeout=0.5)
+            assert any("permissions violation" in e and "$kv.grants.forged" in e for e in errors), errors
+        finally:
+            await leaf.close()
+
     asyncio.run(check())
+    asyncio.run(seats_on_the_leaf())
     assert stateless.wait_running(timeout=5)
 
 

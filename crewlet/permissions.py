@@ -1,0 +1,238 @@
+"""What each user of the embedded broker may publish and subscribe to.
+
+Every role connects to its node's broker as a user of its own, named as the
+role's child (:mod:`crewlet.credentials`), and the broker lets it publish and
+subscribe only to the subjects :func:`grants` lists for it; anything else is
+refused by the broker, which says ``Permissions Violation`` to the client
+and logs it (a ``Publish Violation`` or ``Subscription Violation`` line of
+the ``broker`` child naming the user and the subject). A JetStream call through a refused subject goes unanswered: the
+caller times out. crewletd itself and ``crewletctl`` are the ``crewlet``
+user and keep every right: crewletd's fleet child makes the streams and
+buckets, claims the node's presence, applies companies, creates mailboxes;
+crewletctl is the operator's tool (evict, dlq requeue, apply).
+
+The JetStream API is subjects too: ``$JS.API.<verb>.<stream>…``, and from a
+leaf ``$JS.<domain>.API.…`` (both forms are allowed alike), so what a role
+may do to a stream is which verbs it may publish under that stream's name.
+A KV bucket is the stream ``KV_<bucket>``; a write to one of its keys is a
+publish to ``$KV.<bucket>.<key>`` (from a leaf, under the domain's API
+prefix). The verbs, grouped by what they let a role do to one stream
+(:data:`ABILITIES`):
+
+=========  ==============================================================
+look       its info, a message by sequence or subject (a KV read), its
+           consumers' names and info
+fetch      take messages from a consumer that exists, ack or NAK them
+follow     create consumers (an ordered reader, a KV watch, a durable
+           group of its own), fetch from them, answer flow control
+forget     delete a consumer (a KV watch deletes its own when it closes)
+make       create the stream, or update its config: the idempotent ensure
+           a role does where it may come up before crewletd's fleet child
+           has made the stream
+drop       delete one message (a dead letter out of a mailbox, a requeued
+           one out of ``DLQ``)
+purge      purge a subject's messages (the mailbox retirement duty)
+=========  ==============================================================
+
+Deleting a stream, and purging or dropping anything but the above, is
+nobody's but ``crewlet``'s. What the roles may do, in the order it matters:
+
+``data_applier``
+    The only role that writes the ``grants`` bucket (the verdicts on fencing
+    tokens that every estate copy follows, :mod:`roles.data_applier.grants`)
+    and the only one that answers estate requests: it alone may subscribe
+    to ``estate.req.<its node>``, and it answers them (``allow_responses``).
+    Publishes ops to the estate log ``estate.ops``; follows ``ESTATE``
+    (ordered consumer) and ``EVENTS`` (custody's durable); writes its own
+    ``status`` key ``estate.<node>``; reads ``leases`` (the evidence a
+    fence is judged on). Makes ``ESTATE``, ``status``, ``grants`` and
+    ``leases`` when they are missing (a data node may be the fleet's first).
+``seats``
+    Publishes to the estate log too: a seat's fence and its turn records go
+    straight to ``estate.ops`` (:mod:`roles.seats.turns`), each carrying the
+    seat's lease token, which every copy checks (routing them through the
+    applier's write request would take this right away). Mail to any seat
+    (the send tool), dead letters, turn events; writes ``leases`` keys
+    ``seat.*`` only, the ledger, budgets and cooldowns. Fetches from the
+    mailboxes but cannot create, delete or purge one.
+``ingress``
+    Never the estate log (it asks an applier, ``estate.req.*``), never
+    ``leases`` or ``grants``. Mail (the API, a requeue, a webhook's mail),
+    webhook deliveries (``notify.>``) and their dedupe (``claims``), the
+    ``config`` bucket (a company applied through the API, which the API
+    token's ``admin`` scope guards); reads mailboxes and dead letters,
+    drops a requeued dead letter.
+``workers``
+    Writes ``leases`` keys ``duty.*`` only; the mailbox retirement duty
+    deletes a retired seat's mailbox and purges worked mail.
+
+A role's rights hold on its own node's broker, where it connects: on a leaf
+node, the leaf's broker checks them, and what the leaf forwards to the
+members travels as the leaf user (:mod:`crewlet.credentials`).
+
+Every role subscribes only to its own inbox, ``_INBOX.<role>.<node>.>``
+(:func:`inbox`; its replies and its consumers' deliveries come there), not
+to every reply on the broker, and to the few core subjects it listens on.
+
+Not narrowed, on purpose: which seats a role may mail or fetch from (every
+``agents.inbox.<seat>`` is one wildcard) and which keys of the ledger,
+budgets, cooldowns, claims and config it writes.
+
+How this was drawn up: from the code (the subjects live in
+:mod:`crewlet.estate.log`, :mod:`crewlet.estate.wire`,
+:mod:`crewlet.queue.jetstream`, :mod:`crewlet.queue.notify`,
+:mod:`crewlet.coord.buckets`) and by running the whole-node tests, single
+node and fleet (leaves included), with the permissions on: the broker
+logged no violation. ``tests/integration/test_broker_permissions.py`` holds
+the important refusals against a real node. A role that starts doing
+something new on the broker must be given it here, or the broker refuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from crewlet.coord import buckets
+from crewlet.estate import log as estate_log
+from crewlet.estate import wire
+from crewlet.queue import jetstream as mail
+from crewlet.queue import notify
+
+# The JetStream API verbs of each ability, ``{s}`` the stream's name.
+ABILITIES: dict[str, tuple[str, ...]] = {
+    "look": ("STREAM.INFO.{s}", "STREAM.MSG.GET.{s}", "DIRECT.GET.{s}", "DIRECT.GET.{s}.>",
+             "CONSUMER.NAMES.{s}", "CONSUMER.LIST.{s}", "CONSUMER.INFO.{s}.>"),
+    "fetch": ("CONSUMER.MSG.NEXT.{s}.>",),
+    "follow": ("CONSUMER.CREATE.{s}", "CONSUMER.CREATE.{s}.>", "CONSUMER.DURABLE.CREATE.{s}.>",
+               "CONSUMER.MSG.NEXT.{s}.>"),
+    "forget": ("CONSUMER.DELETE.{s}.>",),
+    "make": ("STREAM.CREATE.{s}", "STREAM.UPDATE.{s}"),
+    "drop": ("STREAM.MSG.DELETE.{s}",),
+    "purge": ("STREAM.PURGE.{s}",),
+}
+# Published to the reply subject of a message a consumer delivered (with
+# fetch or follow): acks, NAKs, in-progress — several per message, which
+# allow_responses (one answer per request) would refuse — and flow control.
+CONSUMER_REPLIES = ("$JS.ACK.{s}.>", "$JS.FC.{s}.>")
+
+LOOK = ("look",)
+WATCH = ("look", "follow", "forget")  # a KV watch: an ordered consumer, deleted when closed
+
+
+def kv(bucket: buckets.Bucket) -> str:
+    return buckets.stream(bucket.name)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one role's user may do on the broker."""
+
+    publish: tuple[str, ...] = ()              # subjects, core or a stream's
+    streams: dict[str, tuple[str, ...]] = field(default_factory=dict)  # stream -> abilities
+    writes: dict[str, str] = field(default_factory=dict)  # bucket -> the keys it writes
+    subscribe: tuple[str, ...] = ()            # besides its inbox
+    responds: bool = False                     # answers requests (allow_responses)
+
+
+ANY = ">"  # every key of a bucket
+# Seconds a role that answers requests (the applier) may take to answer one:
+# the broker lets one answer through to a request's reply subject for this
+# long. Longer than any estate request waits (wire.WRITE_WAIT).
+ANSWER_WITHIN = 120
+ESTATE_ASK = wire.SUBJECT_PREFIX + "*"  # a request to any data node's applier
+EVENTS = mail.EVENTS_STREAM
+TURN_EVENTS = "events.turn.>"  # crewlet.queue.post and the ingress projection
+
+
+def grants(node: str) -> dict[str, Grant]:
+    """Each role's grant on the broker of node *node* (the user is the role's child name)."""
+    return {
+        "data_applier": Grant(
+            publish=(estate_log.SUBJECT,),
+            streams={
+                # ensure_stream at every start: a data node may come up first.
+                estate_log.STREAM: ("look", "follow", "make"),
+                # custody's durable pull consumer (it waits for the stream, never makes it)
+                EVENTS: ("look", "follow"),
+                kv(buckets.STATUS): (*WATCH, "make"),
+                kv(buckets.GRANTS): ("look", "make"),
+                kv(buckets.LEASES): ("look", "make"),  # the evidence a fence is judged on
+            },
+            writes={buckets.STATUS.name: f"estate.{node}", buckets.GRANTS.name: ANY},
+            subscribe=(wire.subject(node),),
+            responds=True),
+        "seats": Grant(
+            publish=(
+                # Straight to the log: a seat's fence and its turn records
+                # (roles.seats.turns), each carrying the seat's lease token.
+                estate_log.SUBJECT,
+                mail.SUBJECT + ">",        # the send tool: mail to any seat
+                mail.DLQ_SUBJECT + ">",    # dead letters
+                TURN_EVENTS,               # turn records for the live feed and custody
+                ESTATE_ASK),
+            streams={
+                # Fetch from the mailboxes crewletd made, ack; a dead letter is
+                # dropped from the mailbox once copied to DLQ.
+                mail.STREAM: (*LOOK, "fetch", "drop"),
+                kv(buckets.LEASES): WATCH,
+                kv(buckets.STATUS): WATCH,   # the estate copies' state (the router)
+                kv(buckets.LEDGER): LOOK,
+                kv(buckets.BUDGETS): WATCH,
+                kv(buckets.COOLDOWNS): LOOK,
+            },
+            writes={buckets.LEASES.name: "seat.>", buckets.LEDGER.name: ANY,
+                    buckets.BUDGETS.name: ANY, buckets.COOLDOWNS.name: ANY},
+            subscribe=(mail.SUBJECT + "*",)),  # mail wakes its seat
+        "ingress": Grant(
+            publish=(
+                mail.SUBJECT + ">",        # mail from the API, a webhook, a requeue
+                notify.SUBJECT + ">",      # webhook deliveries, stored before they are answered
+                ESTATE_ASK),
+            streams={
+                mail.STREAM: LOOK,          # mailbox state for the API and the dashboard
+                mail.DLQ_STREAM: (*LOOK, "drop"),  # dead letters read; a requeued one dropped
+                notify.STREAM: (*LOOK, "follow"),  # the NOTIFY group (notify.deliver)
+                kv(buckets.CONFIG): (*WATCH, "make"),      # the control plane (apply via the API)
+                kv(buckets.CLAIMS): LOOK,
+                kv(buckets.LEASES): WATCH,
+                kv(buckets.STATUS): WATCH,
+                kv(buckets.LEDGER): LOOK,   # send --wait: was the trigger worked already
+            },
+            writes={buckets.CONFIG.name: ANY, buckets.CLAIMS.name: ANY},
+            subscribe=(TURN_EVENTS,)),      # the live feed, send --wait
+        "workers": Grant(
+            streams={
+                # The mailbox retirement duty: a retired seat's mailbox is
+                # deleted and its mail purged, worked mail trimmed.
+                mail.STREAM: (*LOOK, "forget", "purge"),
+                kv(buckets.LEASES): WATCH,  # duty leases; the fleet shape reads node.*
+            },
+            writes={buckets.LEASES.name: "duty.>"}),
+    }
+
+
+def inbox(role: str, node: str) -> str:
+    """The inbox prefix of role *role*'s connection on node *node*: its
+    replies and consumer deliveries come there, and only it may subscribe."""
+    return f"_INBOX.{role}.{node}"
+
+
+def api_prefixes(domain: str) -> tuple[str, ...]:
+    """The JetStream API's prefixes: plain, and through the fleet's domain (a leaf's)."""
+    return ("$JS.API", f"$JS.{domain}.API")
+
+
+def subjects(grant: Grant, *, role: str, node: str, domain: str) -> tuple[list[str], list[str]]:
+    """(publish allow list, subscribe allow list) of *grant*."""
+    publish = list(grant.publish)
+    prefixes = api_prefixes(domain)
+    for stream, abilities in grant.streams.items():
+        for ability in abilities:
+            for verb in ABILITIES[ability]:
+                publish += [f"{p}.{verb.format(s=stream)}" for p in prefixes]
+        if "fetch" in abilities or "follow" in abilities:
+            publish += [r.format(s=stream) for r in CONSUMER_REPLIES]
+    for bucket, keys in grant.writes.items():
+        publish += [f"$KV.{bucket}.{keys}", f"$JS.{domain}.API.$KV.{bucket}.{keys}"]
+    subscribe = [inbox(role, node) + ".>", *grant.subscribe]
+    return list(dict.fromkeys(publish)), list(dict.fromkeys(subscribe))

@@ -1,0 +1,214 @@
+"""Inside crewlet, each role may do on the broker only what it needs (crewlet.permissions).
+
+One real node. The test reads its ``broker-users.json``, connects as each
+role's user, and tries what that role must not do: write the ``grants``
+bucket (the fence verdicts every copy follows), publish to the estate log,
+write another role's leases, delete or purge a stream, answer estate
+requests, read every reply on the broker. The broker refuses each one — the
+client hears ``Permissions Violation`` — and nothing changed: the verdict is
+not written, the log's last sequence and the streams are as they were. The
+same connections do what the role is there for (``data_applier`` writes a
+verdict), so the refusals are the permissions' and not a broken login; and
+the node's own roles, connected as these users, run and log no violation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from crewlet import credentials, permissions
+from crewlet.coord import buckets
+from tests.seats import node_url, read_nats
+
+NODE = "perm"
+REFUSAL_WAIT = 0.5  # s: an answer that has not come by now was not going to
+
+
+@pytest.fixture(scope="module")
+def node():
+    from tests.conftest import Nodes
+    nodes = Nodes()
+    try:
+        n = nodes(node={"id": NODE})
+        n.start()
+        yield n
+    finally:
+        nodes.close()
+
+
+class Client:
+    """A connection as one role's user, keeping what the broker says back."""
+
+    def __init__(self, node, user: str):
+        self.url = credentials.client_url(node.config["stream"]["listen"], node.run_dir, user)
+        self.user = user
+        self.errors: list[str] = []
+
+    async def __aenter__(self) -> "Client":
+        async def keep(exc: Exception) -> None:
+            self.errors.append(str(exc).lower())
+
+        self.nc = await nats.connect(self.url, connect_timeout=2, allow_reconnect=False, error_cb=keep,
+                                     inbox_prefix=permissions.inbox(self.user, NODE))
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.nc.close()
+
+    async def refused(self, subject: str, data: bytes = b"x", *, request: bool = False,
+                      named: str | None = None) -> bool:
+        """Publish (or ask) on *subject*: True if the broker refused it (naming
+        *named*, when the server maps the subject before it checks it)."""
+        before = len(self.errors)
+        if request:
+            try:
+                await self.nc.request(subject, data, timeout=REFUSAL_WAIT)
+                return False  # answered: it went through
+            except NatsTimeoutError:
+                pass
+        else:
+            await self.nc.publish(subject, data)
+        await self.nc.flush(timeout=2)
+        return await _said(self.errors, before, f'publish to "{(named or subject).lower()}"')
+
+    async def sub_refused(self, subject: str) -> bool:
+        before = len(self.errors)
+        sub = await self.nc.subscribe(subject)
+        await self.nc.flush(timeout=2)
+        refused = await _said(self.errors, before, f'subscription to "{subject.lower()}"')
+        await sub.unsubscribe()
+        return refused
+
+
+async def _said(errors: list[str], before: int, what: str) -> bool:
+    """Whether a permissions violation about *what* arrives (it follows the PONG closely)."""
+    deadline = asyncio.get_running_loop().time() + REFUSAL_WAIT
+    while True:
+        if any("permissions violation" in e and what in e for e in errors[before:]):
+            return True
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+
+
+def _state(node) -> dict:
+    """What the refused calls would have changed, read as crewlet."""
+    async def read(nc, js):
+        estate = await js.stream_info("ESTATE")
+        grants = await js.stream_info("KV_grants")
+        streams = {s.config.name: s.state.messages for s in await js.streams_info()}
+        return {"estate": estate.state.last_seq, "grants": grants.state.last_seq, "streams": streams,
+                "leases": set(await buckets.subjects(js, "leases"))}
+    return read_nats(node_url(node), read)
+
+
+def test_every_role_has_its_own_user_and_the_node_runs_with_them(node):
+    users = credentials.read(node.run_dir)
+    assert set(users) == set(credentials.USERS)
+    assert len(set(users.values())) == len(users), "every user has a password of its own"
+    # The node's roles run, each connected as its own user, and nothing of
+    # theirs was refused.
+    assert {c["state"] for c in node.children().values()} == {"running"}
+    theirs = [line for line in node.read_log().splitlines()
+              if "Violation" in line and f":{NODE}/" in line]  # a role's connection is named <node>/<role>
+    assert not theirs, theirs
+
+
+def test_only_the_applier_writes_the_fence_verdicts(node):
+    before = _state(node)
+
+    async def go():
+        async with Client(node, "data_applier") as applier:
+            ack = await applier.nc.jetstream(timeout=2).publish("$KV.grants.probe.1.0", b"{}")
+            assert ack.stream == "KV_grants"
+        refused = {}
+        for role in ("ingress", "seats", "workers"):
+            async with Client(node, role) as c:
+                refused[role] = tuple(await asyncio.gather(
+                    c.refused("$KV.grants.probe.2.0", request=True),
+                    # Through the domain, as a leaf writes: the broker maps it
+                    # to the bucket's own subject, and refuses that.
+                    c.refused("$JS.crewlet.API.$KV.grants.probe.3.0", request=True,
+                              named="$KV.grants.probe.3.0"),
+                    c.refused("$JS.API.STREAM.UPDATE.KV_grants", b"{}", request=True)))
+        return refused
+
+    refused = asyncio.run(go())
+    assert refused == {r: (True, True, True) for r in ("ingress", "seats", "workers")}, refused
+    # The applier's one verdict landed; nobody else's.
+    assert _state(node)["grants"] == before["grants"] + 1
+
+
+def test_only_the_applier_and_seats_publish_to_the_estate_log(node):
+    before = _state(node)
+
+    async def go():
+        out = {}
+        for role in ("ingress", "workers"):
+            async with Client(node, role) as c:
+                out[role] = await c.refused("estate.ops", b"{}", request=True)
+        return out
+
+    assert asyncio.run(go()) == {"ingress": True, "workers": True}
+    assert _state(node)["estate"] == before["estate"]
+
+
+def test_no_role_deletes_or_purges_the_log_or_a_bucket(node):
+    before = _state(node)
+
+    async def go():
+        out = {}
+        for role in credentials.ROLE_USERS:
+            async with Client(node, role) as c:
+                out[role] = list(await asyncio.gather(*(
+                    c.refused(f"$JS.API.{verb}", b"{}", request=True)
+                    for verb in ("STREAM.DELETE.ESTATE", "STREAM.PURGE.ESTATE", "STREAM.DELETE.KV_leases",
+                                 "STREAM.PURGE.KV_grants", "STREAM.DELETE.KV_config"))))
+        return out
+
+    out = asyncio.run(go())
+    assert out == {r: [True] * 5 for r in credentials.ROLE_USERS}, out
+    after = _state(node)
+    assert after["estate"] == before["estate"]
+    # Every stream is still there, and those asked to be purged kept every message.
+    assert set(after["streams"]) == set(before["streams"])
+    for name in ("ESTATE", "KV_grants"):
+        assert after["streams"][name] == before["streams"][name], name
+
+
+def test_leases_are_written_by_seats_and_workers_each_for_its_own_keys(node):
+
+    async def go():
+        out = {}
+        for role, key in (("ingress", "seat.x"), ("data_applier", "seat.x"),
+                          ("workers", "seat.x"), ("seats", "duty.x"), ("seats", "node.x"),
+                          ("workers", "node.x")):
+            async with Client(node, role) as c:
+                out[(role, key)] = await c.refused(f"$KV.leases.{key}", request=True)
+        return out
+
+    out = asyncio.run(go())
+    assert all(out.values()), out
+    assert not {"seat.x", "duty.x", "node.x"} & _state(node)["leases"]
+
+
+def test_only_the_applier_answers_estate_requests_and_nobody_reads_every_reply(node):
+    async def go():
+        out = {}
+        for role in ("ingress", "seats", "workers"):
+            async with Client(node, role) as c:
+                out[role] = (await c.sub_refused(f"estate.req.{NODE}"),
+                             await c.sub_refused("_INBOX.>"),
+                             await c.sub_refused(f"{permissions.inbox('data_applier', NODE)}.>"))
+        async with Client(node, "data_applier") as c:
+            out["data_applier"] = (not await c.sub_refused(f"estate.req.{NODE}"),
+                                   await c.sub_refused("_INBOX.>"),
+                                   await c.sub_refused(f"{permissions.inbox('seats', NODE)}.>"))
+        return out
+
+    out = asyncio.run(go())
+    assert out == {r: (True, True, True) for r in credentials.ROLE_USERS}, out

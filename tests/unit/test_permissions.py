@@ -1,0 +1,114 @@
+"""The broker's users file and what each role's user may do, as written to nats.conf
+(crewlet.credentials, crewlet.permissions). A real broker enforcing them:
+tests/integration/test_broker_permissions.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from crewlet import credentials, permissions
+from crewlet.config import NodeConfig
+from crewlet.config.model import CHILD_FOR_ROLE
+from crewlet.estate import wire
+from roles import broker
+
+
+def _mode(path: str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_first_start_makes_one_user_per_role_and_crewlet_each_with_its_own_password(tmp_path):
+    users = credentials.ensure(str(tmp_path))
+    assert set(users) == {"crewlet", *CHILD_FOR_ROLE.values()} == set(credentials.USERS)
+    assert len(set(users.values())) == len(users)
+    assert _mode(credentials.path(str(tmp_path))) == 0o600
+    assert credentials.ensure(str(tmp_path)) == users  # kept across restarts
+
+
+def test_an_older_file_with_crewlet_alone_is_upgraded_in_place_keeping_its_password(tmp_path):
+    run_dir = str(tmp_path)
+    with open(credentials.path(run_dir), "w") as f:
+        json.dump({"users": {"crewlet": "the-old-one"}}, f)
+    os.chmod(credentials.path(run_dir), 0o600)
+    # Before crewletd upgrades it, a role's user is missing: said, naming the file.
+    try:
+        credentials.client_options(NodeConfig().stream, run_dir, "seats")
+        raise AssertionError("a missing user was not said")
+    except ValueError as exc:
+        assert credentials.CREDENTIALS_FILE in str(exc) and "'seats'" in str(exc)
+
+    users = credentials.ensure(run_dir)
+    assert users["crewlet"] == "the-old-one"
+    assert set(users) == set(credentials.USERS)
+    assert credentials.read(run_dir) == users
+    assert _mode(credentials.path(run_dir)) == 0o600
+    assert os.listdir(run_dir) == [credentials.CREDENTIALS_FILE]  # no temporary left behind
+
+
+def test_every_role_has_a_grant_and_crewlet_none():
+    grants = permissions.grants("n1")
+    assert set(grants) == set(credentials.ROLE_USERS)
+    assert credentials.CREWLET_USER not in grants
+
+
+def _allowed(role: str, node: str = "n1", domain: str = "crewlet") -> tuple[list[str], list[str]]:
+    return permissions.subjects(permissions.grants(node)[role], role=role, node=node, domain=domain)
+
+
+def test_only_the_applier_may_write_grants_and_answer_estate_requests():
+    for role in credentials.ROLE_USERS:
+        publish, subscribe = _allowed(role)
+        writes_grants = any("$KV.grants." in s or "KV_grants" in s and "STREAM.UPDATE" in s
+                            for s in publish)
+        assert writes_grants == (role == "data_applier"), role
+        assert ("estate.req.n1" in subscribe) == (role == "data_applier"), role
+        assert not any(s.startswith("estate.req") and s != "estate.req.n1" for s in subscribe)
+
+
+def test_ingress_and_workers_never_publish_to_the_estate_log_and_nobody_deletes_a_stream():
+    for role in credentials.ROLE_USERS:
+        publish, _ = _allowed(role)
+        assert ("estate.ops" in publish) == (role in ("data_applier", "seats")), role
+        assert not any("STREAM.DELETE" in s for s in publish), role
+        assert not any(s.endswith(">") and s.count(".") <= 2 and s.startswith("$JS") for s in publish), \
+            f"{role}: a wildcard over the whole JetStream API"
+        # Purging is the mailbox retirement duty's alone.
+        assert [s for s in publish if "STREAM.PURGE" in s] == (
+            ["$JS.API.STREAM.PURGE.AGENTS", "$JS.crewlet.API.STREAM.PURGE.AGENTS"]
+            if role == "workers" else []), role
+
+
+def test_each_role_subscribes_under_its_own_inbox_only():
+    for role in credentials.ROLE_USERS:
+        _, subscribe = _allowed(role)
+        assert subscribe[0] == f"_INBOX.{role}.n1.>"
+        assert not any(s.startswith("_INBOX") for s in subscribe[1:])
+
+
+def test_leases_keys_are_split_between_seats_and_workers():
+    leases = {role: [s for s in _allowed(role)[0] if s.startswith("$KV.leases.")]
+              for role in credentials.ROLE_USERS}
+    assert leases == {"data_applier": [], "ingress": [], "seats": ["$KV.leases.seat.>"],
+                      "workers": ["$KV.leases.duty.>"]}
+
+
+def test_the_apis_domain_form_is_allowed_alike_for_a_leaf():
+    publish, _ = _allowed("seats", domain="fleet")
+    assert "$JS.fleet.API.$KV.leases.seat.>" in publish
+    assert "$JS.fleet.API.CONSUMER.MSG.NEXT.AGENTS.>" in publish
+    assert "$JS.API.CONSUMER.MSG.NEXT.AGENTS.>" in publish
+
+
+def test_nats_conf_gives_crewlet_every_right_and_each_role_its_list(tmp_path):
+    cfg = NodeConfig(node={"id": "n1"}, data_dir=str(tmp_path))
+    users = credentials.ensure(str(tmp_path))
+    text = "\n".join(broker.config_lines(cfg, users))
+    assert f'{{ user: "crewlet", password: {json.dumps(users["crewlet"])} }}' in text
+    for role in credentials.ROLE_USERS:
+        assert f'{{ user: "{role}", password: {json.dumps(users[role])}, permissions: {{' in text
+    # The applier answers estate requests, one answer each, within longer than they wait.
+    assert text.count("allow_responses:") == 1
+    assert f'allow_responses: {{ max: 1, expires: "{permissions.ANSWER_WITHIN}s" }}' in text
+    assert permissions.ANSWER_WITHIN > wire.WRITE_WAIT
