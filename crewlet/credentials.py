@@ -96,13 +96,12 @@ import re
 import secrets
 import ssl
 
-from crewlet.config.model import CHILD_FOR_ROLE
 
 CREDENTIALS_FILE = "broker-users.json"
 CREWLET_USER = "crewlet"
 # The users of a node's broker: crewlet's own (crewletd, crewletctl) and one
 # per role, named as the role's child (crewlet.config.model.CHILD_FOR_ROLE).
-ROLE_USERS = tuple(CHILD_FOR_ROLE.values())
+ROLE_USERS = ("data_applier", "ingress", "seats", "workers")  # = CHILD_FOR_ROLE's values (config imports this module)
 USERS = (CREWLET_USER, *ROLE_USERS)
 PASSWORD_BYTES = 32  # of randomness; url-safe base64 text, so it is a URL's userinfo as it stands
 

@@ -92,7 +92,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from crewlet.coord import buckets
+from crewlet import outbox
+from crewlet.coord import buckets, duty_reports, fired
 from crewlet.estate import log as estate_log
 from crewlet.estate import wire
 from crewlet.queue import jetstream as mail
@@ -129,7 +130,8 @@ class Grant:
 
     publish: tuple[str, ...] = ()              # subjects, core or a stream's
     streams: dict[str, tuple[str, ...]] = field(default_factory=dict)  # stream -> abilities
-    writes: dict[str, str] = field(default_factory=dict)  # bucket -> the keys it writes
+    # bucket -> the keys it writes (a pattern, or several)
+    writes: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
     subscribe: tuple[str, ...] = ()            # besides its inbox
     responds: bool = False                     # answers requests (allow_responses)
 
@@ -141,6 +143,7 @@ ANY = ">"  # every key of a bucket
 ANSWER_WITHIN = 120
 ESTATE_ASK = wire.SUBJECT_PREFIX + "*"  # a request to any data node's applier
 EVENTS = mail.EVENTS_STREAM
+NOTIFICATIONS = outbox.SUBJECT + ">"  # the notify tool, crewlet's notices (crewlet.outbox)
 TURN_EVENTS = "events.turn.>"  # crewlet.queue.post and the ingress projection
 
 
@@ -148,7 +151,7 @@ def grants(node: str) -> dict[str, Grant]:
     """Each role's grant on the broker of node *node* (the user is the role's child name)."""
     return {
         "data_applier": Grant(
-            publish=(estate_log.SUBJECT,),
+            publish=(estate_log.SUBJECT, NOTIFICATIONS),  # a copy out of service is a notice
             streams={
                 # ensure_stream at every start: a data node may come up first.
                 estate_log.STREAM: ("look", "follow", "make"),
@@ -169,6 +172,7 @@ def grants(node: str) -> dict[str, Grant]:
                 mail.SUBJECT + ">",        # the send tool: mail to any seat
                 mail.DLQ_SUBJECT + ">",    # dead letters
                 TURN_EVENTS,               # turn records for the live feed and custody
+                NOTIFICATIONS,             # the notify tool; a dead letter's notice
                 ESTATE_ASK),
             streams={
                 # Fetch from the mailboxes crewletd made, ack; a dead letter is
@@ -201,13 +205,28 @@ def grants(node: str) -> dict[str, Grant]:
             writes={buckets.CONFIG.name: ANY, buckets.CLAIMS.name: ANY},
             subscribe=(TURN_EVENTS,)),      # the live feed, send --wait
         "workers": Grant(
+            publish=(
+                mail.SUBJECT + ">",        # the scheduler's ticks
+                ESTATE_ASK),               # maintenance's turn.trim ops, through an applier
             streams={
-                # The mailbox retirement duty: a retired seat's mailbox is
-                # deleted and its mail purged, worked mail trimmed.
+                # The maintenance duty: a retired seat's mailbox is deleted
+                # and its mail purged, worked mail trimmed.
                 mail.STREAM: (*LOOK, "forget", "purge"),
                 kv(buckets.LEASES): WATCH,  # duty leases; the fleet shape reads node.*
+                # The estate copies' state (the router); the scheduler's fired
+                # records and the duties' reports.
+                kv(buckets.STATUS): WATCH,
+                kv(buckets.LEDGER): LOOK,   # a tick already worked
+                # The sender: its durable on OUTBOX (made at boot; ensured again
+                # as a backstop), the claims and outcomes, the rate valve.
+                outbox.STREAM: (*LOOK, "follow", "make"),
+                kv(buckets.CLAIMS): LOOK,
+                kv(buckets.RATE): LOOK,
             },
-            writes={buckets.LEASES.name: "duty.>"}),
+            writes={buckets.LEASES.name: "duty.>",
+                    buckets.STATUS.name: (fired.PREFIX + ">", duty_reports.PREFIX + ">"),
+                    buckets.CLAIMS.name: outbox.CLAIM_PREFIX + ">",
+                    buckets.RATE.name: ANY}),
     }
 
 
@@ -232,7 +251,8 @@ def subjects(grant: Grant, *, role: str, node: str, domain: str) -> tuple[list[s
                 publish += [f"{p}.{verb.format(s=stream)}" for p in prefixes]
         if "fetch" in abilities or "follow" in abilities:
             publish += [r.format(s=stream) for r in CONSUMER_REPLIES]
-    for bucket, keys in grant.writes.items():
-        publish += [f"$KV.{bucket}.{keys}", f"$JS.{domain}.API.$KV.{bucket}.{keys}"]
+    for bucket, patterns in grant.writes.items():
+        for keys in (patterns,) if isinstance(patterns, str) else patterns:
+            publish += [f"$KV.{bucket}.{keys}", f"$JS.{domain}.API.$KV.{bucket}.{keys}"]
     subscribe = [inbox(role, node) + ".>", *grant.subscribe]
     return list(dict.fromkeys(publish)), list(dict.fromkeys(subscribe))

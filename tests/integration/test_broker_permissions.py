@@ -212,3 +212,47 @@ def test_only_the_applier_answers_estate_requests_and_nobody_reads_every_reply(n
 
     out = asyncio.run(go())
     assert out == {r: (True, True, True) for r in credentials.ROLE_USERS}, out
+
+
+# ------------------------------------------------ the duties under their rights
+
+DUTIES_COMPANY = """
+company: {name: Duties}
+providers:
+  local:
+    kind: scripted
+    rules:
+      - match: standup
+        tools:
+          - name: notify
+            args: {to: [ops@example.com], subject: standup, body: done}
+        reply: "notified: {tools}"
+seats: [{name: solo, persona: does everything, provider: local}]
+schedules: [{name: beat, seat: solo, every: 2s, message: standup, catch_up: none}]
+notify: {rate: 50, burst: 5}
+"""
+
+
+def test_the_duties_and_the_notify_tool_work_within_their_rights(make_node, short_tmp):
+    """Every duty and the notify tool on a node with an embedded broker, so the
+    roles' users hold only their grants: the scheduler's tick (workers: mail),
+    the notify tool (seats: OUTBOX), the sender (workers: OUTBOX's durable,
+    claims, the rate valve) and the maintenance sweep (workers: an estate
+    write through an applier, its report). Nodes.close fails the test on any
+    refusal the broker logged."""
+    from tests.conftest import wait_for
+    from tests.seats import write_company
+    from tests.smtp import SmtpServer
+
+    smtpd = SmtpServer().start()
+    try:
+        company = write_company(short_tmp, DUTIES_COMPANY)
+        n = make_node(node={"id": "duties"}, fleet={"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5},
+                      smtp={"host": "127.0.0.1", "port": smtpd.port, "tls": "none",
+                            "notices_to": ["ops@example.com"]})
+        n.start(args=("--company", company))
+        wait_for(lambda: any(m["Subject"] == "standup" for m in smtpd.messages), 45, interval=0.3,
+                 what="a scheduled turn's notification sent")
+        n.wait_event("maintenance_swept", timeout=30)
+    finally:
+        smtpd.stop()

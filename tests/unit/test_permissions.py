@@ -112,3 +112,8 @@ def test_nats_conf_gives_crewlet_every_right_and_each_role_its_list(tmp_path):
     assert text.count("allow_responses:") == 1
     assert f'allow_responses: {{ max: 1, expires: "{permissions.ANSWER_WITHIN}s" }}' in text
     assert permissions.ANSWER_WITHIN > wire.WRITE_WAIT
+
+
+def test_the_role_users_are_the_role_children():
+    # credentials cannot import the config (the config imports it): kept equal here.
+    assert set(credentials.ROLE_USERS) == set(CHILD_FOR_ROLE.values())
