@@ -30,7 +30,8 @@ bucket     keys                                            answers
 leases     node.<id>, seat.<id>, duty.<name>, conv.<id>    who is alive, who runs what
 config     rev.<n>, active                                 company revisions, the epoch
 status     node.<id>, estate.<id>, evicted.<id>,           revision reached, estate copy, eviction,
-           schedule.<name>                                 a schedule's last fire (crewlet.coord.fired)
+           schedule.<name>,                                a schedule's last fire (crewlet.coord.fired),
+           duty.<name>                                     a duty's last pass (crewlet.coord.duty_reports)
 ledger     <trigger id>                                    has a trigger been worked
 claims     <integration>.<delivery id>                     delivery dedupe, a week
            outbox.<digest of a notification id>            a notification's claim and
@@ -40,7 +41,8 @@ rate       <valve>                                         the notification valv
                                                            state the sender admits each
                                                            send by (crewlet/coord/valve.py)
 budgets    org, seat.<id>                                  token spend against caps
-objects    store                                           which file store is used
+objects    (none yet)                                      made, not used: the file store's
+                                                           record once files live in one
 grants     <seat>.<token>.<node digest>                    is a fencing token a lease
                                                            the fleet granted (the verdict
                                                            every estate copy follows:
