@@ -14,7 +14,8 @@ import nats
 from nats.aio.client import Client
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import NoStreamResponseError
+from nats.js.api import StreamConfig
+from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 
 from crewlet import credentials, log
 
@@ -183,3 +184,24 @@ async def publish_until(js: JetStreamContext, subject: str, data: bytes, *, msg_
             raise Unanswered(f"publishing on {subject}: no answer in time: {type(why).__name__}")
         await asyncio.sleep(pause)
         pause = min(pause * 2, RESEND_PAUSE_MAX)
+
+
+_ERR_STREAM_NAME_IN_USE = 10058
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> bool:
+    """Stream ``config.name`` exists: made with *config* if it did not (True),
+    an existing one left as it is (False) — a node that lost a race to make it
+    takes the winner's."""
+    try:
+        await js.stream_info(config.name)
+        return False
+    except NotFoundError:
+        pass
+    try:
+        await js.add_stream(config)
+        return True
+    except BadRequestError as exc:
+        if exc.err_code != _ERR_STREAM_NAME_IN_USE:
+            raise
+        return False

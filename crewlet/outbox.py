@@ -46,10 +46,10 @@ import time
 from typing import Any, Literal
 
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from crewlet import log
+from crewlet import bus, log
 from crewlet.bus import MAX_READERS, publish_until
 from crewlet.config.model import Email
 from crewlet.coord import buckets
@@ -80,7 +80,6 @@ SENDING, SENT, RETRY, DEAD, UNKNOWN = "sending", "sent", "retry", "dead", "unkno
 STATES = (SENDING, SENT, RETRY, DEAD, UNKNOWN)
 FINAL = (SENT, DEAD, UNKNOWN)
 
-_ERR_STREAM_NAME_IN_USE = 10058
 
 
 class Notification(BaseModel):
@@ -122,17 +121,8 @@ def stream_config(replicas: int) -> StreamConfig:
 
 async def ensure_stream(js, replicas: int) -> None:
     """``OUTBOX`` exists (an existing one is left as it is)."""
-    try:
-        await js.stream_info(STREAM)
-        return
-    except NotFoundError:
-        pass
-    try:
-        await js.add_stream(stream_config(replicas))
+    if await bus.ensure_stream(js, stream_config(replicas)):
         log.event("outbox_stream_created", replicas=replicas)
-    except BadRequestError as exc:
-        if exc.err_code != _ERR_STREAM_NAME_IN_USE:
-            raise
 
 
 async def put(js, notification: Notification, *, patience: float = PUT_PATIENCE) -> bool:

@@ -34,9 +34,9 @@ import weakref
 from typing import Any, Callable
 
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyWrongLastSequenceError
 
-from crewlet import groups, log
+from crewlet import bus, groups, log
 from crewlet.bus import MAX_READERS, publish_until
 from crewlet.coord import buckets
 from crewlet.queue.base import MailboxError
@@ -55,7 +55,6 @@ FETCH_WAIT = 5.0
 STORE_PATIENCE = 10.0              # seconds a store is resent while unanswered (leader election)
 # Claim states (the claims bucket's value, JSON).
 CLAIMED, STORED = "claimed", "stored"
-_ERR_STREAM_NAME_IN_USE = 10058
 
 
 def claim_key(integration: str, delivery: str) -> str:
@@ -82,17 +81,8 @@ def stream_config(replicas: int) -> StreamConfig:
 
 async def ensure_stream(js, replicas: int) -> None:
     """``NOTIFY`` exists (an existing one is left as it is)."""
-    try:
-        await js.stream_info(STREAM)
-        return
-    except NotFoundError:
-        pass
-    try:
-        await js.add_stream(stream_config(replicas))
+    if await bus.ensure_stream(js, stream_config(replicas)):
         log.event("notify_stream_created", replicas=replicas)
-    except BadRequestError as exc:
-        if exc.err_code != _ERR_STREAM_NAME_IN_USE:
-            raise
 
 
 async def claim(js, integration: str, delivery: str, *, node: str, seat: str) -> str | None:

@@ -205,7 +205,9 @@ def _restart(node, others: list) -> None:
     """Stop *node* (SIGTERM), check the others still write (quorum), start it again."""
     node.proc.send_signal(signal.SIGTERM)
     assert node.wait_exit(30) == 0
-    asyncio.run(_put(others[0], "rotation", "while-down", node.config["node"]["id"].encode(), 20))
+    # A leader election under a loaded machine has taken over 20 s of "JetStream
+    # temporarily unavailable" here; a quorum lost for good never answers at all.
+    asyncio.run(_put(others[0], "rotation", "while-down", node.config["node"]["id"].encode(), 45))
     start_alone(node, timeout=30)
 
 

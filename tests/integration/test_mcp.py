@@ -107,7 +107,7 @@ def test_tools_join_the_registry_and_stop_leaves_no_process_not_even_a_grandchil
         pid = st["pid"]
         assert st["pgid"] == pid == os.getpgid(pid) and pid != os.getpgid(0)  # a group of its own
         assert sorted(st["tools"]) == ["t__add", "t__crash", "t__echo", "t__fail", "t__nap"]
-        assert registry.names() == ["send", "t__add", "t__crash", "t__echo", "t__fail", "t__nap"]
+        assert registry.names() == ["notify", "send", "t__add", "t__crash", "t__echo", "t__fail", "t__nap"]
         add = {s.name: s for s in registry.specs()}["t__add"]
         assert add.description == "The sum of a and b."
         assert add.parameters["type"] == "object" and sorted(add.parameters["required"]) == ["a", "b"]
@@ -130,10 +130,10 @@ def test_tools_join_the_registry_and_stop_leaves_no_process_not_even_a_grandchil
         # The promise of stop(): when it returns, nothing of the group runs.
         assert not alive(pid) and not alive(grandchild)
         assert marked_running(mark) == []
-        assert registry.names() == ["send"]
+        assert registry.names() == ["notify", "send"]
         assert servers.status()["t"]["state"] == "stopped"
         assert await registry.call(ctx(), "t__echo", {"text": "x"}) == \
-            ("unknown tool 't__echo'; tools: send", True)
+            ("unknown tool 't__echo'; tools: notify, send", True)
 
         # The seat claimed again: the same servers start afresh.
         await servers.start()
