@@ -173,7 +173,9 @@ def test_stateless_node_runs_a_leaf_and_reaches_the_members_jetstream_through_th
                                   inbox_prefix=permissions.inbox("seats", "fd"))
         try:
             js = bus.jetstream(leaf, NodeConfig.model_validate(stateless.config).stream)
-            assert (await js.stream_info("KV_leases")).config.name == "KV_leases"
+            # The members' crewletd makes the bucket once they have a quorum: maybe not yet.
+            info = await retry(lambda: js.stream_info("KV_leases"), 30, what="KV_leases through the domain")
+            assert info.config.name == "KV_leases"
             with pytest.raises(nats.errors.TimeoutError):
                 await leaf.request(f"$JS.{DOMAIN}.API.$KV.grants.forged.1.0", b"{}", timeout=0.5)
             assert any("permissions violation" in e and "$kv.grants.forged" in e for e in errors), errors
