@@ -70,6 +70,15 @@ def mailbox_capacity(seats: int) -> int:
     return max(MAILBOX_FLOOR, 2 * seats)
 
 
+
+def _cancelled() -> bool:
+    """This task was asked to stop. A loop checks it as well as awaiting a
+    cancel: Python 3.11's wait_for (nats-py's requests use it) can swallow
+    the CancelledError, and a loop that went round again would hold the
+    node's stop (``task_stop_overdue``) — but the request stays counted."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
 class Fleet:
     """State of the ``fleet`` child. One per crewletd run.
 
@@ -232,7 +241,7 @@ class Fleet:
 
     async def _heartbeat(self) -> None:
         assert self.presence is not None
-        while True:
+        while not _cancelled():
             self._check_workers_manned()
             await asyncio.sleep(self.cfg.fleet.heartbeat)
             try:
@@ -250,7 +259,7 @@ class Fleet:
         """Read every stream's consumer count and limit, every heartbeat: what
         a leak of consumers looks like before a stream refuses one (issue 10)."""
         failing = False
-        while True:
+        while not _cancelled():
             try:
                 infos = await self._js.streams_info()
                 self.streams = sorted(
