@@ -79,6 +79,14 @@ def _cancelled() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
 
+
+def _going_on() -> bool:
+    """True, or CancelledError if this task was asked to stop: the head of a
+    retry loop whose caller must not take a stop for a result."""
+    if _cancelled():
+        raise asyncio.CancelledError()
+    return True
+
 class Fleet:
     """State of the ``fleet`` child. One per crewletd run.
 
@@ -178,7 +186,7 @@ class Fleet:
         cfg = self.cfg
         js = bus.jetstream(self.nc, cfg.stream)
         pause, waiting = 0.1, False
-        while True:
+        while _going_on():
             try:
                 await buckets.ensure_all(js, cfg.stream.replicas)
                 break
@@ -287,7 +295,7 @@ class Fleet:
         assert self.control is not None
         rev, epoch = active["rev"], active.get("epoch")
         pause = 0.2
-        while True:  # a read that got no answer is tried again, not taken for a bad revision
+        while _going_on():  # a read that got no answer is tried again, not taken for a bad revision
             try:
                 doc = await self.control.revision(rev)
                 break
@@ -327,7 +335,7 @@ class Fleet:
         assert self.mailboxes is not None
         seats = [s.name for s in company.seats]
         pause = 0.2
-        while True:
+        while _going_on():
             try:
                 started = time.monotonic()
                 await self.mailboxes.ensure_streams(
