@@ -195,7 +195,16 @@ async def _put(node, bucket: str, key: str, value: bytes, within: float) -> None
     nc = await nats.connect(node_url(node), connect_timeout=2, allow_reconnect=False)
     try:
         js = nc.jetstream(timeout=2)
-        kv = await retry(lambda: js.create_key_value(bucket=bucket, replicas=3), within, what="the bucket")
+        # Made once, then only opened: opening asks the bucket's own stream
+        # (its leader), while creating asks the cluster's meta leader, which a
+        # member's restart may take away for a while — and what rotating must
+        # keep going is the writes.
+        async def bucket_kv():
+            try:
+                return await js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                return await js.create_key_value(bucket=bucket, replicas=3)
+        kv = await retry(bucket_kv, within, what="the bucket")
         await retry(lambda: kv.put(key, value), within, what=f"a write through {node.config['node']['id']}")
     finally:
         await nc.close()
