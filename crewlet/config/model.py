@@ -74,6 +74,17 @@ def _url(*schemes: str):
     return AfterValidator(check)
 
 
+def _read_with(reader, value: str, info: ValidationInfo) -> str:
+    """*value* as a path resolved against the config file, once *reader* could
+    read it (its own ValueError, naming the problem, passes through)."""
+    path = _resolve_path(value, info)
+    try:
+        reader(path)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return path
+
+
 def _resolve_path(value: str, info: ValidationInfo) -> str:
     """~ expanded; relative paths are relative to the config file's directory."""
     base = (info.context or {}).get("base_dir") or os.getcwd()
@@ -308,24 +319,14 @@ class StreamSection(_Section):
                                  "the nodes that hold its secret. Make one with `crewletctl fleet-secret FILE`, "
                                  "copy it to every node (mode 0600) and name it here")
             return v
-        v = _resolve_path(v, info)
-        try:
-            credentials.read_fleet_secrets(v)
-        except OSError as exc:
-            raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
-        return v
+        return _read_with(credentials.read_fleet_secrets, v, info)
 
     @field_validator("credentials")
     @classmethod
     def _credentials(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
             return v
-        v = _resolve_path(v, info)
-        try:
-            credentials.read_external(v)
-        except OSError as exc:
-            raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
-        return v
+        return _read_with(credentials.read_external, v, info)
 
     @field_validator("tls")
     @classmethod

@@ -17,11 +17,13 @@ the key list, so no consumer is made.
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from typing import Any
 
 from nats.js import JetStreamContext
 
-from crewlet.bus import kv_subject
+from crewlet.bus import kv_subject, publish_until
 from crewlet.coord.buckets import STATUS, last, subjects
 
 PREFIX = "duty."
@@ -31,9 +33,17 @@ def key(name: str) -> str:
     return PREFIX + name
 
 
+# Seconds a report write is sent again while unanswered (an election takes ~6 s).
+WRITE_PATIENCE = 10.0
+
+
 async def write(js: JetStreamContext, name: str, record: dict[str, Any]) -> None:
-    """Put *record* as duty *name*'s last pass. Raises what the publish raised."""
-    await js.publish(kv_subject(js, STATUS.name) + key(name), json.dumps(record).encode())
+    """Put *record* as duty *name*'s last pass: a write after the pass's
+    effects, so sent again under one id while a leader election leaves it
+    unanswered (:func:`crewlet.bus.publish_until`; its running totals would
+    otherwise be lost). Raises what the publish raised."""
+    await publish_until(js, kv_subject(js, STATUS.name) + key(name), json.dumps(record).encode(),
+                        msg_id=f"{key(name)}:{uuid.uuid4().hex}", deadline=time.monotonic() + WRITE_PATIENCE)
 
 
 async def read(js: JetStreamContext, name: str, *, leader: bool = True) -> dict[str, Any] | None:
