@@ -31,6 +31,8 @@ make       create the stream, or update its config: the idempotent ensure
            has made the stream
 drop       delete one message (a dead letter out of a mailbox, a requeued
            one out of ``DLQ``)
+rewind     reset a consumer to its ack floor (a seat's holder taking back
+           what the broker handed a process of its node that then died)
 purge      purge a subject's messages (the mailbox retirement duty)
 =========  ==============================================================
 
@@ -109,6 +111,7 @@ ABILITIES: dict[str, tuple[str, ...]] = {
     "forget": ("CONSUMER.DELETE.{s}.>",),
     "make": ("STREAM.CREATE.{s}", "STREAM.UPDATE.{s}"),
     "drop": ("STREAM.MSG.DELETE.{s}",),
+    "rewind": ("CONSUMER.RESET.{s}.>",),
     "purge": ("STREAM.PURGE.{s}",),
 }
 # Published to the reply subject of a message a consumer delivered (with
@@ -176,8 +179,9 @@ def grants(node: str) -> dict[str, Grant]:
                 ESTATE_ASK),
             streams={
                 # Fetch from the mailboxes crewletd made, ack; a dead letter is
-                # dropped from the mailbox once copied to DLQ.
-                mail.STREAM: (*LOOK, "fetch", "drop"),
+                # dropped from the mailbox once copied to DLQ; a delivery lost
+                # to a crash mid-fetch is taken back by a reset.
+                mail.STREAM: (*LOOK, "fetch", "drop", "rewind"),
                 kv(buckets.LEASES): WATCH,
                 kv(buckets.STATUS): WATCH,   # the estate copies' state (the router)
                 kv(buckets.LEDGER): LOOK,

@@ -197,6 +197,17 @@ class Mailboxes(ABC):
         """NAK a delivery by its token."""
 
     @abstractmethod
+    async def reset(self, seat: str) -> int:
+        """Take back every delivery of *seat*'s mailbox not yet acked, as if
+        none had been made: all of them (a NAK's delay and the count of
+        deliveries included) come again from the ack floor on, at once;
+        the sequence the mailbox was reset to.
+
+        For a delivery the broker handed to a process that died before it
+        could note it (so holds no token to NAK): only the seat's holder may
+        call it, with nothing in its own hands."""
+
+    @abstractmethod
     async def info(self, seat: str) -> dict:
         """``{"pending", "in_flight", "redelivered", "ack_floor"}`` of *seat*'s mailbox."""
 

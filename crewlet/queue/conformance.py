@@ -5,8 +5,9 @@ It asserts the behaviour the hand-over constants rest on (DESIGN §4, reference
 nothing attached, that re-attaching replays in order, that a successor receives
 what its predecessor never acked, that one client's detach leaves its peers
 attached, that nothing is prefetched, that the delivery budget ends in the dead
-letters — and it asserts no timing. A broker that got slower does not fail it;
-a broker that stopped behaving this way does. (The waits below are deadlines
+letters, that a reset takes back a delivery nobody holds a token for — and it
+asserts no timing. A broker that got slower does not fail it; a broker that
+stopped behaving this way does. (The waits below are deadlines
 for something that must happen, never measurements.)
 
 A backend is checked through a **factory**: ``factory(ack_wait=...)`` is an
@@ -282,6 +283,32 @@ async def check_remove_and_trim(factory: Factory) -> None:
         assert (await _one(box)).data == b"k3", "trim dropped unworked mail"
 
 
+# --------------------------------------------------------------------------- 9
+
+async def check_reset_takes_back_a_lost_delivery(factory: Factory) -> None:
+    """A delivery handed to a client that vanished without its token (no NAK
+    possible) comes back at once after a reset, not after the ack wait; so
+    does one waiting out a NAK's delay. What was acked below them stays
+    acked."""
+    async with factory() as (a, b):
+        seat = _seat("reset")
+        await a.ensure([seat])
+        await _send_all(a, seat, 3, "x")
+        box = a.attach(seat)
+        await box.ack(await _one(box))                       # x0: worked
+        lost = await _one(box)                               # x1: ... and its token dies with it
+        later = await _one(box)                              # x2: handed back for later
+        await box.nak(later, 600)
+        successor = b.attach(seat)
+        assert await successor.next(wait=NOTHING_WAIT) is None
+        assert await b.reset(seat) == lost.seq
+        got = [await _one(successor, AT_ONCE) for _ in range(2)]
+        assert [(d.seq, d.data) for d in got] == [(lost.seq, b"x1"), (later.seq, b"x2")]
+        for d in got:
+            await successor.ack(d)
+        assert await successor.next(wait=NOTHING_WAIT) is None, "an acked message came back"
+
+
 CHECKS: list[tuple[str, Callable[[Factory], Awaitable[None]]]] = [
     ("durable_mailbox_keeps_mail", check_durable_mailbox_keeps_mail),
     ("reattach_replays_in_order", check_reattach_replays_in_order),
@@ -291,4 +318,5 @@ CHECKS: list[tuple[str, Callable[[Factory], Awaitable[None]]]] = [
     ("budget_spent_goes_to_dead_letters", check_budget_spent_goes_to_dead_letters),
     ("ensure_is_idempotent", check_ensure_is_idempotent),
     ("remove_and_trim", check_remove_and_trim),
+    ("reset_takes_back_a_lost_delivery", check_reset_takes_back_a_lost_delivery),
 ]

@@ -433,6 +433,12 @@ class JetStreamMailboxes(Mailboxes):
                 "redelivered": got.get("num_redelivered", 0),
                 "ack_floor": (got.get("ack_floor") or {}).get("stream_seq", 0)}
 
+    async def reset(self, seat: str) -> int:
+        # nats-server ≥ 2.14 (ADR-60): the consumer's delivery state goes back
+        # to its ack floor; pending deliveries and their redelivery counts go.
+        got = await self._api(f"CONSUMER.RESET.{STREAM}.{CONSUMER}{check_seat(seat)}", {})
+        return int(got.get("reset_seq") or 0)
+
     async def remove(self, seat: str) -> None:
         check_seat(seat)
         try:

@@ -20,13 +20,15 @@ A turn, in order:
 3. **the ledger** — a trigger already worked is acked and skipped;
 4. **the rounds** (:func:`crewlet.agent.turn.run_rounds`), the fence checked
    before each round's side effects;
-5. **the ledger** written, then the **ack**, each sent again through a
-   stream leader election (:data:`SETTLE_PATIENCE`); a ledger entry that
-   cannot be written leaves the delivery unacked (see ``SeatWork._settle``);
-   then the turn record, retried the same way: on ``EVENTS`` (``events.turn.<seat>``, the live
-   feed, kept by one data node's event log) and, durably, as a
-   ``turn.record`` op on the estate's log (the ``turns`` table of every
-   data node's copy; refused there if the seat's fence moved on).
+5. **the ledger** written, then the **turn record**, then the **ack**, each
+   sent again through a stream leader election (:data:`SETTLE_PATIENCE`); a
+   ledger entry that cannot be written leaves the delivery unacked (see
+   ``SeatWork._settle``). The record goes on ``EVENTS``
+   (``events.turn.<seat>``, the live feed, kept by one data node's event
+   log) and, durably, as a ``turn.record`` op on the estate's log (the
+   ``turns`` table of every data node's copy; refused there if the seat's
+   fence moved on). A turn that ends any other way (failed, handed back,
+   skipped) is recorded after it settled.
 
 A seat's tools reach the estate (tracker, knowledge base, files) through the
 node's :class:`~crewlet.estate.router.Router`; on claiming a seat the node
@@ -57,6 +59,16 @@ was in hand at :data:`POISON_CRASHES` crashes it is dead-lettered
 in hand at. Killing the seats process from outside (an operator, the OOM
 killer) mid-turn counts the same: the same mail in hand at that many kills
 in a row is taken for the cause.
+
+**Lost to a crash.** Between the broker sending a delivery and this process
+noting its token there is a moment no file can cover: a process killed then
+(its loop wedged by another seat's turn, say) leaves a delivery nobody can
+NAK, which would come back only after the ack wait. So the in-flight record
+says ``fetching`` while a fetch is out; whoever holds the seat next on this
+node and finds that left by a process that died resets the seat's mailbox to
+its ack floor (:meth:`~crewlet.queue.base.Mailboxes.reset`): the lost
+delivery comes again at once, and with it whatever else was unacked — a
+NAK's delay cut short, mail acked out of order skipped by the ledger.
 
 Mail wakes a seat: the node subscribes to ``agents.inbox.*`` (plain NATS, no
 JetStream state) and wakes the seat a message was published for. A seat also
@@ -135,6 +147,9 @@ POISON_REASON = f"in hand at {POISON_CRASHES} crashes of the seats process"
 # very process (a seat's loop restarted, a seat claimed again) or by a stop was
 # in hand at no crash, and does not count as one.
 _STOPPED = "stopped"
+# The in-flight record's token while a fetch is out: the broker may hand a
+# delivery to this process that it dies before noting (see "Lost to a crash").
+_FETCHING = "fetching"
 
 
 if TYPE_CHECKING:
@@ -558,11 +573,14 @@ class SeatWork:
                 if self.stopped:
                     return False
                 try:
+                    self._mark_fetching()
                     delivery = await self.mailbox.next()
-                except MailboxError as exc:
+                except (MailboxError, OSError) as exc:
+                    self._forget_inflight_quietly()
                     await self._mailbox_trouble(exc)
                     return False
                 if delivery is None:
+                    self._forget_inflight_quietly()
                     self.suspect = None  # it went elsewhere (worked or dead-lettered)
                     return False
                 self.fetched = delivery
@@ -571,6 +589,7 @@ class SeatWork:
                     # once and fetch nothing more until that changes.
                     self.fetched = None
                     await self.mailbox.nak(delivery)
+                    self._forget_inflight_quietly()
                     return False
                 engine.running += 1
                 engine.peak = max(engine.peak, engine.running)
@@ -646,6 +665,7 @@ class SeatWork:
             await self._hand_back(delivery, RETRY_DELAY)
             return
         settled = False  # acked, NAKed or dead-lettered: no longer in our hands
+        recorded = False  # the turn record was published before the ack
         try:
             worked = await engine.ledger.done(delivery.trigger)
             if worked is not None:
@@ -706,7 +726,7 @@ class SeatWork:
                 settled = True
                 return
             engine.budgets.add(self.seat, usage.total)
-            await self._settle(delivery, record)
+            recorded = await self._settle(delivery, record, started)
             settled = True
             self.restarts = 0
         except asyncio.CancelledError:
@@ -727,7 +747,8 @@ class SeatWork:
         finally:
             if settled:
                 self._forget_inflight()
-            record.took_ms = round((time.monotonic() - started) * 1000, 3)
+            if not recorded:
+                record.took_ms = round((time.monotonic() - started) * 1000, 3)
             self.turns += 1
             engine.turns += 1
             self.last = {"trigger": record.trigger, "outcome": record.outcome, "at": record.started_at,
@@ -735,16 +756,24 @@ class SeatWork:
             log.event("turn", seat=self.seat, trigger=record.trigger, outcome=record.outcome,
                       rounds=record.rounds, tools=len(record.tool_calls), took_ms=record.took_ms,
                       error=record.error)
-            await engine.publish_record(record, JETSTREAM_TIMEOUT if self.stopped else SETTLE_PATIENCE)
+            if not recorded:
+                await engine.publish_record(record, JETSTREAM_TIMEOUT if self.stopped else SETTLE_PATIENCE)
 
-    async def _settle(self, delivery: Delivery, record: TurnRecord) -> None:
-        """The turn's side effects are done: write the ledger, then ack.
+    async def _settle(self, delivery: Delivery, record: TurnRecord, started: float) -> bool:
+        """The turn's side effects are done: write the ledger, then the turn
+        record, then ack. True once the record was published (so it is not
+        published again).
 
         In that order, each sent again through stream leader elections for
         :data:`SETTLE_PATIENCE` seconds. Once the ledger holds the trigger a
         redelivery is skipped, so an ack that never lands costs nothing; an
         ack before the ledger could leave the trigger unrecorded, and the
-        same trigger sent again would be worked twice.
+        same trigger sent again would be worked twice. The record goes before
+        the ack for the same reason: a process killed between an ack and the
+        record would leave a worked trigger with no ``done`` record anywhere,
+        for nothing comes back to write it; killed before the ack, the
+        delivery comes back, the ledger skips it and writes the record again
+        (:meth:`TurnEngine.record_done_again`, landing once under its op id).
 
         A ledger entry that cannot be written in that time (no quorum) is
         not acked as if all were well: the turn's record says ``unsettled``,
@@ -765,15 +794,20 @@ class SeatWork:
             log.event("ledger_write_failed", "error", seat=self.seat, trigger=delivery.trigger,
                       error=str(exc))
             await self._hand_back(delivery, self._retry_delay(delivery, None))
-            return
+            return False
+        record.took_ms = round((time.monotonic() - started) * 1000, 3)
+        await engine.publish_record(record, max(0.0, deadline - time.monotonic()))
         try:
-            await self.mailbox.ack(delivery, deadline=deadline)
+            # An ack of its own patience: a record that took all of it (no
+            # quorum for the estate) must not cost the ack its one try.
+            await self.mailbox.ack(delivery, deadline=time.monotonic() + SETTLE_PATIENCE)
         except MailboxError as exc:
             # Worked and recorded in the ledger: a redelivery (after the ack
             # wait, if this ack truly never landed) is skipped. The turn is done.
             record.error = f"the ack was not confirmed: {exc}"
             log.event("turn_ack_unconfirmed", "warning", seat=self.seat, trigger=delivery.trigger,
                       error=str(exc))
+        return True
 
     async def _hand_back(self, delivery: Delivery, delay: float) -> None:
         """NAK *delivery* to come back after *delay* s, and look for it then: a
@@ -815,6 +849,19 @@ class SeatWork:
         os.pwrite(self._inflight_fd, data, 0)
         os.ftruncate(self._inflight_fd, len(data))
 
+    def _mark_fetching(self) -> None:
+        # Written before the fetch goes out, overwritten by the delivery's own
+        # record once it is in hand (or cleared when there was none).
+        if self._inflight_fd is None:
+            self._inflight_fd = os.open(self.engine.inflight_path(self.seat), os.O_RDWR | os.O_CREAT, 0o600)
+        data = f"{_FETCHING} 0 0 {self.engine.incarnation}\n".encode()
+        os.pwrite(self._inflight_fd, data, 0)
+        os.ftruncate(self._inflight_fd, len(data))
+
+    def _forget_inflight_quietly(self) -> None:
+        with contextlib.suppress(OSError):
+            self._forget_inflight()
+
     def _forget_inflight(self) -> None:
         if self._inflight_fd is not None:
             os.ftruncate(self._inflight_fd, 0)
@@ -843,7 +890,15 @@ class SeatWork:
                 token, seq, crashes, how = parse_inflight(f.read())
         except FileNotFoundError:
             return
-        if token:
+        if token == _FETCHING:
+            if how not in (_STOPPED, self.engine.incarnation):  # a process that died mid-fetch
+                try:
+                    floor = await self.engine.mailboxes.reset(self.seat)
+                    log.event("mailbox_reset", "warning", seat=self.seat, to=floor,
+                              reason="a process of this node died with a fetch out")
+                except MailboxError as exc:  # the broker away: the ack wait has it
+                    log.event("mailbox_reset_failed", "warning", seat=self.seat, error=str(exc))
+        elif token:
             if how not in (_STOPPED, self.engine.incarnation):  # left by a process that died
                 crashes += 1
             self.suspect = (seq, crashes) if seq and crashes else None

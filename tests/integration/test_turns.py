@@ -23,7 +23,7 @@ from crewlet.queue.jetstream import JetStreamMailboxes
 from roles.seats.turns import POISON_CRASHES, POISON_REASON, parse_inflight
 from tests.conftest import wait_for
 from tests.seats import (SAMPLE, ctl, ctl_json, held, ledger_keys, mail_of, node_url,
-                          read_nats, seats_stats, turn_records, worker_company, write_company)
+                          read_nats, seats_stats, send_all, turn_records, worker_company, write_company)
 
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
 
@@ -143,8 +143,7 @@ def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(m
     company = write_company(node.dir, worker_company(nap=0.5))
     node.start(args=("--company", company))
     wait_for(lambda: held(node).get("w") == "t1", 30, what="seat w held")
-    for i in range(jobs):
-        ctl_json(node, "send", "w", f"job {i}", "--trigger", f"job-{i}")
+    send_all(node, [("w", f"job {i}", f"job-{i}") for i in range(jobs)])
 
     rng = random.Random(7)
     kills = 0
@@ -182,6 +181,37 @@ def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(m
     rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
     assert rows["w"]["pending"] == 0 and rows["w"]["in_flight"] == 0
     assert any(e.get("event") == "turn_recovered" for e in node.events())
+
+
+def test_a_delivery_lost_to_a_crash_mid_fetch_comes_back_at_once(make_node):
+    """The broker hands a delivery to the seats process, which dies before it
+    notes the token (its loop wedged, then killed): nobody can NAK it, and the
+    ack wait is 30 min. The in-flight record said ``fetching``, so the next
+    incarnation resets the seat's mailbox and the mail is worked at once."""
+    node = make_node(fleet=FAST)
+    node.start(args=("--company", write_company(node.dir, POISON_COMPANY)))
+    wait_for(lambda: held(node).get("other") == "t1", 30, what="seat other held")
+    seats = node.process_pids()["seats"]
+    os.kill(seats, signal.SIGSTOP)  # wedged: the delivery below reaches nobody's hands
+    try:
+        send_all(node, [("other", "hello lost", "lost-1")])
+
+        async def take(nc, js):  # the broker hands it over, as to the wedged process
+            return await JetStreamMailboxes(js, nc).attach("other").next(wait=5)
+        delivery = read(node, take)
+        assert delivery is not None and delivery.trigger == "lost-1"
+        with open(os.path.join(node.run_dir, "inflight", "other"), "w") as f:
+            f.write("fetching 0 0 deadbeef0000\n")  # what that process wrote before its fetch
+    finally:
+        os.kill(seats, signal.SIGKILL)
+    node.wait_running(exclude={"seats": seats})
+    node.wait_event("mailbox_reset", 30, seat="other")
+
+    def worked():
+        return [r for r in read(node, turn_records) if r["trigger"] == "lost-1" and r["outcome"] == "done"]
+    (record,) = wait_for(worked, 30, what="the lost delivery worked")
+    assert record["deliveries"] == 1  # a reset forgets the delivery count with the delivery
+    assert read(node, ledger_keys) >= {"lost-1"}
 
 
 POISON_COMPANY = """
@@ -257,9 +287,8 @@ def test_max_concurrent_is_never_exceeded(make_node):
         nap=0.5, seats="\n".join(f"  - {{name: {s}, persona: p, provider: slow}}" for s in seats)))
     node.start(args=("--company", company))
     wait_for(lambda: set(held(node)) == set(seats), 30, what="every seat held")
-    for seat in seats:
-        for n in range(2):
-            ctl_json(node, "send", seat, f"work {n}")
+    # All at once: the gate, not the pace of the sends, decides what runs.
+    send_all(node, [(seat, f"work {n}", None) for seat in seats for n in range(2)])
 
     def finished():
         records = [r for r in read(node, turn_records) if r["outcome"] == "done"]
