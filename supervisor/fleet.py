@@ -70,6 +70,18 @@ def mailbox_capacity(seats: int) -> int:
     return max(MAILBOX_FLOOR, 2 * seats)
 
 
+def _stream_row(info) -> dict[str, Any]:
+    """One stream of the sample: its consumers against its limit, its messages,
+    and on a cluster its ``leader`` (None: none elected) and the replicas
+    ``behind`` it (not current, or offline), by server name."""
+    row = {"name": info.config.name, "consumers": info.state.consumer_count,
+           "max_consumers": info.config.max_consumers, "messages": info.state.messages}
+    cluster = getattr(info, "cluster", None)
+    if cluster is not None and (info.config.num_replicas or 1) > 1:
+        row["leader"] = cluster.leader or None
+        row["behind"] = sorted(p.name for p in (cluster.replicas or []) if p.offline or not p.current)
+    return row
+
 
 def _cancelled() -> bool:
     """This task was asked to stop. A loop checks it as well as awaiting a
@@ -265,15 +277,15 @@ class Fleet:
 
     async def _sample_streams(self) -> None:
         """Read every stream's consumer count and limit, every heartbeat: what
-        a leak of consumers looks like before a stream refuses one (issue 10)."""
+        a leak of consumers looks like before a stream refuses one (issue 10);
+        and, on a cluster, its leader and the replicas not caught up with it:
+        a member is back from a restart once none is behind, and only then may
+        the next one go (two current replicas of three are the quorum)."""
         failing = False
         while not _cancelled():
             try:
                 infos = await self._js.streams_info()
-                self.streams = sorted(
-                    ({"name": i.config.name, "consumers": i.state.consumer_count,
-                      "max_consumers": i.config.max_consumers, "messages": i.state.messages}
-                     for i in infos), key=lambda row: row["name"])
+                self.streams = sorted((_stream_row(i) for i in infos), key=lambda row: row["name"])
                 self.reports = await duty_reports.read_all(self._js)
                 failing = False
             except Exception as exc:  # no quorum, a leader moving: keep the last sample

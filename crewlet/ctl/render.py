@@ -54,8 +54,9 @@ EXIT_KEYS = ("code", "signal", "reason", "at")
 # Keys of ``fleet`` (when not null) and of its nodes / seats / duties in --json output.
 FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties", "streams", "unplaceable",
               "reports")
-# Keys of a broker stream in ``fleet.streams`` (its consumers against its limit).
-STREAM_KEYS = ("name", "consumers", "max_consumers", "messages")
+# Keys of a broker stream in ``fleet.streams``: its consumers against its
+# limit; on a cluster, its leader (null: none) and the replicas behind it.
+STREAM_KEYS = ("name", "consumers", "max_consumers", "messages", "leader", "behind")
 # A stream whose consumers pass this share of its limit is shown as a warning.
 CONSUMERS_WARN = 0.8
 FLEET_NODE_KEYS = ("id", "roles", "broker", "labels", "version", "rev", "renewed_at", "applied",
@@ -598,7 +599,31 @@ def streams_line(streams: list[dict[str, Any]] | None) -> Text:
                  else "yellow" if unlimited or used >= CONSUMERS_WARN * limit else "")
         line.append(" · " if i else "")
         line.append(f"{row.get('name')} {used}/{'no limit' if unlimited else limit}", style=style)
+    line.append_text(_replicas(streams))
     return line
+
+
+def _replicas(streams: list[dict[str, Any]]) -> Text:
+    """'\nreplicas current' on a cluster, or which streams have no leader
+    and which replicas are catching up (a member just back from a restart
+    is, for a while; the next may go only once none is)."""
+    clustered = [row for row in streams if "behind" in row]
+    if not clustered:
+        return Text()
+    out = Text("\n         replicas ")
+    leaderless = [row["name"] for row in clustered if not row.get("leader")]
+    behind: dict[str, list[str]] = {}
+    for row in clustered:
+        for name in row.get("behind") or ():
+            behind.setdefault(name, []).append(row["name"])
+    if not leaderless and not behind:
+        return out.append("current", style="green")
+    if leaderless:
+        out.append(f"no leader: {', '.join(leaderless)}", style="bold red")
+    for i, (server, names) in enumerate(sorted(behind.items())):
+        out.append(" · " if i or leaderless else "")
+        out.append(f"{server} catching up on {len(names)} of {len(clustered)}", style="yellow")
+    return out
 
 
 def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) -> RenderableType:

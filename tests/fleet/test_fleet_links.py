@@ -210,6 +210,14 @@ async def _put(node, bucket: str, key: str, value: bytes, within: float) -> None
         await nc.close()
 
 
+def _replicas_current(node) -> bool:
+    """Every replicated stream has a leader and no replica behind it, as
+    *node*'s ``crewletctl status`` shows them."""
+    streams = ((node.status() or {}).get("fleet") or {}).get("streams") or []
+    clustered = [row for row in streams if "behind" in row]
+    return bool(clustered) and all(row.get("leader") and not row["behind"] for row in clustered)
+
+
 def _restart(node, others: list) -> None:
     """Stop *node* (SIGTERM), check the others still write (quorum), start it again."""
     node.proc.send_signal(signal.SIGTERM)
@@ -246,6 +254,15 @@ def test_rotating_the_fleet_secret_member_by_member_keeps_the_quorum(make_node, 
                 node.config["stream"]["listen"].rpartition(":")[2])}, 30,
                 what=f"{node.config['node']['id']} routed to the others after the {step} restart")
             asyncio.run(_put(node, "rotation", f"{step}-{i}", b"1", 30))
+            # And back as the README means it: no replica of any stream behind
+            # (crewletctl status, "replicas current"). Stopping the next member
+            # before then leaves one current replica of three, and no quorum
+            # until the lagging one has caught up (CI: 503 for over 45 s).
+            try:
+                wait_for(lambda: _replicas_current(node), 60,
+                     what=f"every stream's replicas current after {node.config['node']['id']}'s {step} restart")
+            except AssertionError:
+                raise AssertionError(str(((node.status() or {}).get("fleet") or {}).get("streams")))
         if step == "rotate":
             run = subprocess.run([*CREWLETCTL, "fleet-secret", path, "--retire"], capture_output=True, text=True,
                                  timeout=30)

@@ -1283,3 +1283,20 @@ def test_every_number_renderer_shows_a_question_mark(bad):
     assert next(row for row in rows if row[:2] == ["77", "a"])[4] == "?"
     turn = {"outcome": "done", "took_ms": bad, "provider_ms": bad, "deliveries": bad, "rounds": 1}
     assert "took ?" in render.turn_text(turn)
+
+
+def test_streams_line_says_which_replicas_are_catching_up_on_a_cluster():
+    def stream(name, leader="n1", behind=()):
+        return {"name": name, "consumers": 1, "max_consumers": 64, "messages": 0,
+                "leader": leader, "behind": list(behind)}
+    current = {**three_nodes(), "streams": [stream("ESTATE"), stream("KV_leases")]}
+    view = text(render.status_view(with_fleet(current), NOW))
+    assert "replicas current" in view
+    lagging = {**three_nodes(), "streams": [stream("ESTATE", behind=["n2"]), stream("KV_leases", behind=["n2"]),
+                                           stream("KV_status", leader=None, behind=["n2", "n3"])]}
+    view = text(render.status_view(with_fleet(lagging), NOW))
+    assert "no leader: KV_status" in view and "n2 catching up on 3 of 3" in view
+    assert "n3 catching up on 1 of 3" in view
+    # A single server's streams have no replicas to speak of.
+    alone = {**three_nodes(), "streams": [{"name": "ESTATE", "consumers": 1, "max_consumers": 64, "messages": 0}]}
+    assert "replicas" not in text(render.status_view(with_fleet(alone), NOW))
