@@ -259,10 +259,11 @@ def test_rotating_the_fleet_secret_member_by_member_keeps_the_quorum(make_node, 
             # before then leaves one current replica of three, and no quorum
             # until the lagging one has caught up (CI: 503 for over 45 s).
             try:
-                wait_for(lambda: _replicas_current(node), 60,
-                     what=f"every stream's replicas current after {node.config['node']['id']}'s {step} restart")
+                wait_for(lambda: _replicas_current(node), 60, what="replicas current")
             except AssertionError:
-                raise AssertionError(str(((node.status() or {}).get("fleet") or {}).get("streams")))
+                streams = ((node.status() or {}).get("fleet") or {}).get("streams")
+                raise AssertionError(f"a stream's replicas still behind 60 s after {node.config['node']['id']}'s "
+                                     f"{step} restart: {streams}") from None
         if step == "rotate":
             run = subprocess.run([*CREWLETCTL, "fleet-secret", path, "--retire"], capture_output=True, text=True,
                                  timeout=30)
