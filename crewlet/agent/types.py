@@ -2,7 +2,8 @@
 
 A conversation is a list of :class:`Message`; a provider answers one with a
 :class:`Reply` (text, tool calls, usage). Tools are offered as
-:class:`ToolSpec` (a name and a JSON schema). Nothing here talks to anything.
+:class:`ToolSpec` (a name and a JSON schema). A turn's progress, as it
+happens, goes to a :class:`Sink`. Nothing here talks to anything.
 """
 
 from __future__ import annotations
@@ -66,3 +67,33 @@ class Reply:
     calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
     stop: str = "end"   # why the model stopped: end | tools | length | other
+
+
+class Sink:
+    """Where a turn tells its progress as it happens: the model's text as it
+    comes, each tool call as it starts and its result as it ends (what a
+    conversation run turns into ``message.delta``, ``tool.call`` and
+    ``tool.result`` events). Every method does nothing here: a consumer
+    overrides what it wants. A sink's own exception ends the turn.
+
+    The deltas of one provider call join into its :attr:`Reply.text`. When
+    an attempt that already streamed fails — a stream cut mid-way, an error
+    event, a malformed chunk, a deadline — ``restart`` is called before
+    anything else: every delta of that call so far is void. The provider's
+    retry loop may then try again, streaming the answer from its first
+    token, or give up and raise. So a call's text is what came after its
+    last ``restart``, and the :class:`Reply` it returns is the final word.
+    An attempt that fails before streaming anything says nothing.
+    """
+
+    async def delta(self, text: str) -> None:
+        """More of the model's text."""
+
+    async def restart(self) -> None:
+        """The deltas of the current provider call so far are void."""
+
+    async def tool_call(self, call: ToolCall) -> None:
+        """The turn is about to run *call* (the fence held)."""
+
+    async def tool_result(self, call: ToolCall, result: str, error: bool) -> None:
+        """*call* ended: what the model will read, and whether the tool failed."""

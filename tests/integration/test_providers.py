@@ -1,8 +1,9 @@
 """Providers against the real thing they talk to.
 
 openai and anthropic run against local servers speaking their wire formats
-(:mod:`tests.integration.wire`), cooldowns against a real nats-server's
-``cooldowns`` bucket, the cli provider with real processes and real signals.
+(:mod:`tests.integration.wire`), streamed or not, cooldowns against a real
+nats-server's ``cooldowns`` bucket, the cli provider with real processes and
+real signals.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 
 import nats
@@ -21,13 +23,13 @@ import pytest
 
 from crewlet.agent.providers import CoolingDown, ProviderError, make_provider
 from crewlet.agent.providers.scripted import NO_MATCH
-from crewlet.agent.types import Message, ToolCall, ToolSpec, Usage
+from crewlet.agent.types import Message, Reply, Sink, ToolCall, ToolSpec, Usage
 from crewlet.company.model import Provider as ProviderSpec
 from crewlet.coord import buckets
 from crewlet.coord.counters import Cooldowns
 from tests.conftest import alive, free_port, wait_for
-from tests.integration.wire import (WireServer, anthropic_error, anthropic_reply, openai_error,
-                                    openai_reply)
+from tests.integration.wire import (CUT, WireServer, anthropic_error, anthropic_reply,
+                                    anthropic_stream, openai_error, openai_reply, openai_stream)
 
 KEY = "sk-test-wire-0123456789"
 KEY_ID = hashlib.sha256(KEY.encode()).hexdigest()[:12]
@@ -527,3 +529,171 @@ def test_cli_max_concurrent_bounds_agents_at_once(short_tmp):
         running += step
         most = max(most, running)
     assert most == 2, f"at most 2 agents at once, and 2 did run together: {sorted(spans)}"
+
+
+# ------------------------------------------------------------------ streaming
+
+class Recorder(Sink):
+    """What a sink was told, in order; *opens* is set at the first delta."""
+
+    def __init__(self, opens: threading.Event | None = None):
+        self.told: list[tuple] = []
+        self.opens = opens
+
+    async def delta(self, text):
+        self.told.append(("delta", text))
+        if self.opens is not None:
+            self.opens.set()
+
+    async def restart(self):
+        self.told.append(("restart",))
+
+    def text(self) -> str:
+        """The text of the call, as a consumer of deltas reads it: what came after the last restart."""
+        after = self.told[max((i for i, t in enumerate(self.told) if t == ("restart",)), default=-1) + 1:]
+        return "".join(t[1] for t in after)
+
+
+def deltas(*pieces: str) -> list[tuple]:
+    return [("delta", p) for p in pieces]
+
+
+def test_openai_streams_text_as_it_comes_and_answers_as_without_streaming(wire):
+    async def main():
+        pieces = ["Road", "map ", "attached", "."]
+        gate = threading.Event()
+        stream = openai_stream(pieces, usage=(31, 4))
+        stream.insert(2, gate)   # after the first piece: the rest waits for the sink to have it
+        wire.queue(openai_reply("Roadmap attached.", usage=(31, 4)))
+        wire.queue_stream(stream)
+        p = make_provider("oai", openai_spec(wire), env=ENV)
+        mail = [Message("user", "send me the roadmap")]
+        plain = await p.complete(SYSTEM, mail, [], deadline=soon(10))
+        sink = Recorder(opens=gate)
+        streamed = await p.complete(SYSTEM, mail, [], deadline=soon(10), sink=sink)
+        await p.close()
+        assert streamed == plain == Reply("Roadmap attached.", usage=Usage(31, 4), stop="end")
+        assert sink.told == deltas(*pieces)
+        assert wire.gates_missed == 0, "the first delta reached the sink while the stream was open"
+        first, second = wire.received()
+        assert "stream" not in first.body, "no sink: the request is as it always was"
+        assert second.body == {**first.body, "stream": True, "stream_options": {"include_usage": True}}
+    asyncio.run(main())
+
+
+def test_openai_streamed_tool_calls_assemble_from_their_fragments(wire):
+    async def main():
+        # Two calls whose fragments interleave: each is keyed by its index.
+        fragments = [(0, "call_a", "send", '{"to": '), (1, "call_b", "send", "{not"),
+                     (0, None, None, '"cto", "text"'), (1, None, None, " json"), (0, None, None, ': "hi"}')]
+        wire.queue(openai_reply("Sending.", [("call_a", "send", {"to": "cto", "text": "hi"}),
+                                             ("call_b", "send", "{not json")], usage=(20, 7)))
+        wire.queue_stream(openai_stream(["Send", "ing."], fragments, usage=(20, 7)))
+        p = make_provider("oai", openai_spec(wire), env=ENV)
+        user = [Message("user", "tell the cto hi")]
+        plain = await p.complete(SYSTEM, user, [SEND], deadline=soon(10))
+        sink = Recorder()
+        streamed = await p.complete(SYSTEM, user, [SEND], deadline=soon(10), sink=sink)
+        await p.close()
+        assert streamed == plain
+        assert streamed.calls == (ToolCall("call_a", "send", {"to": "cto", "text": "hi"}),
+                                  ToolCall("call_b", "send", {"_raw": "{not json"}))
+        assert (streamed.stop, streamed.usage) == ("tools", Usage(20, 7))
+        assert sink.told == deltas("Send", "ing.")
+    asyncio.run(main())
+
+
+def test_openai_stream_cut_midway_restarts_the_sink_and_is_retried(wire):
+    async def main():
+        wire.queue(openai_error("The server had an error", "server_error"), 500)  # before any stream
+        wire.queue_stream(openai_stream(["All ", "is "])[:3] + [CUT])              # role, All, is, cut
+        wire.queue_stream(openai_stream(["All ", "is ", "well."], usage=(9, 3)))
+        p = make_provider("oai", openai_spec(wire), env=ENV)
+        sink = Recorder()
+        r = await p.complete(SYSTEM, [Message("user", "status?")], [], deadline=soon(10), sink=sink)
+        assert sink.told == [*deltas("All ", "is "), ("restart",), *deltas("All ", "is ", "well.")], \
+            "a failure before the stream tells the sink nothing; a cut one restarts it"
+        assert r == Reply("All is well.", usage=Usage(9, 3)) and sink.text() == r.text
+        failed, cut, whole = wire.received()
+        assert cut.at - failed.at >= 0.5 and whole.at - cut.at >= 1.0, "the one retry loop's backoff"
+
+        # Cut with no time left to retry: the sink is told, the error is retryable.
+        wire.queue_stream(openai_stream(["Half"])[:2] + [CUT])
+        sink = Recorder()
+        with pytest.raises(ProviderError) as caught:
+            await p.complete(SYSTEM, [Message("user", "status?")], [], deadline=soon(0.4), sink=sink)
+        await p.close()
+        assert caught.value.retryable and "RemoteProtocolError" in str(caught.value)
+        assert sink.told == [*deltas("Half"), ("restart",)]
+    asyncio.run(main())
+
+
+def test_openai_error_chunk_midway_is_read_as_its_status(wire):
+    async def main():
+        refusal = (None, {"error": {"message": "context too long", "type": "BadRequestError", "code": 400}})
+        wire.queue_stream(openai_stream(["Par"])[:2] + [refusal])
+        p = make_provider("oai", openai_spec(wire), env=ENV)
+        sink = Recorder()
+        with pytest.raises(ProviderError) as caught:
+            await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(10), sink=sink)
+        await p.close()
+        assert not caught.value.retryable and "context too long" in str(caught.value)
+        assert sink.told == [*deltas("Par"), ("restart",)] and len(wire.received()) == 1
+    asyncio.run(main())
+
+
+def test_anthropic_streams_text_and_tool_use_and_answers_as_without_streaming(wire):
+    async def main():
+        call = ("toolu_1", "send", {"to": "cto", "text": "hi"})
+        wire.queue(anthropic_reply("Sending it.", [call], usage=(31, 9)))
+        wire.queue_stream(anthropic_stream([("text", "Send", "ing it."),
+                                            ("tool_use", "toolu_1", "send", '{"to": "c', 'to", "text": "hi"}')],
+                                           usage=(31, 9)))
+        p = make_provider("ant", anthropic_spec(wire), env=ENV)
+        user = [Message("user", "tell the cto hi")]
+        plain = await p.complete(SYSTEM, user, [SEND], deadline=soon(10))
+        sink = Recorder()
+        streamed = await p.complete(SYSTEM, user, [SEND], deadline=soon(10), sink=sink)
+        assert streamed == plain and streamed.calls == (ToolCall(*call),)
+        assert sink.told == deltas("Send", "ing it.")
+        first, second = wire.received()
+        assert second.body == {**first.body, "stream": True}
+
+        # Text blocks join with a newline, in the deltas too; a tool use without input
+        # fragments has none; cache reads and writes count as input, as unstreamed.
+        wire.queue_stream(anthropic_stream([("text", "Both.", ""), ("tool_use", "toolu_2", "clock"),
+                                            ("text", "", "Done.")], usage=(12, 5), cache=(3, 4)))
+        sink = Recorder()
+        r = await p.complete(SYSTEM, user, [SEND], deadline=soon(10), sink=sink)
+        await p.close()
+        assert r == Reply("Both.\nDone.", (ToolCall("toolu_2", "clock", {}),), Usage(12 + 3 + 4, 5), "tools")
+        assert sink.told == deltas("Both.", "\nDone.") and sink.text() == r.text
+    asyncio.run(main())
+
+
+def test_anthropic_error_events_and_truncated_streams(wire):
+    async def main():
+        whole = anthropic_stream([("text", "Let me ", "think.")], usage=(5, 2))
+        # message_start, ping, block start, "Let me ", then the API is overloaded.
+        overloaded = whole[:4] + [("error", anthropic_error("Overloaded", "overloaded_error"))]
+        wire.queue_stream(overloaded)
+        wire.queue_stream(whole[:-1])   # everything but message_stop, then the stream closes
+        wire.queue_stream(whole)
+        p = make_provider("ant", anthropic_spec(wire), env=ENV)
+        sink = Recorder()
+        r = await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(10), sink=sink)
+        assert r == Reply("Let me think.", usage=Usage(5, 2))
+        assert sink.told == [*deltas("Let me "), ("restart",), *deltas("Let me ", "think."), ("restart",),
+                             *deltas("Let me ", "think.")]
+        assert len(wire.received()) == 3
+
+        refused = whole[:4] + [("error", anthropic_error("prompt is too long"))]
+        wire.queue_stream(refused)
+        sink = Recorder()
+        with pytest.raises(ProviderError) as caught:
+            await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(10), sink=sink)
+        await p.close()
+        assert not caught.value.retryable and "invalid_request_error: prompt is too long" in str(caught.value)
+        assert sink.told == [*deltas("Let me "), ("restart",)] and len(wire.received()) == 4
+    asyncio.run(main())
+

@@ -20,6 +20,19 @@ share, and the only one in crewlet (the turn loop never retries a call itself):
   ``Retry-After`` when given) and retry within the deadline;
 * any other 4xx fails at once, with what the endpoint said.
 
+**Streaming.** Given a :class:`~crewlet.agent.types.Sink`, an HTTP provider
+asks for a server-sent event stream (:attr:`HttpProvider.stream_fields`) and
+hands the model's text to the sink as it comes, while a subclass's
+:class:`Assembly` rebuilds, from the events, the very body the endpoint would
+have answered without streaming — so the :class:`Reply` is read by the same
+code either way. Failures take the same paths: an HTTP error before the
+stream starts is the status it is; an error event in the stream is read as
+the status it names (:meth:`Assembly.feed`); a stream cut mid-way (the
+connection lost, or the stream closed before its end marker) is retried like
+a lost connection. An attempt that had streamed text calls the sink's
+``restart`` before it fails (see :class:`~crewlet.agent.types.Sink`). Without
+a sink nothing of this happens: one JSON request, one JSON answer.
+
 A key is known to the fleet only by its *key id*, the first 12 hex characters
 of its sha256 (``default`` for a provider without a key): the key itself is
 never written or logged. What an endpoint (or a CLI agent's stderr) says about
@@ -40,13 +53,13 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx2
 
 from crewlet import log
-from crewlet.agent.types import Message, Reply, ToolSpec
+from crewlet.agent.types import Message, Reply, Sink, ToolSpec
 from crewlet.company.model import Provider as ProviderSpec
 
 if TYPE_CHECKING:
@@ -95,6 +108,21 @@ class ProviderError(Exception):
         self.retryable = retryable
 
 
+class StreamCut(Exception):
+    """A response stream ended before its end: retried like a lost connection."""
+
+
+class Refused(Exception):
+    """The endpoint answered an attempt with an error: ``status`` (an HTTP status,
+    or the one an error event in a stream stands for), ``said`` (the failure in
+    words: ``HTTP 503: …``, ``stream error: …``) and ``asked``, the
+    ``Retry-After`` in seconds, if any. The retry loop decides what follows."""
+
+    def __init__(self, status: int, said: str, asked: float | None = None):
+        super().__init__(said)
+        self.status, self.said, self.asked = status, said, asked
+
+
 class CoolingDown(ProviderError):
     """The provider's key cools until ``until`` (wall clock), past the caller's deadline."""
 
@@ -117,8 +145,9 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     async def complete(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
-                       deadline: float) -> Reply:
-        """The model's answer to *messages*, or ProviderError by *deadline* (monotonic)."""
+                       deadline: float, sink: Sink | None = None) -> Reply:
+        """The model's answer to *messages*, or ProviderError by *deadline* (monotonic).
+        *sink*: told the answer's text as it comes (its ``delta`` and ``restart``)."""
 
     async def cooling(self) -> float | None:
         """The wall-clock time this provider's key cools until, if it cools now."""
@@ -188,17 +217,63 @@ def endpoint_says(response: httpx2.Response) -> str:
         body = response.json()
     except ValueError:
         body = None
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            kind = err.get("type") or err.get("code")
-            return f"{kind}: {err['message']}" if kind else str(err["message"])
-        if isinstance(err, str):
-            return err
-        if body.get("message"):
-            return str(body["message"])
-    text = response.text.strip()
-    return text[:_ERROR_QUOTE] or response.reason_phrase or "no body"
+    return error_words(body) or response.text.strip()[:_ERROR_QUOTE] or response.reason_phrase or "no body"
+
+
+def error_words(body: Any) -> str | None:
+    """What an error body (``{"error": {"type", "message"}}`` and its kin) says, if it is one."""
+    if not isinstance(body, dict):
+        return None
+    err = body.get("error")
+    if isinstance(err, dict) and err.get("message"):
+        kind = err.get("type") or err.get("code")
+        return f"{kind}: {err['message']}" if kind else str(err["message"])
+    if isinstance(err, str):
+        return err
+    if body.get("message"):
+        return str(body["message"])
+    return None
+
+
+async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
+    """The (event, data) pairs of a server-sent event stream, read from its lines.
+
+    As the HTML standard reads them: ``data:`` lines join with newlines, a
+    blank line ends an event, ``:`` starts a comment (a keep-alive), the
+    event name defaults to ``message``, one space after the colon is not the
+    value's, and an event the stream ends in the middle of is dropped (it
+    may be cut short: the caller sees a stream without its end). ``id`` and
+    ``retry`` mean nothing to a one-shot request.
+    """
+    event, data = "", []
+    async for line in lines:
+        if not line:
+            if data:
+                yield event or "message", "\n".join(data)
+            event, data = "", []
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            event = value
+
+
+class Assembly(abc.ABC):
+    """One streamed answer being rebuilt from its events (a subclass per wire)."""
+
+    # Has the stream's end marker come? Without it the stream was cut.
+    done: bool = False
+
+    @abc.abstractmethod
+    def feed(self, event: str, data: str) -> str:
+        """Take one event; the text it adds to the answer ("" for none). Refused
+        for an error event; ValueError/KeyError/TypeError for a malformed one."""
+
+    @abc.abstractmethod
+    def body(self) -> Any:
+        """The body the endpoint would have answered without streaming."""
 
 
 class HttpProvider(Provider):
@@ -232,6 +307,13 @@ class HttpProvider(Provider):
     @abc.abstractmethod
     def _reply(self, body: Any) -> Reply:
         """A successful response body as a Reply; ValueError/KeyError/TypeError if malformed."""
+
+    # What a request body gains to be answered as a stream.
+    stream_fields: dict[str, Any] = {"stream": True}
+
+    @abc.abstractmethod
+    def _assembly(self) -> Assembly:
+        """A fresh rebuilder of one streamed answer."""
 
     # ------------------------------------------------------------ the key
 
@@ -286,11 +368,13 @@ class HttpProvider(Provider):
     # ------------------------------------------------------------ the retry loop
 
     async def complete(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
-                       deadline: float) -> Reply:
+                       deadline: float, sink: Sink | None = None) -> Reply:
         key = self._key()
         kid = key_id(key)
         headers = {"content-type": "application/json", **self._headers(key)}
         body = self._body(system, messages, tools)
+        if sink is not None:
+            body = {**body, **self.stream_fields}
         backoff = BACKOFF_FIRST
         last = "no attempt made"
         while True:
@@ -298,17 +382,17 @@ class HttpProvider(Provider):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ProviderError(f"provider {self.name}: deadline passed ({last})", retryable=True)
+            timeout = min(remaining, REQUEST_TIMEOUT_CAP)
             try:
-                response = await self._post(headers, body, min(remaining, REQUEST_TIMEOUT_CAP))
-            except (httpx2.TransportError, TimeoutError) as exc:
+                if sink is None:
+                    return await self._attempt(headers, body, timeout)
+                return await self._stream(headers, body, timeout, sink)
+            except (httpx2.TransportError, TimeoutError, StreamCut) as exc:
                 last = self._redact(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
                 wait = backoff
-            else:
-                status = response.status_code
-                if 200 <= status < 300:
-                    return self._parse(response)
-                last = self._redact(f"HTTP {status}: {endpoint_says(response)}")
-                asked = retry_after(response.headers)
+            except Refused as refused:
+                status, asked = refused.status, refused.asked
+                last = self._redact(refused.said)
                 if status == 429:
                     # At least the backoff: a "Retry-After: 0" repeated must not become a busy loop.
                     cool = DEFAULT_COOLDOWN if asked is None else max(asked, backoff)
@@ -316,7 +400,7 @@ class HttpProvider(Provider):
                     await self._cool(kid, time.time() + cool, last)
                     continue  # the cooldown check at the top waits or gives up
                 if status < 500 and status not in _RETRY_4XX:
-                    raise ProviderError(f"provider {self.name}: {last}", retryable=False)
+                    raise ProviderError(f"provider {self.name}: {last}", retryable=False) from None
                 wait = backoff if asked is None else asked
             if time.monotonic() + wait >= deadline:
                 raise ProviderError(f"provider {self.name}: {last}; no time left to retry",
@@ -334,26 +418,67 @@ class HttpProvider(Provider):
                                   f"past the deadline", until=until, key=kid, provider=self.name)
             await asyncio.sleep(wait)
 
-    async def _post(self, headers: dict[str, str], body: dict[str, Any], timeout: float
-                    ) -> httpx2.Response:
+    def _http(self) -> httpx2.AsyncClient:
         if self._client is None:
             self._client = httpx2.AsyncClient()
-        # httpx2's timeout bounds each phase; the outer one bounds the whole attempt.
-        return await asyncio.wait_for(
-            self._client.post(self._url(), headers=headers, json=body, timeout=timeout), timeout)
+        return self._client
 
-    def _parse(self, response: httpx2.Response) -> Reply:
+    async def _attempt(self, headers: dict[str, str], body: dict[str, Any], timeout: float) -> Reply:
+        """One request answered in one JSON body."""
+        # httpx2's timeout bounds each phase; the outer one bounds the whole attempt.
+        response = await asyncio.wait_for(
+            self._http().post(self._url(), headers=headers, json=body, timeout=timeout), timeout)
+        if not 200 <= response.status_code < 300:
+            raise _refused(response)
+        return self._parsed(lambda: self._reply(response.json()), response.text)
+
+    async def _stream(self, headers: dict[str, str], body: dict[str, Any], timeout: float,
+                      sink: Sink) -> Reply:
+        """One request answered as a stream, its text told to *sink* as it comes."""
+        assembly = self._assembly()
+        streamed = False
+        seen = ""  # the event being read: quoted if it is malformed
         try:
-            return self._reply(response.json())
+            # The outer timeout bounds the whole attempt, as _attempt's does.
+            async with asyncio.timeout(timeout), self._http().stream(
+                    "POST", self._url(), headers=headers, json=body, timeout=timeout) as response:
+                if not 200 <= response.status_code < 300:
+                    await response.aread()
+                    raise _refused(response)
+                async for event, seen in sse_events(response.aiter_lines()):
+                    text = self._parsed(lambda: assembly.feed(event, seen), seen)
+                    if text:
+                        streamed = True
+                        await sink.delta(text)
+                    if assembly.done:
+                        break
+            if not assembly.done:
+                raise StreamCut("the stream ended before its end marker")
+            return self._parsed(lambda: self._reply(assembly.body()), seen)
+        except (httpx2.TransportError, TimeoutError, StreamCut, Refused, ProviderError):
+            # The stream's own failures, not the sink's: what the sink was told is void.
+            if streamed:
+                await sink.restart()
+            raise
+
+    def _parsed(self, read: Callable[[], Any], quoted: str) -> Any:
+        """*read*() — reading what the endpoint sent — or a ProviderError quoting it."""
+        try:
+            return read()
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise ProviderError(self._redact(
                 f"provider {self.name}: unexpected response ({type(exc).__name__}: {exc}): "
-                f"{response.text[:_ERROR_QUOTE]}"), retryable=False) from exc
+                f"{quoted[:_ERROR_QUOTE]}"), retryable=False) from exc
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _refused(response: httpx2.Response) -> Refused:
+    status = response.status_code
+    return Refused(status, f"HTTP {status}: {endpoint_says(response)}", retry_after(response.headers))
 
 
 def tool_args(raw: Any) -> dict[str, Any]:
