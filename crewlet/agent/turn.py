@@ -12,7 +12,10 @@ is deduplicated by the broker.
 
 This module runs the rounds and says what happened in a :class:`TurnRecord`;
 where the mail comes from, the ledger and the ack are the seats role's
-(:mod:`roles.seats.turns`).
+(:mod:`roles.seats.turns`). A caller that wants the turn as it happens (a
+conversation run) passes a :class:`~crewlet.agent.types.Sink`: the model's
+text streams to it, then each tool call as it starts (past the fence) and
+its result as it ends.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Callable
 
 from crewlet.agent.providers import Provider
 from crewlet.agent.tools import Registry, ToolContext
-from crewlet.agent.types import Message, Usage
+from crewlet.agent.types import Message, Sink, Usage
 
 # Rounds one turn may take before it is ended as failed: a model that keeps
 # calling tools forever must not hold a turn slot forever.
@@ -62,19 +65,21 @@ class TurnRecord:
 
 async def run_rounds(record: TurnRecord, *, text: str, persona: str, provider: Provider,
                      registry: Registry, services: Any, fence: Callable[[], bool],
-                     deadline: float) -> Usage:
+                     deadline: float, sink: Sink | None = None) -> Usage:
     """Run the rounds of one turn into *record*; the tokens used.
 
     Raises :class:`Fenced` when the fence fails before a round's tool calls,
     and whatever the provider raises (:class:`~crewlet.agent.providers.ProviderError`).
-    *record* says how far the turn got either way.
+    *record* says how far the turn got either way. *sink*: told the turn's
+    progress as it happens (none: the provider is asked without streaming).
     """
     messages: list[Message] = [Message("user", text)]
     usage = Usage()
     for round_no in range(1, MAX_ROUNDS + 1):
         record.rounds = round_no
         asked = time.monotonic()
-        reply = await provider.complete(persona, messages, registry.specs(), deadline=deadline)
+        reply = await provider.complete(persona, messages, registry.specs(), deadline=deadline,
+                                        sink=sink)
         record.provider_ms += (time.monotonic() - asked) * 1000
         usage = usage + reply.usage
         record.tokens = {"input": usage.input, "output": usage.output}
@@ -89,8 +94,12 @@ async def run_rounds(record: TurnRecord, *, text: str, persona: str, provider: P
             ctx = ToolContext(seat=record.seat, trigger=record.trigger, token=record.token,
                               call_key=f"{record.trigger}.{round_no}.{index}", services=services,
                               deadline=deadline)
+            if sink is not None:
+                await sink.tool_call(call)
             result, error = await registry.call(ctx, call.name, call.args)
             record.tool_calls.append({"name": call.name, "error": error, "round": round_no})
+            if sink is not None:
+                await sink.tool_result(call, result, error)
             messages.append(Message("tool", result, call_id=call.id, name=call.name, error=error))
     record.outcome = "failed"
     record.error = f"no final reply after {MAX_ROUNDS} rounds"

@@ -158,6 +158,8 @@ class Rule(_Model):
     match: str  # a Python regular expression, searched in the incoming message
     reply: str  # the text of the reply
     tools: list[ToolCall] = Field(default_factory=list)  # tool calls made before replying
+    # Seconds between the words of a streamed reply (a test's slow model); 0: no wait.
+    pace: float = Field(0.0, ge=0, le=60)
 
     @field_validator("match")
     @classmethod

@@ -697,3 +697,47 @@ def test_anthropic_error_events_and_truncated_streams(wire):
         assert sink.told == [*deltas("Let me "), ("restart",)] and len(wire.received()) == 4
     asyncio.run(main())
 
+
+def test_scripted_streams_its_reply_word_by_word():
+    async def main():
+        p = make_provider("scripted", SCRIPT)
+        sink = Recorder()
+        hello = [Message("user", "hello")]
+        r = await p.complete(SYSTEM, hello, [], deadline=soon(5), sink=sink)
+        assert sink.told == deltas("Hello! ", "What ", "can ", "I ", "do ", "for ", "you?")
+        assert r == await p.complete(SYSTEM, hello, [], deadline=soon(5))
+
+        sink = Recorder()
+        r = await p.complete(SYSTEM, [Message("user", "ask cto for a plan")], [SEND], deadline=soon(5),
+                             sink=sink)
+        assert r.calls and sink.told == [], "tool calls only: no text to stream"
+    asyncio.run(main())
+
+
+def test_scripted_paces_its_words_when_the_rule_asks():
+    paced = ProviderSpec.model_validate({"kind": "scripted", "rules": [
+        {"match": "slow", "reply": "one two three", "pace": 0.2}]})
+
+    async def main():
+        p = make_provider("scripted", paced)
+        sink = Recorder()
+        started = time.monotonic()
+        r = await p.complete(SYSTEM, [Message("user", "slow")], [], deadline=soon(5), sink=sink)
+        assert time.monotonic() - started >= 0.4, "two waits between three words"
+        assert sink.told == deltas("one ", "two ", "three") and r.text == "one two three"
+
+        sink = Recorder()
+        with pytest.raises(ProviderError) as caught:
+            await p.complete(SYSTEM, [Message("user", "slow")], [], deadline=soon(0.3), sink=sink)
+        assert caught.value.retryable and "deadline" in str(caught.value)
+        assert sink.told[0] == ("delta", "one ") and sink.told[-1] == ("restart",)
+    asyncio.run(main())
+
+
+def test_cli_streams_its_reply_as_one_delta():
+    async def main():
+        p = make_provider("agent", cli_spec(["sh", "-c", "cat >/dev/null; echo all at once"]))
+        sink = Recorder()
+        r = await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(20), sink=sink)
+        assert r.text == "all at once" and sink.told == deltas("all at once")
+    asyncio.run(main())

@@ -13,7 +13,9 @@ stdout, stripped; it makes no tool calls through us — a CLI agent uses its
 own tools. A non-zero exit fails with the tail of its stderr, redacted of
 secrets the agent may print (:func:`~crewlet.agent.providers.base.redact`,
 with every value of its environment named like a key or token). Usage is
-counted in words, as for the scripted provider.
+counted in words, as for the scripted provider. It does not stream: a sink
+gets the whole reply as one delta once the agent has exited (its stdout is
+only the reply when it is complete and the exit code says so).
 
 ``CREWLET_SPAWNED_BY`` in the agent's environment carries this process's
 ``CREWLET_SPAWN_MARK``, so a restarted role can find what its predecessor
@@ -32,7 +34,7 @@ from typing import Any
 
 from crewlet.agent.providers.base import Provider, ProviderError, env_secrets, redact
 from crewlet.agent.providers.scripted import conversation_words, words
-from crewlet.agent.types import Message, Reply, ToolSpec, Usage
+from crewlet.agent.types import Message, Reply, Sink, ToolSpec, Usage
 from crewlet.company.model import Provider as ProviderSpec
 
 SPAWN_MARK_ENV = "CREWLET_SPAWN_MARK"
@@ -56,7 +58,7 @@ class CliProvider(Provider):
         self._slots = asyncio.Semaphore(spec.max_concurrent) if spec.max_concurrent else None
 
     async def complete(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
-                       deadline: float) -> Reply:
+                       deadline: float, sink: Sink | None = None) -> Reply:
         prompt = render(system, messages)
         if self._slots is None:
             out = await self._run(prompt, deadline)
@@ -70,6 +72,8 @@ class CliProvider(Provider):
                 out = await self._run(prompt, deadline)
             finally:
                 self._slots.release()
+        if sink is not None and out:
+            await sink.delta(out)
         return Reply(text=out, usage=Usage(conversation_words(system, messages), words(out)))
 
     async def _run(self, prompt: str, deadline: float) -> str:
