@@ -148,6 +148,11 @@ async def close(nc: Client, timeout: float = CLOSE_TIMEOUT) -> None:
 # Pauses between resends of an unanswered publish: the first, doubling up to the last.
 RESEND_PAUSE = 0.1
 RESEND_PAUSE_MAX = 1.0
+# A compare-and-set on a subject (a KV key): the header naming the last
+# sequence the writer expects (0: the key must not exist), and the error codes
+# of a write that lost (the key moved on, or exists).
+EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
 class Unanswered(Exception):

@@ -71,6 +71,8 @@ from nats.js.kv import KeyValue
 from crewlet.company.model import Company
 from crewlet.bus import MAX_PAYLOAD, kv_subject
 from crewlet.coord.buckets import CONFIG, ensure, follow, last, subjects
+from crewlet.bus import EXPECTED_LAST as _EXPECTED_LAST
+from crewlet.bus import WRONG_LAST_SEQUENCE as _WRONG_LAST_SEQUENCE
 
 JS_TIMEOUT = 2.0          # seconds: the JetStream request timeout callers should use
 PATIENCE = 10.0           # seconds an unanswered request is retried (a leader election takes ~6 s)
@@ -88,8 +90,6 @@ REV_PREFIX = "rev."
 HEADERS_ROOM = 256
 REV_WIDEST = 2**53 - 1
 
-_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
-_WRONG_LAST_SEQUENCE = (10071, 10164)
 _KV_OPS_GONE = ("DEL", "PURGE")
 _UNANSWERED = (NoStreamResponseError, NatsTimeoutError, asyncio.TimeoutError)
 # JetStream refusals that pass by themselves, so are waited out like silence:

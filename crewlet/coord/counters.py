@@ -38,9 +38,9 @@ from nats.js.errors import APIError
 from crewlet import log
 from crewlet.bus import kv_subject, publish_until
 from crewlet.coord.buckets import BUDGETS, COOLDOWNS, LEDGER, last
+from crewlet.bus import EXPECTED_LAST as _EXPECTED_LAST
+from crewlet.bus import WRONG_LAST_SEQUENCE as _WRONG_LAST_SEQUENCE
 
-_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
-_WRONG_LAST_SEQUENCE = (10071, 10164)
 # Compare-and-set attempts of one budget flush per key before it waits for the next flush.
 _CAS_ATTEMPTS = 8
 # Keys one budget flush writes at once.

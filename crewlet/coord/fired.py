@@ -36,10 +36,10 @@ from nats.js.errors import APIError
 
 from crewlet.bus import Unanswered, kv_subject, publish_until
 from crewlet.coord.buckets import STATUS, last, subjects
+from crewlet.bus import EXPECTED_LAST as _EXPECTED_LAST
+from crewlet.bus import WRONG_LAST_SEQUENCE as _WRONG_LAST_SEQUENCE
 
 PREFIX = "schedule."
-_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
-_WRONG_LAST_SEQUENCE = (10071, 10164)
 # Seconds an unanswered write is resent (a stream leader election takes ~5-6 s).
 PATIENCE = 10.0
 

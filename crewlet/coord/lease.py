@@ -40,9 +40,9 @@ from nats.js.errors import APIError
 
 from crewlet.bus import Unanswered, kv_subject, publish_until
 from crewlet.coord.buckets import LEASES, last
+from crewlet.bus import EXPECTED_LAST as _EXPECTED_LAST
+from crewlet.bus import WRONG_LAST_SEQUENCE as _WRONG_LAST_SEQUENCE
 
-_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
-_WRONG_LAST_SEQUENCE = (10071, 10164)
 _RENEW_ATTEMPTS = 2
 
 

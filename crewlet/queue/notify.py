@@ -30,17 +30,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 import weakref
 from typing import Any, Callable
 
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import KeyWrongLastSequenceError
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import APIError, NoStreamResponseError
 
 from crewlet import bus, groups, log
 from crewlet.bus import MAX_READERS, publish_until
 from crewlet.coord import buckets
 from crewlet.queue.base import MailboxError
 from crewlet.queue.jetstream import api_prefix, create_consumer
+from crewlet.bus import EXPECTED_LAST as _EXPECTED_LAST
+from crewlet.bus import WRONG_LAST_SEQUENCE as _WRONG_LAST_SEQUENCE
 
 STREAM = "NOTIFY"
 SUBJECT = "notify."                # + integration
@@ -87,22 +92,38 @@ async def ensure_stream(js, replicas: int) -> None:
 
 async def claim(js, integration: str, delivery: str, *, node: str, seat: str) -> str | None:
     """Claim *delivery* of *integration*: None if this call made the claim,
-    else the state the claim already had (:data:`CLAIMED` or :data:`STORED`)."""
-    kv = await _claims_kv(js)
+    else the state the claim already had (:data:`CLAIMED` or :data:`STORED`).
+
+    The compare-and-set (the key must not exist) is sent again through a
+    stream leader election for :data:`STORE_PATIENCE` seconds under one
+    ``Nats-Msg-Id``: a resend of a claim that landed after all is answered
+    as a duplicate, which is ours. Raises :class:`~crewlet.bus.Unanswered`
+    when nothing answered in that time (the sender is told to retry)."""
     key = claim_key(integration, delivery)
     value = json.dumps({"state": CLAIMED, "node": node, "seat": seat, "at": time.time()}).encode()
+    deadline = time.monotonic() + STORE_PATIENCE
     try:
-        # Not kv.create: on losing, it reads the key back with a direct get,
-        # which any replica answers, and one lagging the winner's write says
-        # "no such key" — a 503 for a delivery another node just claimed (1 in
-        # 10 claims made at once on an R3 cluster).
-        await kv.update(key, value, last=0)
+        await publish_until(js, bus.kv_subject(js, buckets.CLAIMS.name) + key, value,
+                            msg_id=f"claim:{uuid.uuid4().hex}", deadline=deadline,
+                            headers={_EXPECTED_LAST: "0"})
         return None
-    except KeyWrongLastSequenceError:
-        pass
-    # Lost: the stream's leader has the winner's write. A claim deleted by
-    # hand (no value) counts as claimed: the caller stores, harmlessly.
-    _, data = await buckets.last(js, buckets.CLAIMS.name, key, leader=True)
+    except APIError as exc:
+        if exc.err_code not in _WRONG_LAST_SEQUENCE:
+            raise
+    # Lost: the stream's leader has the winner's write (a direct get, which
+    # any replica answers, may come from one lagging it and say "no such
+    # key"). A claim deleted by hand (no value) counts as claimed: the caller
+    # stores, harmlessly.
+    pause = 0.1
+    while True:
+        try:
+            _, data = await buckets.last(js, buckets.CLAIMS.name, key, leader=True)
+            break
+        except (NatsTimeoutError, NoStreamResponseError, NoRespondersError):
+            if time.monotonic() + pause >= deadline:
+                raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
     try:
         return json.loads(data).get("state") or CLAIMED
     except (TypeError, ValueError, AttributeError):
