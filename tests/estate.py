@@ -40,15 +40,78 @@ def op(kind, args, id=None, seat=None, token=None, at=1000.0, node="n1") -> Op:
     return make_op(kind, args, node=node, seat=seat, token=token, id=id, at=at)
 
 
+# The conversation kinds random_ops draws from, and the few ids their ops
+# name (so they meet: runs of one conversation, approvals of one run).
+CONVERSATION_KINDS = ["conversation.create", "run.create", "run.update", "conversation.message",
+                      "conversation.rollback", "approval.request", "approval.decide"]
+
+
+def _conversation_args(rnd: random.Random, kind: str, i: int) -> tuple[dict[str, Any], str]:
+    """Arguments for a conversation op of *kind* (the *i*-th of the log), and
+    the seat that would write it: the ids slide along the log, so ops mostly
+    meet live rows (a conversation's runs, a run's messages and approvals)
+    and often conflict."""
+    k = rnd.randint(0, 1) + i // 40   # the run; five runs a conversation
+    n = k // 5 if rnd.random() < 0.95 else k // 5 + 1
+    conv, seat, run = f"c{n}", ("cto", "ceo")[n % 2], f"r{k}"
+    approval = f"a{k}.{rnd.randint(0, 1)}"
+    if rnd.random() < 0.05:
+        seat = ("cto", "ceo")[(n + 1) % 2]  # another's conversation
+    if kind == "conversation.create":
+        return {"id": conv, "seat": seat,
+                "metadata": rnd.choice([{}, {"from": "web", "n": rnd.randint(0, 2)}])}, seat
+    if kind == "run.create":
+        same = random.Random(k)  # a run's arguments, mostly the same each time it is sent
+        args = {"id": run, "conversation": conv, "strategy": same.choice(ops.STRATEGIES),
+                "on_disconnect": same.choice(ops.ON_DISCONNECT), "revision": same.randint(1, 3),
+                "input": f"do {k}", "status": rnd.choice(["queued", "running"])}
+        if rnd.random() < 0.1:
+            args["approval"] = approval
+        return args, seat
+    if kind == "run.update":
+        return {"id": run, "status": rnd.choice(ops.RUN_STATUSES[1:]),
+                "error": rnd.choice(["", "boom"])}, seat
+    if kind == "conversation.message":
+        role = rnd.choice(ops.ROLES)
+        args = {"conversation": conv, "id": f"m{rnd.randint(0, 3) + i // 10}", "run": run,
+                "role": role, "text": f"words {i}"}
+        if role == "assistant" and rnd.random() < 0.5:
+            args["calls"] = [{"id": f"k{i}", "name": "send", "args": {"to": "x", "n": i}}]
+        if role == "tool":
+            args.update(call_id=f"k{rnd.randint(0, i + 1)}", name="send", error=rnd.random() < 0.2)
+        return args, seat
+    if kind == "conversation.rollback":
+        return {"conversation": conv, "run": run}, seat
+    if kind == "approval.request":
+        return {"id": approval, "conversation": conv, "run": run, "seat": seat, "tool": "send",
+                "call_id": f"k{i}", "args": {"to": "x"},
+                "expires_at": 1000.0 + i + rnd.randint(1, 20)}, seat
+    return {"id": approval, "decision": rnd.choice(ops.DECISIONS),
+            "note": rnd.choice(["", ops.EXPIRED, "fine"]), "by": "ann"}, seat
+
+
 def random_ops(rnd: random.Random, n: int, node: str = "n1") -> list[Op]:
     """A mix of every kind of write: refusals (missing tasks, stale tokens,
-    version conflicts), duplicated ids and seat fences among them, turn
-    records (some without a start time) and trims of them."""
+    version conflicts, busy conversations, decided approvals), duplicated ids
+    and seat fences among them, turn records (some without a start time) and
+    trims of them, conversations with their runs, messages and approvals."""
     made: list[Op] = []
     for i in range(n):
         kind = rnd.choice(["task.create", "task.update", "task.comment", "page.write", "page.delete",
-                           "diary.write", "dup", "fence", "file.register", "turn.record", "turn.trim"])
+                           "diary.write", "dup", "fence", "file.register", "turn.record", "turn.trim",
+                           "conversation", "conversation", "conversation"])
         seat, token = rnd.choice([(None, None), ("cto", rnd.randint(1, 5)), ("ceo", rnd.randint(1, 5))])
+        if kind == "conversation":
+            # Creates a third of the time: the rest then mostly meet live rows.
+            kind = rnd.choice(CONVERSATION_KINDS[:2] if rnd.random() < 0.3 else CONVERSATION_KINDS)
+            args, writer = _conversation_args(rnd, kind, i)
+            # The operator, or the seat under a token that is mostly current.
+            if kind in ops.OPERATOR_ONLY or rnd.random() < 0.5:
+                seat, token = None, None
+            else:
+                seat, token = writer, rnd.choice([5, 5, 5, rnd.randint(1, 5)])
+            made.append(op(kind, args, seat=seat, token=token, at=1000.0 + i, node=node))
+            continue
         if kind == "dup" and made:
             made.append(rnd.choice(made))  # the same op, id and all
             continue

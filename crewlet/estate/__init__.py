@@ -2,7 +2,8 @@
 
 DESIGN §6 and the reference ("Every data node is a full replica", "How a
 request reaches the estate"). Tasks, comments, knowledge-base pages, file
-rows, turn records, episodes and the seat diary are written as
+rows, turn records, episodes, the seat diary and conversations (their runs,
+messages and approvals: DESIGN §11) are written as
 **operations** on one ordered log, the ``ESTATE`` stream, and every data
 node's ``data_applier`` applies that log, in order and deterministically,
 into its own LMDB environment. Two data nodes that applied the same log hold

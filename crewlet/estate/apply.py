@@ -29,7 +29,9 @@ Before anything is written, in order:
    is kept under the op id *and its token* (:func:`~crewlet.estate.store.fenced_key`),
    so the new owner redoing the same write under its own token is not
    refused for its predecessor's;
-4. **the kind's own checks** (:class:`Refused`).
+4. **the kind's own checks** (:class:`Refused`, whose outcome may carry a
+   ``code`` — ``conflict``, ``not_found``… — for a writer that must answer
+   one refusal otherwise than another, as the API a 409 or a 404).
 
 Then the kind's writes, in a nested transaction of their own — a refusal or
 a bug half way leaves none of its rows — and its outcome, kept in ``ops``
@@ -46,8 +48,10 @@ from typing import Any, Callable
 import lmdb
 
 from crewlet import log
-from crewlet.estate.ops import KINDS, OP_ID, TURN_TRIM_DEFAULT, Op, OpError
-from crewlet.estate.store import APPLIED, Store, fenced_key, join, key_seq, pack, seq_key, unpack
+from crewlet.estate.ops import (EXPIRED, KINDS, OP_ID, RUN_ENDED, RUN_MESSAGES_MAX, TURN_TRIM_DEFAULT, Op,
+                                OpError)
+from crewlet.estate.store import (APPLIED, Store, fenced_key, join, key_seq, pack, place_key, seq_key,
+                                  unpack)
 
 
 # The rules ops are applied by. Bump it when an op this module accepted would
@@ -59,11 +63,39 @@ from crewlet.estate.store import APPLIED, Store, fenced_key, join, key_seq, pack
 #      raised only by granted tokens
 #   3  turn.trim (an older applier refused it as an unknown kind, keeping the
 #      rows a newer one removes)
-RULES = 3
+#   4  conversations, runs, messages, approvals (DESIGN §11): an older applier
+#      refused their ops as unknown kinds — keeping a "bad op" outcome under
+#      each id, so not even a resend lands — where a newer one keeps the rows
+RULES = 4
+
+# What a refusal is, when a writer must tell one from another (the API's
+# status and problem code): kept in the outcome as ``code``. Refusals of the
+# older kinds carry none (their outcomes' bytes stay what they were).
+NOT_FOUND = "not_found"                  # no such conversation, run or approval
+CONFLICT = "conflict"                    # the row is otherwise: decided, ended, another's
+BUSY = "conversation_busy"               # another run of the conversation is running
+PENDING_APPROVAL = "pending_approval"    # the conversation awaits a decision first
+FORBIDDEN = "forbidden"                  # not this writer's to write
 
 
 class Refused(Exception):
-    """The op is well formed but cannot be applied; the message says why."""
+    """The op is well formed but cannot be applied; the message says why.
+    *code* (one of the names above) and *detail* (what is in the way, by id:
+    a refusal is kept on every copy for good, so never a row's free-form
+    values) go into the outcome beside the message."""
+
+    def __init__(self, message: str, code: str | None = None, **detail: Any):
+        super().__init__(message)
+        self.code = code
+        self.detail = detail
+
+    def outcome(self, seq: int) -> dict[str, Any]:
+        outcome: dict[str, Any] = {"ok": False, "seq": seq, "error": str(self)}
+        if self.code is not None:
+            outcome["code"] = self.code
+        if self.detail:
+            outcome["detail"] = self.detail
+        return outcome
 
 
 Outcome = dict[str, Any]
@@ -179,7 +211,7 @@ def _apply_one(env, txn, dbs, seq: int, data: bytes,
             result = KIND_APPLY[op.kind](child, dbs, op, seq)
         outcome = {"ok": True, "seq": seq, "result": result}
     except Refused as exc:
-        outcome = {"ok": False, "seq": seq, "error": str(exc)}
+        outcome = exc.outcome(seq)
     except lmdb.BadValsizeError:
         # A key of this op is too long for LMDB (511 bytes): the same on every copy.
         outcome = {"ok": False, "seq": seq, "error": f"{op.kind}: a name or path is too long to keep"}
@@ -448,6 +480,364 @@ def _seat_fence(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
     return {"seat": op.seat, "token": op.token}  # the fence itself moved in _fence
 
 
+# ------------------------------------------------------------ conversations
+#
+# A conversation's status moves with the op that causes it, in that op:
+#
+# * a run going ``running`` (run.create with status running, run.update) makes
+#   it the conversation's current run and the conversation ``running`` —
+#   refused (``conversation_busy``) while another of its runs is running, and
+#   (``pending_approval``) while an approval it asked for is undecided; a run
+#   already running may go ``running`` again (a pickup after its driver died:
+#   its node changes, its start does not);
+# * the current run ending makes the conversation ``idle`` (``completed``,
+#   ``interrupted``) or ``error`` (``failed``) — unless it awaits an approval;
+# * ``approval.request`` ends the current run (``completed``) and leaves the
+#   conversation ``awaiting_approval`` until a run goes ``running`` again (the
+#   resumption once it is decided, or a new run once it is denied).
+#
+# A run's status only moves on: queued → running → completed | failed |
+# interrupted, queued → failed | interrupted (cancelled before it started);
+# the same end twice is answered the same (``already``), another end is a
+# conflict. A message lands in a run that started and was not rolled back,
+# ended or not (a tool's result may come after an interrupt): it is kept at
+# its run's place (crewlet.estate.store), so the history reads run by run.
+
+def _conversation(txn, dbs, conv_id: str) -> dict[str, Any]:
+    conv = _get(txn, dbs, "conversations", conv_id.encode())
+    if conv is None:
+        raise Refused(f"no conversation {conv_id}", NOT_FOUND)
+    return conv
+
+
+def _run_of(txn, dbs, run_id: str, conv_id: str | None = None) -> dict[str, Any]:
+    run = _get(txn, dbs, "runs", run_id.encode())
+    if run is None or (conv_id is not None and run["conversation"] != conv_id):
+        where = f" in conversation {conv_id}" if conv_id is not None else ""
+        raise Refused(f"no run {run_id}{where}", NOT_FOUND)
+    return run
+
+
+def _own(op: Op, conv: dict[str, Any]) -> None:
+    """A seat writes only its own conversations (the operator any)."""
+    if op.seat is not None and op.seat != conv["seat"]:
+        raise Refused(f"seat {op.seat} cannot write seat {conv['seat']}'s conversation {conv['id']}",
+                      FORBIDDEN)
+
+
+def _same(row: dict[str, Any], fields: dict[str, Any]) -> bool:
+    """Whether *row* is what *fields* would have written (a resend of it)."""
+    return all(row.get(k) == v for k, v in fields.items())
+
+
+# An outcome is kept under its op id on every copy for good: it names the
+# rows it wrote, without their big free-form values (a message's text and
+# calls, a run's input, an approval's arguments), which the queries give.
+_BULK = ("text", "calls", "input", "args")
+
+
+def _brief(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in _BULK}
+
+
+def _touch(row: dict[str, Any], op: Op) -> None:
+    row["updated_at"] = op.at
+    row["updated_by"] = _by(op)
+
+
+def _conversation_put(txn, dbs, conv: dict[str, Any], was: str | None) -> None:
+    """Keep *conv*, moving its status index entry from *was* (None: new)."""
+    key = conv["id"].encode()
+    seq8 = seq_key(conv["seq"])
+    if was != conv["status"]:
+        if was is not None:
+            txn.delete(join("conv", "status", was, seq8), db=dbs["index"])
+        txn.put(join("conv", "status", conv["status"], seq8), key, db=dbs["index"])
+    txn.put(key, pack(conv), db=dbs["conversations"])
+
+
+def _run_put(txn, dbs, run: dict[str, Any], was: str | None) -> None:
+    """Keep *run*, moving its status index entries from *was* (None: new)."""
+    key = run["id"].encode()
+    seq8 = seq_key(run["seq"])
+    if was is None:
+        txn.put(join("run", "conv", run["conversation"], "all", seq8), key, db=dbs["index"])
+    if was != run["status"]:
+        if was is not None:
+            txn.delete(join("run", "conv", run["conversation"], was, seq8), db=dbs["index"])
+            txn.delete(join("run", "status", was, seq8), db=dbs["index"])
+        txn.put(join("run", "conv", run["conversation"], run["status"], seq8), key, db=dbs["index"])
+        txn.put(join("run", "status", run["status"], seq8), key, db=dbs["index"])
+    txn.put(key, pack(run), db=dbs["runs"])
+
+
+def _conversation_create(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    a = op.args
+    key = a["id"].encode()
+    metadata = a.get("metadata", {})
+    old = _get(txn, dbs, "conversations", key)
+    if old is not None:
+        if _same(old, {"seat": a["seat"], "metadata": metadata}):
+            return {"conversation": old, "already": True}
+        raise Refused(f"conversation {a['id']} exists, with another seat or metadata", CONFLICT)
+    conv = {"id": a["id"], "seat": a["seat"], "metadata": metadata, "status": "idle", "run": None,
+            "approval": None, "seq": seq, "created_at": op.at, "created_by": _by(op),
+            "updated_at": op.at, "updated_by": _by(op)}
+    seq8 = seq_key(seq)
+    txn.put(join("conv", "all", seq8), key, db=dbs["index"])
+    txn.put(join("conv", "seat", a["seat"], seq8), key, db=dbs["index"])
+    _conversation_put(txn, dbs, conv, None)
+    return {"conversation": conv}
+
+
+def _start(txn, dbs, op: Op, seq: int, run: dict[str, Any], conv: dict[str, Any],
+           node: str | None) -> None:
+    """*run* goes ``running`` as *conv*'s current run (the rules above)."""
+    current = conv["run"]
+    if current is not None and current != run["id"]:
+        other = _get(txn, dbs, "runs", current.encode())
+        if other is not None and other["status"] == "running":
+            raise Refused(f"conversation {conv['id']} is running run {current}", BUSY,
+                          run=current, node=other["node"])
+    if conv["approval"] is not None:
+        approval = _get(txn, dbs, "approvals", conv["approval"].encode())
+        if approval is not None and approval["status"] == "pending":
+            raise Refused(f"conversation {conv['id']} awaits a decision on approval {approval['id']}",
+                          PENDING_APPROVAL, approval=approval["id"])
+    was = run["status"]
+    run["status"] = "running"
+    run["node"] = node or op.node
+    if run["started_seq"] is None:
+        run["started_seq"] = seq
+        run["started_at"] = op.at
+    _touch(run, op)
+    _run_put(txn, dbs, run, was)
+    was = conv["status"]
+    conv["status"] = "running"
+    conv["run"] = run["id"]
+    conv["approval"] = None  # decided: this run resumes it, or goes on past its denial
+    _touch(conv, op)
+    _conversation_put(txn, dbs, conv, was)
+
+
+def _end(txn, dbs, op: Op, run: dict[str, Any], conv: dict[str, Any], status: str,
+         error: str | None) -> None:
+    """*run* ends as *status*; the conversation with it, if it is its current run."""
+    if run["started_seq"] is None and status == "completed":
+        raise Refused(f"run {run['id']} has not started: it cannot have completed", CONFLICT)
+    was = run["status"]
+    run["status"] = status
+    run["error"] = error
+    run["ended_at"] = op.at
+    _touch(run, op)
+    _run_put(txn, dbs, run, was)
+    if conv["run"] == run["id"] and conv["approval"] is None:
+        was = conv["status"]
+        conv["status"] = "error" if status == "failed" else "idle"
+        _touch(conv, op)
+        _conversation_put(txn, dbs, conv, was)
+
+
+def _run_create(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    a = op.args
+    conv = _conversation(txn, dbs, a["conversation"])
+    key = a["id"].encode()
+    fields = {"conversation": a["conversation"], "strategy": a["strategy"],
+              "on_disconnect": a["on_disconnect"], "revision": a["revision"],
+              "input": a.get("input", ""), "approval": a.get("approval")}
+    old = _get(txn, dbs, "runs", key)
+    if old is not None:
+        if _same(old, fields):
+            return {"run": _brief(old), "conversation": conv, "already": True}
+        raise Refused(f"run {a['id']} exists, with other arguments", CONFLICT)
+    if fields["approval"] is not None:
+        approval = _get(txn, dbs, "approvals", fields["approval"].encode())
+        if approval is None or approval["conversation"] != conv["id"]:
+            raise Refused(f"no approval {fields['approval']} in conversation {conv['id']}", NOT_FOUND)
+        if approval["status"] != "decided":
+            raise Refused(f"approval {approval['id']} is not decided: nothing to resume yet",
+                          PENDING_APPROVAL, approval=approval["id"])
+    run = {"id": a["id"], "conversation": conv["id"], "seat": conv["seat"], "status": "queued",
+           **{k: fields[k] for k in ("strategy", "on_disconnect", "revision", "input", "approval")},
+           "node": None, "error": None, "rolled_back": False, "seq": seq, "started_seq": None,
+           "created_at": op.at, "created_by": _by(op), "started_at": None, "ended_at": None,
+           "updated_at": op.at, "updated_by": _by(op)}
+    _run_put(txn, dbs, run, None)
+    if a.get("status") == "running":
+        _start(txn, dbs, op, seq, run, conv, a.get("node"))
+    return {"run": _brief(run), "conversation": conv}
+
+
+def _run_update(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    a = op.args
+    run = _run_of(txn, dbs, a["id"])
+    conv = _conversation(txn, dbs, run["conversation"])
+    _own(op, conv)
+    status = a["status"]
+    if run["status"] in RUN_ENDED:
+        if status == run["status"]:
+            return {"run": _brief(run), "conversation": conv, "already": True}
+        raise Refused(f"run {run['id']} has ended: {run['status']}", CONFLICT, status=run["status"])
+    if status == "running":
+        _start(txn, dbs, op, seq, run, conv, a.get("node"))
+    else:
+        _end(txn, dbs, op, run, conv, status, a.get("error"))
+    return {"run": _brief(run), "conversation": conv}
+
+
+def _messages_key(run_id: str) -> bytes:
+    return join("run", "messages", run_id)  # in index: how many messages the run wrote
+
+
+def _conversation_message(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    a = op.args
+    conv = _conversation(txn, dbs, a["conversation"])
+    _own(op, conv)
+    run = _run_of(txn, dbs, a["run"], conv["id"])
+    if run["rolled_back"]:
+        raise Refused(f"run {run['id']} was rolled back: it keeps no messages", CONFLICT)
+    if run["started_seq"] is None:
+        raise Refused(f"run {run['id']} has not started", CONFLICT)
+    calls = [{"id": c["id"], "name": c["name"], "args": c["args"]} for c in a.get("calls", [])]
+    fields = {"run": run["id"], "role": a["role"], "text": a["text"], "calls": calls,
+              "call_id": a.get("call_id"), "name": a.get("name"), "error": a.get("error", False)}
+    id_key = join("msg", "id", conv["id"], a["id"])
+    place = txn.get(id_key, db=dbs["index"])
+    if place is not None:
+        old = _get(txn, dbs, "messages", join(conv["id"], b"") + place)
+        if old is not None and _same(old, fields):
+            return {"message": _brief(old), "already": True}
+        raise Refused(f"message {a['id']} of conversation {conv['id']} exists, with other content",
+                      CONFLICT)
+    raw = txn.get(_messages_key(run["id"]), db=dbs["index"])
+    count = key_seq(raw) if raw is not None else 0
+    if count >= RUN_MESSAGES_MAX:
+        raise Refused(f"run {run['id']} has written {count} messages, the most one run may", CONFLICT)
+    key = place_key(conv["id"], run["started_seq"], seq)
+    message = {"id": a["id"], "conversation": conv["id"], **fields, "seq": seq,
+               "place": [run["started_seq"], seq], "at": op.at, "by": _by(op)}
+    txn.put(key, pack(message), db=dbs["messages"])
+    txn.put(id_key, key[-16:], db=dbs["index"])
+    txn.put(_messages_key(run["id"]), seq_key(count + 1), db=dbs["index"])
+    return {"message": _brief(message)}
+
+
+def _conversation_rollback(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    """Remove one ended run's messages; the outcome lists the tool calls
+    among them that ran (their results): what they did stays done."""
+    a = op.args
+    conv = _conversation(txn, dbs, a["conversation"])
+    run = _run_of(txn, dbs, a["run"], conv["id"])
+    if run["rolled_back"]:
+        return {"run": _brief(run), "removed": 0, "calls": [], "already": True}
+    if run["status"] not in RUN_ENDED:
+        raise Refused(f"run {run['id']} is {run['status']}: it must end (be interrupted) before "
+                      f"it is rolled back", CONFLICT, status=run["status"])
+    removed = 0
+    calls: list[dict[str, Any]] = []
+    if run["started_seq"] is not None:
+        # One range of keys: the run's place (crewlet.estate.store), at most
+        # RUN_MESSAGES_MAX of them.
+        prefix = join(conv["id"], b"") + seq_key(run["started_seq"])
+        cur = txn.cursor(db=dbs["messages"])
+        found = cur.set_range(prefix)
+        while found and cur.key().startswith(prefix):
+            message = unpack(cur.value())
+            txn.delete(join("msg", "id", conv["id"], message["id"]), db=dbs["index"])
+            if message["role"] == "tool":
+                calls.append({"call_id": message["call_id"], "name": message["name"],
+                              "error": message["error"]})
+            removed += 1
+            found = cur.delete() and bool(cur.key())  # deleting moves the cursor to the next row
+    txn.delete(_messages_key(run["id"]), db=dbs["index"])
+    run["rolled_back"] = True
+    _touch(run, op)
+    _run_put(txn, dbs, run, run["status"])
+    return {"run": _brief(run), "removed": removed, "calls": calls}
+
+
+def _approval_request(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    a = op.args
+    conv = _conversation(txn, dbs, a["conversation"])
+    _own(op, conv)
+    if a["seat"] != conv["seat"]:
+        raise Refused(f"conversation {conv['id']} is seat {conv['seat']}'s, not seat {a['seat']}'s",
+                      FORBIDDEN)
+    key = a["id"].encode()
+    fields = {"conversation": conv["id"], "run": a["run"], "seat": a["seat"], "tool": a["tool"],
+              "call_id": a.get("call_id"), "args": a["args"], "expires_at": a["expires_at"]}
+    old = _get(txn, dbs, "approvals", key)
+    if old is not None:
+        if _same(old, fields):
+            return {"approval": _brief(old), "already": True}
+        raise Refused(f"approval {a['id']} exists, with other arguments", CONFLICT)
+    run = _run_of(txn, dbs, a["run"], conv["id"])
+    if conv["run"] != run["id"] or run["status"] != "running":
+        raise Refused(f"run {run['id']} is not conversation {conv['id']}'s running run", CONFLICT,
+                      run=conv["run"])
+    approval = {"id": a["id"], **fields, "status": "pending", "decision": None, "note": None,
+                "by": None, "expired": False, "seq": seq, "requested_at": op.at,
+                "requested_by": _by(op), "decided_at": None}
+    seq8 = seq_key(seq)
+    for index_key in (join("appr", "all", seq8), join("appr", "status", "pending", seq8),
+                      join("appr", "conv", conv["id"], seq8)):
+        txn.put(index_key, key, db=dbs["index"])
+    txn.put(key, pack(approval), db=dbs["approvals"])
+    # The request ends the run; the conversation awaits the decision.
+    was = conv["status"]
+    conv["status"] = "awaiting_approval"
+    conv["approval"] = approval["id"]
+    _touch(conv, op)
+    _conversation_put(txn, dbs, conv, was)
+    _end(txn, dbs, op, run, conv, "completed", None)
+    return {"approval": _brief(approval), "run": _brief(run), "conversation": conv}
+
+
+def _decided(approval: dict[str, Any]) -> dict[str, Any]:
+    """What a conflicting decision is told: the decision that stands (a
+    refusal's detail is kept on every copy for good, so never the call's
+    arguments)."""
+    return {"approval": approval["id"], "decision": approval["decision"], "by": approval["by"],
+            "decided_at": approval["decided_at"], "expired": approval["expired"]}
+
+
+def _approval_decide(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    """Decide once: the same decision again is answered the same (``already``),
+    another is a conflict. Past ``expires_at`` (by the op's ``at``) the
+    approval has expired: a denial then is its expiry (note ``expired``, the
+    one write a seat may make here), an approval a conflict."""
+    a = op.args
+    key = a["id"].encode()
+    approval = _get(txn, dbs, "approvals", key)
+    if approval is None:
+        raise Refused(f"no approval {a['id']}", NOT_FOUND)
+    decision = a["decision"]
+    if approval["status"] == "decided":
+        if approval["decision"] == decision:
+            return {"approval": _brief(approval), "already": True}
+        how = " (it expired)" if approval["expired"] else ""
+        raise Refused(f"approval {a['id']} was decided already: {approval['decision']}{how}", CONFLICT,
+                      **_decided(approval))
+    expired = op.at >= approval["expires_at"]
+    if op.seat is not None and not (expired and decision == "deny" and a.get("note") == EXPIRED):
+        raise Refused(f"approval {a['id']} is a person's to decide, not seat {op.seat}'s "
+                      f"(a seat may only write its expiry)", FORBIDDEN)
+    if expired and decision == "approve":
+        raise Refused(f"approval {a['id']} expired at {approval['expires_at']}: too late to approve",
+                      CONFLICT, approval=approval["id"], expires_at=approval["expires_at"])
+    approval["status"] = "decided"
+    approval["decision"] = decision
+    approval["note"] = EXPIRED if expired else a.get("note")
+    approval["by"] = a.get("by") or _by(op)
+    approval["expired"] = expired
+    approval["decided_at"] = op.at
+    seq8 = seq_key(approval["seq"])
+    txn.delete(join("appr", "status", "pending", seq8), db=dbs["index"])
+    txn.put(join("appr", "status", "decided", seq8), key, db=dbs["index"])
+    txn.put(key, pack(approval), db=dbs["approvals"])
+    return {"approval": _brief(approval)}
+
+
 KIND_APPLY: dict[str, Callable[..., dict[str, Any]]] = {
     "task.create": _task_create,
     "task.update": _task_update,
@@ -460,6 +850,13 @@ KIND_APPLY: dict[str, Callable[..., dict[str, Any]]] = {
     "diary.write": _diary_write,
     "seat.fence": _seat_fence,
     "turn.trim": _turn_trim,
+    "conversation.create": _conversation_create,
+    "run.create": _run_create,
+    "run.update": _run_update,
+    "conversation.message": _conversation_message,
+    "conversation.rollback": _conversation_rollback,
+    "approval.request": _approval_request,
+    "approval.decide": _approval_decide,
 }
 
 assert set(KIND_APPLY) == set(KINDS), "every op kind has exactly one apply function"

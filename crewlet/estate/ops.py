@@ -18,6 +18,33 @@ estate"):
 ``once``     never send twice: an op that went unanswered is reported as
              unknown (the knowledge base).
 
+Conversations (DESIGN §11) are estate data too, in the area
+``conversations``: a conversation with one seat, its messages, its runs and
+the approvals its turns asked for. Who may write each kind, and under which
+fence (an op with no seat is the operator's: the API, a run's driver, a
+duty — any process with the broker's credentials, as for ``task.create``;
+the applier holds a seat's op to its fence and to its own rows):
+
+========================  ===================================================
+``conversation.create``   the API; never a seat
+``run.create``            the API or a run's driver; never a seat
+``run.update``            the run's driver, or the seat's turn under its fence
+``conversation.message``  the seat's turn under its fence (the usual way), or
+                          the driver (the user's input as the run starts)
+``conversation.rollback`` the run's driver; never a seat
+``approval.request``      the seat's turn under its fence (or the driver)
+``approval.decide``       a person, through the API; a seat only the expiry
+                          (``deny``, note ``expired``, once past
+                          ``expires_at``) — a seat never decides its own
+========================  ===================================================
+
+A conversation's **status** (``idle``, ``running``, ``awaiting_approval``,
+``error``) has no op of its own: it moves with the run and approval ops that
+cause it, in the same op, so it never disagrees with its runs
+(:mod:`crewlet.estate.apply` says how). Every row id of a conversation (its
+own, a run's, an approval's, a message's) is made by the writer
+(:data:`ROW_ID`), so a resend under a new op id finds the row and lands once.
+
 :data:`QUERIES` are the reads, each with the JSON schema of its arguments.
 Arguments are checked where an op or a query is made (:func:`make_op`,
 :func:`check_query`), and again by the applier before it applies anything,
@@ -77,7 +104,8 @@ INT_MAX = 2**53 - 1
 AT_MAX = 253_402_300_799.0
 # A node's name, as the op carries it (crewlet.config's node.id is narrower).
 NODE_MAX = 100
-_NODE = re.compile(rf"^[\x21-\x7e]{{1,{NODE_MAX}}}$")
+NODE_PATTERN = rf"^[\x21-\x7e]{{1,{NODE_MAX}}}$"
+_NODE = re.compile(NODE_PATTERN)
 # A free-form value (a turn record): how deep it may nest, how long one of its
 # strings or keys may be, how many items one container may hold, and how big
 # it may be encoded — one op stays well under the broker's 1 MiB, and no
@@ -93,6 +121,42 @@ RECORD_MAX_BYTES = 512 * 1024
 TURN_TRIM_MAX = 1000
 TURN_TRIM_DEFAULT = 500
 
+# ---- conversations (DESIGN §11)
+# The ids a writer makes for a conversation, a run, an approval, a message:
+# keys of every copy and parts of index keys and URLs, so short and plain.
+ROW_ID_MAX = 100
+ROW_ID = rf"^[A-Za-z0-9][A-Za-z0-9_.:-]{{0,{ROW_ID_MAX - 1}}}$"
+CONVERSATION_STATUSES = ("idle", "running", "awaiting_approval", "error")
+RUN_STATUSES = ("queued", "running", "completed", "failed", "interrupted")
+RUN_ENDED = ("completed", "failed", "interrupted")
+STRATEGIES = ("reject", "enqueue", "interrupt", "rollback")
+ON_DISCONNECT = ("continue", "cancel")
+ROLES = ("user", "assistant", "tool")
+DECISIONS = ("approve", "deny")
+APPROVAL_STATUSES = ("pending", "decided")
+# The note an expiry writes: a denial anyone may write once past expires_at.
+EXPIRED = "expired"
+# A conversation's metadata: a small free-form object (a web app's tags).
+METADATA_MAX_BYTES = 16 * 1024
+METADATA_KEYS_MAX = 64
+# One message's text (a tool's result may be long) and a run's input.
+MESSAGE_TEXT_MAX = PAGE_BODY_MAX
+# Tool calls one assistant message may carry, and the strings naming one.
+CALLS_MAX = 128
+CALL_ID_MAX = 200
+TOOL_NAME_MAX = 200
+# Messages one run may write: bounds a rollback's work on every copy (a turn
+# is at most crewlet.agent.turn.MAX_ROUNDS rounds, far below this).
+RUN_MESSAGES_MAX = 1000
+NOTE_MAX = 2000
+ERROR_MAX = 2000
+DECIDER_MAX = 200
+# The arguments of one op of these kinds, encoded: well under the broker's 1 MiB.
+ARGS_MAX_BYTES = RECORD_MAX_BYTES
+# A page of messages stops growing past this many encoded bytes (at least one
+# message, however big): an answer travels as one NATS message of 1 MiB at most.
+ANSWER_MAX_BYTES = 512 * 1024
+
 
 class OpError(ValueError):
     """An op or a query that cannot be made: the message names the field and why."""
@@ -101,7 +165,7 @@ class OpError(ValueError):
 @dataclass(frozen=True)
 class Kind:
     name: str
-    area: str    # tracker | kb | files | turns | seat
+    area: str    # tracker | kb | files | turns | seat | conversations
     retry: str   # move_on | once (module doc)
     schema: dict[str, Any]
 
@@ -125,6 +189,14 @@ _REV = {"type": "integer", "minimum": 1, "maximum": INT_MAX}
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": LIST_MAX}
 _TASK = _str(pattern=TASK_ID)
 _PATH = _str(1, PAGE_PATH_MAX, pattern=PAGE_PATH)
+_ROW = _str(1, ROW_ID_MAX, pattern=ROW_ID)
+_NODE_NAME = _str(1, NODE_MAX, pattern=NODE_PATTERN)
+_AT = {"type": "number", "minimum": 0, "maximum": AT_MAX}
+_SEQ = {"type": "integer", "minimum": 1, "maximum": INT_MAX}
+_CALL = _obj(("id", "name", "args"), id=_str(1, CALL_ID_MAX), name=_str(1, TOOL_NAME_MAX),
+             args={"type": "object"})
+# A message's place in its conversation: (its run's start seq, its own seq).
+_PLACE = {"type": "array", "items": _SEQ, "minItems": 2, "maxItems": 2}
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("task.create", "tracker", "move_on", _obj(
@@ -160,7 +232,49 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         ("before",), before={"type": "number", "minimum": 0, "maximum": AT_MAX},
         limit={"type": "integer", "minimum": 1, "maximum": TURN_TRIM_MAX},
         after={"type": "integer", "minimum": 0, "maximum": INT_MAX})),
+    # ---- conversations (module doc: who writes each)
+    Kind("conversation.create", "conversations", "move_on", _obj(
+        ("id", "seat"), id=_ROW, seat=_NAME,
+        metadata={"type": "object", "maxProperties": METADATA_KEYS_MAX})),
+    # A run of a conversation, queued (the default) or started at once. It pins
+    # the company revision it started with; ``approval``: the decided approval
+    # it resumes (the recorded call is run, or the model told it was denied).
+    Kind("run.create", "conversations", "move_on", _obj(
+        ("id", "conversation", "strategy", "on_disconnect", "revision"), id=_ROW,
+        conversation=_ROW, strategy={"enum": list(STRATEGIES)},
+        on_disconnect={"enum": list(ON_DISCONNECT)}, revision=_REV,
+        input=_str(0, MESSAGE_TEXT_MAX), approval=_ROW, status={"enum": ["queued", "running"]},
+        node=_NODE_NAME)),
+    Kind("run.update", "conversations", "move_on", _obj(
+        ("id", "status"), id=_ROW, status={"enum": [s for s in RUN_STATUSES if s != "queued"]},
+        error=_str(0, ERROR_MAX), node=_NODE_NAME)),
+    # One message, as crewlet.agent.types.Message has it: an assistant's
+    # ``calls``; a tool's result names its ``call_id`` and tool ``name``.
+    Kind("conversation.message", "conversations", "move_on", _obj(
+        ("conversation", "id", "run", "role", "text"), conversation=_ROW, id=_ROW, run=_ROW,
+        role={"enum": list(ROLES)}, text=_str(0, MESSAGE_TEXT_MAX),
+        calls={"type": "array", "items": _CALL, "maxItems": CALLS_MAX},
+        call_id=_str(1, CALL_ID_MAX), name=_str(1, TOOL_NAME_MAX), error={"type": "boolean"})),
+    # Removes the messages of one ended run (the ``rollback`` strategy).
+    Kind("conversation.rollback", "conversations", "move_on", _obj(
+        ("conversation", "run"), conversation=_ROW, run=_ROW)),
+    Kind("approval.request", "conversations", "move_on", _obj(
+        ("id", "conversation", "run", "seat", "tool", "args", "expires_at"), id=_ROW,
+        conversation=_ROW, run=_ROW, seat=_NAME, tool=_str(1, TOOL_NAME_MAX),
+        call_id=_str(1, CALL_ID_MAX), args={"type": "object"}, expires_at=_AT)),
+    Kind("approval.decide", "conversations", "move_on", _obj(
+        ("id", "decision"), id=_ROW, decision={"enum": list(DECISIONS)}, note=_str(0, NOTE_MAX),
+        by=_str(1, DECIDER_MAX))),
 )}
+
+# Kinds only the operator writes (an op of them carrying a seat is refused
+# before it is sent, and by every applier).
+OPERATOR_ONLY = {
+    "turn.trim": "turn.trim is the maintenance duty's, not a seat's",
+    "conversation.create": "conversation.create is the API's, not a seat's",
+    "run.create": "run.create is the API's or a run driver's, not a seat's",
+    "conversation.rollback": "conversation.rollback is a run driver's, not a seat's",
+}
 
 QUERIES: dict[str, dict[str, Any]] = {
     "task.get": _obj(("id",), id=_TASK),
@@ -179,6 +293,30 @@ QUERIES: dict[str, dict[str, Any]] = {
     "episode.list": _obj(("seat",), seat=_NAME, limit=_LIMIT),
     "op.outcome": _obj(("id",), id=_str(1, OP_ID_MAX)),
     "event.list": _obj(limit=_LIMIT, after={"type": "integer", "minimum": 0}),
+    # ---- conversations. Each list answers ``next``: the resume point to pass
+    # back (as ``before`` for conversations, newest first; as ``after`` for
+    # runs and approvals, oldest first), None on the last page.
+    "conversation.get": _obj(("id",), id=_ROW),
+    "conversation.list": _obj(seat=_NAME, status={"enum": list(CONVERSATION_STATUSES)},
+                              limit=_LIMIT, before=_SEQ),
+    # In order. after: the page past that place; before: the page up to it;
+    # neither: the first page, or with newest the last. Answers ``after`` and
+    # ``before``: where the next later and the next earlier page start (None
+    # when there is none).
+    "conversation.messages": {**_obj(("conversation",), conversation=_ROW, limit=_LIMIT,
+                                     after=_PLACE, before=_PLACE, newest={"type": "boolean"}),
+                              "not": {"anyOf": [{"required": ["after", "before"]},
+                                                {"required": ["after", "newest"]},
+                                                {"required": ["before", "newest"]}]}},
+    "run.get": _obj(("id",), id=_ROW),
+    # By conversation (all its runs, or those of one status: ``queued`` is
+    # its queue), or across the company by status.
+    "run.list": {**_obj(conversation=_ROW, status={"enum": list(RUN_STATUSES)}, limit=_LIMIT,
+                        after=_SEQ),
+                 "anyOf": [{"required": ["conversation"]}, {"required": ["status"]}]},
+    "approval.get": _obj(("id",), id=_ROW),
+    "approval.list": _obj(status={"enum": list(APPROVAL_STATUSES)}, conversation=_ROW,
+                          limit=_LIMIT, after=_SEQ),
 }
 
 
@@ -241,9 +379,10 @@ class Op:
             raise OpError(f"token must be an integer from 1 to {INT_MAX}, got {_show(self.token)}")
         if self.kind == "seat.fence" and self.seat is None:
             raise OpError("seat.fence needs the seat and its token")
-        if self.kind == "turn.trim" and self.seat is not None:
-            # Retention is the company's: a seat may not remove turn records.
-            raise OpError("turn.trim is the maintenance duty's, not a seat's")
+        if self.kind in OPERATOR_ONLY and self.seat is not None:
+            # Retention is the company's: a seat may not remove turn records;
+            # nor open a conversation, start a run or roll one back.
+            raise OpError(OPERATOR_ONLY[self.kind])
         if not isinstance(self.node, str) or not _NODE.match(self.node):
             raise OpError(f"node must be 1-{NODE_MAX} printable ASCII characters, got {_show(self.node)}")
         if not (_is_number(self.at) and 0 <= self.at <= AT_MAX):
@@ -261,6 +400,10 @@ class Op:
             size = len(msgpack.packb(self.args["record"], use_bin_type=True))
             if size > RECORD_MAX_BYTES:
                 raise OpError(f"turn.record: record is {size} bytes encoded, more than {RECORD_MAX_BYTES}")
+        if KINDS[self.kind].area == "conversations":
+            problem = _conversation_problem(self)
+            if problem:
+                raise OpError(f"{self.kind}: {problem}")
 
     @property
     def retry(self) -> str:
@@ -300,6 +443,32 @@ class Op:
         except Exception as exc:
             raise OpError(f"not an encoded op: {type(exc).__name__}: {exc}") from None
         return cls.from_dict(d)
+
+
+def _conversation_problem(op: Op) -> str | None:
+    """What the schema cannot say about a conversation op (None: nothing)."""
+    a = op.args
+    size = len(msgpack.packb(a, use_bin_type=True))
+    if size > ARGS_MAX_BYTES:
+        return f"arguments are {size} bytes encoded, more than {ARGS_MAX_BYTES}"
+    if op.kind == "conversation.create" and "metadata" in a:
+        size = len(msgpack.packb(a["metadata"], use_bin_type=True))
+        if size > METADATA_MAX_BYTES:
+            return f"metadata is {size} bytes encoded, more than {METADATA_MAX_BYTES}"
+    elif op.kind == "conversation.message":
+        role = a["role"]
+        if "calls" in a and role != "assistant":
+            return "only an assistant's message carries calls"
+        if role == "tool" and not ("call_id" in a and "name" in a):
+            return "a tool's message names the call_id and the tool's name it answers"
+        if role != "tool" and ("call_id" in a or "error" in a):
+            return "only a tool's message answers a call_id or says error"
+        if role == "user" and "name" in a:
+            return "a user's message names no tool"
+    elif op.kind == "approval.request":
+        if not a["expires_at"] > op.at:
+            return f"expires_at {_show(a['expires_at'])} is not after the request ({_show(op.at)})"
+    return None
 
 
 def _is_int(value: Any) -> bool:

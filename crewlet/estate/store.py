@@ -23,6 +23,10 @@ table             key → value                                  kind
 ``episodes``      seat, seq → row                              replicated
 ``diary``         seat, seq → row                              replicated
 ``diary_digest``  seat, text digest → seq                      replicated
+``conversations`` conversation id → row                        replicated
+``messages``      conversation, place → row (below)            replicated
+``runs``          run id → row                                 replicated
+``approvals``     approval id → row                            replicated
 ``index``         secondary indexes (below) → a row's key      replicated
 ``events``        stream seq → event (the custody log)         this node's own
 ``local``         this node's own bookkeeping                  this node's own
@@ -33,10 +37,26 @@ table             key → value                                  kind
 and applied again from the log, so it holds what a copy made now would.
 
 ``index`` keys, ``\\0``-separated: ``task·all·seq``, ``task·status·<status>·seq``,
-``task·assignee·<seat>·seq`` → task id; ``turn·seat·<seat>·seq`` → turns key.
+``task·assignee·<seat>·seq`` → task id; ``turn·seat·<seat>·seq`` → turns key;
+``conv·all·seq``, ``conv·seat·<seat>·seq``, ``conv·status·<status>·seq`` →
+conversation id (seq: the conversation's creation); ``run·conv·<conv>·all·seq``,
+``run·conv·<conv>·<status>·seq``, ``run·status·<status>·seq`` → run id (seq:
+the run's creation, so queued runs list in the order they were queued);
+``run·messages·<run>`` → how many messages the run wrote (8 bytes);
+``msg·id·<conv>·<message id>`` → the message's place; ``appr·all·seq``,
+``appr·status·<status>·seq``, ``appr·conv·<conv>·seq`` → approval id.
+
+A message's **place** is its run's start seq and its own seq, 8 bytes each:
+a conversation's messages read in the order its runs ran (one at a time),
+each run's in log order — a late tool result of an interrupted run stays
+with its run, before the next run's — and one run's messages are one range
+of keys, which a rollback removes. The queries give a place as ``[run start
+seq, seq]``, the resume point of a page of messages.
+
 Turn records past the company's ``retention.turns_days`` are removed, with
 their index entries, by ``turn.trim`` ops (the maintenance duty's), so every
-copy removes the same rows.
+copy removes the same rows. No retention removes conversations, their runs,
+messages or approvals yet.
 
 The replicated tables are what :func:`digest` hashes: two copies that applied
 the same log have the same digest. ``events`` is not replicated: each event
@@ -58,14 +78,15 @@ import lmdb
 import msgpack
 
 from crewlet import private
-from crewlet.estate.ops import LIST_DEFAULT, check_query
+from crewlet.estate.ops import ANSWER_MAX_BYTES, LIST_DEFAULT, check_query
 
 # Address space only: LMDB grows the file as it is written.
 MAP_SIZE = 1 << 36
 MAX_READERS = 512  # reader slots: every role's threads on the node, with room to spare
 
 REPLICATED = ("meta", "ops", "fences", "tasks", "comments", "pages", "pages_by_seq", "files",
-              "turns", "episodes", "diary", "diary_digest", "index")
+              "turns", "episodes", "diary", "diary_digest", "conversations", "messages", "runs",
+              "approvals", "index")
 NODE_LOCAL = ("events", "local")
 TABLES = REPLICATED + NODE_LOCAL
 
@@ -92,6 +113,16 @@ def key_seq(key: bytes) -> int:
 def join(*parts: str | bytes) -> bytes:
     # A list, not a generator: this makes every index key the applier writes.
     return SEP.join([p.encode() if p.__class__ is str else p for p in parts])
+
+
+def place_key(conversation: str, started: int, seq: int) -> bytes:
+    """Where a message is kept: its conversation, its run's start seq, its seq."""
+    return join(conversation, b"") + _U64.pack(started) + _U64.pack(seq)
+
+
+def key_place(key: bytes) -> list[int]:
+    """``[run start seq, seq]`` of a ``messages`` key (:func:`place_key`)."""
+    return [_U64.unpack(key[-16:-8])[0], _U64.unpack(key[-8:])[0]]
 
 
 def fenced_key(op_id: str, token: int) -> bytes:
@@ -394,3 +425,151 @@ class Reader:
                     break
                 events.append({"seq": key_seq(k), "event": unpack(v)})
         return {"events": events}
+
+    # ---- conversations (the index keys: module doc)
+
+    def _ids(self, txn, prefix: bytes, *, newest: bool, limit: int, start: bytes | None,
+             keep=None) -> tuple[list[Any], int | None]:
+        """Up to *limit* rows named by the ``index`` entries under *prefix*
+        (each a seq-keyed entry whose value is a row id, which *keep* looks
+        up, None to pass it over), newest or oldest first, from past *start*;
+        and the seq to resume from (None: no more). A page stops growing past
+        :data:`ANSWER_MAX_BYTES` too."""
+        cur = txn.cursor(db=self.dbs["index"])
+        rows: list[Any] = []
+        last = None
+        size = 0
+        if newest:
+            entries = self._newest(txn, "index", prefix, None, start)
+        else:
+            def forward():
+                if cur.set_range(start if start is not None else prefix):
+                    for k, v in cur:
+                        if not k.startswith(prefix):
+                            return
+                        yield k, v
+            entries = forward()
+        for k, v in entries:
+            if len(rows) >= limit:
+                return rows, last
+            row = keep(v)
+            if row is None:
+                continue
+            size += len(pack(row))
+            if rows and size > ANSWER_MAX_BYTES:
+                return rows, last
+            rows.append(row)
+            last = key_seq(k)
+        return rows, None
+
+    def _q_conversation_get(self, txn, args):
+        conv = self._get(txn, "conversations", args["id"].encode())
+        if conv is None:
+            return {"conversation": None, "run": None, "approval": None}
+        run = self._get(txn, "runs", conv["run"].encode()) if conv.get("run") else None
+        if run is not None:
+            run.pop("input", None)  # run.get has it: one answer stays one NATS message
+        approval = (self._get(txn, "approvals", conv["approval"].encode())
+                    if conv.get("approval") else None)
+        return {"conversation": conv, "run": run, "approval": approval}
+
+    def _q_conversation_list(self, txn, args):
+        if "status" in args:
+            prefix = join("conv", "status", args["status"], b"")
+        elif "seat" in args:
+            prefix = join("conv", "seat", args["seat"], b"")
+        else:
+            prefix = join("conv", "all", b"")
+        start = prefix + seq_key(args["before"]) if "before" in args else None
+        # Both given: the status index, filtered by seat.
+        seat = args.get("seat") if "status" in args else None
+
+        def keep(conv_id):
+            row = self._get(txn, "conversations", conv_id)
+            return row if row is not None and (seat is None or row["seat"] == seat) else None
+        rows, nxt = self._ids(txn, prefix, newest=True, limit=args.get("limit", LIST_DEFAULT),
+                              start=start, keep=keep)
+        return {"conversations": rows, "next": nxt}
+
+    def _q_conversation_messages(self, txn, args):
+        prefix = join(args["conversation"], b"")
+        limit = args.get("limit", LIST_DEFAULT)
+        cur = txn.cursor(db=self.dbs["messages"])
+        backward = "before" in args or args.get("newest", False)
+        picked: list[tuple[bytes, bytes]] = []
+        size = 0
+        if backward:
+            start = (prefix + seq_key(args["before"][0]) + seq_key(args["before"][1])
+                     if "before" in args else None)
+            for k, v in self._newest(txn, "messages", prefix, None, start):
+                if len(picked) >= limit or (picked and size + len(v) > ANSWER_MAX_BYTES):
+                    break
+                picked.append((k, v))
+                size += len(v)
+            picked.reverse()
+        else:
+            start = prefix
+            if "after" in args:
+                start = prefix + seq_key(args["after"][0]) + seq_key(args["after"][1]) + b"\0"
+            if cur.set_range(start):
+                for k, v in cur:
+                    if not k.startswith(prefix) or len(picked) >= limit \
+                            or (picked and size + len(v) > ANSWER_MAX_BYTES):
+                        break
+                    picked.append((k, v))
+                    size += len(v)
+
+        def beyond(key: bytes, later: bool) -> bool:
+            """Whether the conversation holds a message past *key* that way."""
+            if later:
+                return cur.set_range(key + b"\0") and cur.key().startswith(prefix)
+            return any(True for _ in self._newest(txn, "messages", prefix, 1, key))
+        if not picked:
+            return {"messages": [], "after": None, "before": None}
+        first, last = picked[0][0], picked[-1][0]
+        return {"messages": [unpack(v) for _, v in picked],
+                "after": key_place(last) if beyond(last, True) else None,
+                "before": key_place(first) if beyond(first, False) else None}
+
+    def _q_run_get(self, txn, args):
+        return {"run": self._get(txn, "runs", args["id"].encode())}
+
+    def _q_run_list(self, txn, args):
+        status = args.get("status", "all")
+        if "conversation" in args:
+            prefix = join("run", "conv", args["conversation"], status, b"")
+        elif "status" in args:
+            prefix = join("run", "status", status, b"")
+        else:
+            return {"runs": [], "next": None}  # runs are listed by conversation or by status
+
+        def keep(run_id):
+            row = self._get(txn, "runs", run_id)
+            if row is not None:
+                row.pop("input", None)  # a list is lines: run.get has the input
+            return row
+        start = prefix + seq_key(args["after"]) + b"\0" if "after" in args else None
+        rows, nxt = self._ids(txn, prefix, newest=False, limit=args.get("limit", LIST_DEFAULT),
+                              start=start, keep=keep)
+        return {"runs": rows, "next": nxt}
+
+    def _q_approval_get(self, txn, args):
+        return {"approval": self._get(txn, "approvals", args["id"].encode())}
+
+    def _q_approval_list(self, txn, args):
+        status = args.get("status")
+        if "conversation" in args:
+            prefix = join("appr", "conv", args["conversation"], b"")
+        elif status is not None:
+            prefix = join("appr", "status", status, b"")
+            status = None  # the index says it already
+        else:
+            prefix = join("appr", "all", b"")
+
+        def keep(approval_id):
+            row = self._get(txn, "approvals", approval_id)
+            return row if row is not None and (status is None or row["status"] == status) else None
+        start = prefix + seq_key(args["after"]) + b"\0" if "after" in args else None
+        rows, nxt = self._ids(txn, prefix, newest=False, limit=args.get("limit", LIST_DEFAULT),
+                              start=start, keep=keep)
+        return {"approvals": rows, "next": nxt}

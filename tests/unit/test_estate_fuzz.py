@@ -67,6 +67,21 @@ def _args(draw, kind):
         "summary": st.text(max_size=20), "labels": st.one_of(st.lists(st.text(max_size=5), max_size=3), _anything),
         "project": st.sampled_from(["site", "", "x y"]), "size": _numbers,
         "sha256": st.sampled_from(["ab" * 32, "zz"]), "parent": st.sampled_from(["T1", "bad"]),
+        # conversations: ids that meet (and that are no id), enums and their near misses
+        "conversation": st.one_of(st.sampled_from(["c0", "c1", "c 1", ""]), _anything),
+        "run": st.one_of(st.sampled_from(["r0", "r1", "r2", "-r"]), _anything),
+        "metadata": st.one_of(st.dictionaries(st.text(max_size=8), _anything, max_size=4), _anything),
+        "strategy": st.one_of(st.sampled_from(list(ops.STRATEGIES) + ["queue"]), _anything),
+        "on_disconnect": st.sampled_from(list(ops.ON_DISCONNECT) + ["drop", None]),
+        "revision": _numbers, "input": st.one_of(st.text(max_size=20), _anything),
+        "role": st.one_of(st.sampled_from(list(ops.ROLES) + ["system"]), _anything),
+        "calls": st.one_of(st.lists(st.fixed_dictionaries({"id": st.text(max_size=5), "name": st.text(max_size=5),
+                                                           "args": _anything}), max_size=3), _anything),
+        "call_id": st.one_of(st.text(max_size=5), _anything), "name": st.text(max_size=8),
+        "error": st.one_of(st.booleans(), _anything), "tool": st.text(max_size=8), "args": _anything,
+        "expires_at": _numbers, "decision": st.one_of(st.sampled_from(list(ops.DECISIONS)), _anything),
+        "note": st.one_of(st.just(ops.EXPIRED), st.text(max_size=8)), "by": st.text(max_size=8),
+        "approval": st.sampled_from(["a0", "a1", ""]), "node": st.one_of(st.just("n2"), _anything),
     }
     names = draw(st.lists(st.sampled_from(sorted(pool)), max_size=5, unique=True))
     if kind == "page.write" and draw(st.booleans()):
@@ -131,7 +146,13 @@ def _every_query_answers(copy: store.Store) -> None:
                        ("page.read", {"path": "a"}), ("file.list", {}), ("turn.list", {}),
                        ("turn.list", {"seat": "cto", "since": 0}), ("diary.list", {"seat": "cto"}),
                        ("episode.list", {"seat": "ceo"}), ("op.outcome", {"id": "op1"}),
-                       ("event.list", {})]:
+                       ("event.list", {}), ("conversation.get", {"id": "c0"}),
+                       ("conversation.list", {}), ("conversation.list", {"seat": "cto", "status": "idle"}),
+                       ("conversation.messages", {"conversation": "c0"}),
+                       ("conversation.messages", {"conversation": "c1", "newest": True, "limit": 2}),
+                       ("run.get", {"id": "r1"}), ("run.list", {"conversation": "c0"}),
+                       ("run.list", {"status": "queued"}), ("approval.get", {"id": "a0.0"}),
+                       ("approval.list", {}), ("approval.list", {"status": "pending"})]:
         answer = reader.query(name, args)
         # What a reader hands on (the API, crewletctl) must encode as JSON and msgpack alike.
         msgpack.packb(answer, use_bin_type=True)
