@@ -512,6 +512,35 @@ class FleetSection(_Section):
         return v
 
 
+class ConversationsSection(_Section):
+    """Conversation runs (DESIGN §11): the driver lease ``conv.<id>`` and the
+    run events in ``RUNS`` (crewlet/conversations). Every node of a fleet
+    should use the same values."""
+
+    # Seconds a second run of a busy conversation waits for its lease before it is refused
+    # (409 conversation_busy): an aborted stream retried at once is let in once the abandoned
+    # run has torn down. A minute at most: an HTTP request held longer is a hung one.
+    busy_wait: float = Field(2.0, ge=0, le=60)
+    # A driver lease not renewed this long lapses and the session runner may take the run
+    # over (renewed every third of it). Shorter than a seat's: a person is waiting on the
+    # stream; long enough to ride out a stream leader election (~6 s) with a renewal to spare.
+    # NATS keeps whole seconds, hence >= 1; an hour at most, like fleet.lease_ttl.
+    lease_ttl: float = Field(15.0, ge=1, le=HOUR)
+    # Seconds RUNS keeps a run's events after the run ended (Last-Event-ID resumes within
+    # it), for runs no longer than max_run: each event lives retention + max_run. A minute
+    # at least; a week at most (the stream's size is bounded by count anyway).
+    retention: float = Field(3600.0, ge=60, le=7 * DAY)
+    # The longest a run is expected to last, from its first event to its last: a turn is
+    # capped at 5 minutes, and a run may wait behind its seat's earlier turns. A minute at
+    # least; a day at most.
+    max_run: float = Field(900.0, ge=60, le=DAY)
+    # Events RUNS keeps at most, oldest dropped first (a bound on its disk: ~300 bytes an
+    # event with deltas coalesced, so ~600 MB; some 10,000 runs of a streamed answer and a
+    # few tool calls each). Set when the stream is made; a node asking for more raises it.
+    # 10,000 at least (a few runs); a billion at most.
+    max_events: int = Field(2_000_000, ge=10_000, le=1_000_000_000)
+
+
 # An email address: local@domain, no spaces or angle brackets (a header injection).
 EMAIL_RE = re.compile(r"^[^@\s<>,;\"]{1,64}@[A-Za-z0-9.-]{1,253}$")
 
@@ -599,6 +628,7 @@ class NodeConfig(_Section):
     log: LogSection = Field(default_factory=LogSection)  # logging
     fleet: FleetSection = Field(default_factory=FleetSection)  # lease and sweep timing
     smtp: SmtpSection = Field(default_factory=SmtpSection)  # sending email (the sender duty)
+    conversations: ConversationsSection = Field(default_factory=ConversationsSection)  # run drivers and events
     debug: DebugSection = Field(default_factory=DebugSection)  # fault injection
     # Filled by the loader via model_copy(update=...), never from the file: hence
     # excluded from dumps, and rejected as unknown keys if a file sets them.

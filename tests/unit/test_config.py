@@ -131,6 +131,7 @@ fleet: {heartbeat: 1, lease_ttl: 3, sweep: 0.5, claims_per_sweep: 8, releases_pe
 smtp: {host: mail.example.com, port: 465, tls: implicit, username: crewlet, password_env: SMTP_PASSWORD,
        password_file: null, sender: bots@example.com, timeout: 10, retry_after: 5, attempts: 3,
        notices_to: [ops@example.com]}
+conversations: {busy_wait: 0.5, lease_ttl: 3, retention: 120, max_run: 60, max_events: 50000}
 debug:
   faults:
     - {role: seats, kind: crash, code: 9}
