@@ -9,7 +9,11 @@ seats anyway. So a process runs one :class:`Holders` and reads it:
 
 * :meth:`Holders.of` — the live leases under a prefix, from memory;
 * ``on_change(key, was, now)`` — called for each lease that appeared, moved
-  or went, as the watch sees it (the seat sweep wakes on these).
+  or went, as the watch sees it (the seat sweep wakes on these);
+* :meth:`Holders.gone` — an event set when one key's lease goes (released,
+  lapsed, deleted): what a conversation run waiting for a busy
+  conversation's driver lease wakes on (:mod:`crewlet.conversations.lease`),
+  however many wait, without a consumer of their own.
 
 The watch is :func:`crewlet.coord.buckets.follow`: opened again after a
 failure, each listing put in force whole, so a lease that lapsed while no
@@ -30,7 +34,8 @@ key itself.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+import contextlib
+from typing import Awaitable, Callable, Iterator
 
 from nats.js.kv import KeyValue
 
@@ -61,6 +66,7 @@ class Holders:
         self.on_change = on_change
         self._live: dict[str, Owner] = {}
         self._next: dict[str, Owner] | None = None
+        self._gone: dict[str, set[asyncio.Event]] = {}  # key -> the events gone() handed out
         self.listed = asyncio.Event()
 
     @classmethod
@@ -78,6 +84,29 @@ class Holders:
     def get(self, key: str) -> Owner | None:
         return self._live.get(key)
 
+    @contextlib.contextmanager
+    def gone(self, key: str) -> Iterator[asyncio.Event]:
+        """An event set whenever the watch sees *key* hold no live lease (a
+        delete, an expiry, a listing without it), while inside the block.
+
+        Set on every such entry, even for a key this memory never held (the
+        watch may have been re-listing when the lease came): a waiter takes a
+        wake as "look again", never as proof. The caller clears it."""
+        event = asyncio.Event()
+        self._gone.setdefault(key, set()).add(event)
+        try:
+            yield event
+        finally:
+            waiting = self._gone.get(key)
+            if waiting is not None:
+                waiting.discard(event)
+                if not waiting:
+                    del self._gone[key]
+
+    def _wake_gone(self, key: str) -> None:
+        for event in self._gone.get(key, ()):
+            event.set()
+
     # ------------------------------------------------------------ the watch
 
     async def run(self, stopping: Callable[[], bool] = lambda: False) -> None:
@@ -94,6 +123,8 @@ class Holders:
         for key in old.keys() | fresh.keys():
             if old.get(key) != fresh.get(key):
                 self.on_change(key, old.get(key), fresh.get(key))
+        for key in [k for k in self._gone if k not in fresh]:
+            self._wake_gone(key)
         self.listed.set()
 
     def _seen(self, entry) -> None:
@@ -109,6 +140,7 @@ class Holders:
         was = self._live.get(entry.key)
         if owner is None:
             self._live.pop(entry.key, None)
+            self._wake_gone(entry.key)
         else:
             self._live[entry.key] = owner
         if was != owner:
