@@ -39,6 +39,7 @@ from crewlet import bus, log, outbox
 from crewlet.company.model import Company
 from crewlet.company.load import from_revision
 from crewlet.config import ConfigError, NodeConfig
+from crewlet.conversations import runs
 from crewlet.coord import buckets, duty_reports
 from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionNotFound
 from crewlet.coord.holders import Holders
@@ -357,6 +358,8 @@ class Fleet:
                 await estate_log.ensure_stream(self._js, self.cfg.stream.replicas)
                 await notify.ensure_stream(self._js, self.cfg.stream.replicas)
                 await outbox.ensure_stream(self._js, self.cfg.stream.replicas)
+                await runs.ensure_stream(self._js, self.cfg.stream.replicas,
+                                         self.cfg.conversations.max_events)
                 log.event("mailboxes_ready", seats=len(seats), created=created,
                           took_ms=round((time.monotonic() - started) * 1000, 1))
                 return
