@@ -54,16 +54,22 @@ nobody's but ``crewlet``'s. What the roles may do, in the order it matters:
     straight to ``estate.ops`` (:mod:`roles.seats.turns`), each carrying the
     seat's lease token, which every copy checks (routing them through the
     applier's write request would take this right away). Mail to any seat
-    (the send tool), dead letters, turn events; writes ``leases`` keys
-    ``seat.*`` only, the ledger, budgets and cooldowns. Fetches from the
-    mailboxes but cannot create, delete or purge one.
+    (the send tool), dead letters, turn events, a conversation turn's
+    events (``runs.>``: the turn runs where the seat is held,
+    :mod:`crewlet.conversations.sink`); writes ``leases`` keys ``seat.*``
+    only, the ledger, budgets and cooldowns. Fetches from the mailboxes but
+    cannot create, delete or purge one.
 ``ingress``
     Never the estate log (it asks an applier, ``estate.req.*``), never
-    ``leases`` or ``grants``. Mail (the API, a requeue, a webhook's mail),
-    webhook deliveries (``notify.>``) and their dedupe (``claims``), the
-    ``config`` bucket (a company applied through the API, which the API
-    token's ``admin`` scope guards); reads mailboxes and dead letters,
-    drops a requeued dead letter.
+    ``grants``; of ``leases``, only ``conv.*``: a conversation run's driver
+    lease (the API's runs and the session runner,
+    :mod:`crewlet.conversations.lease`). Mail (the API, a requeue, a
+    webhook's mail), webhook deliveries (``notify.>``) and their dedupe
+    (``claims``), the ``config`` bucket (a company applied through the API,
+    which the API token's ``admin`` scope guards); reads mailboxes and dead
+    letters, drops a requeued dead letter. Publishes a run's own events
+    (``runs.>``: its start, an interruption) and follows a run's events
+    (an ordered consumer on ``RUNS``, deleted when the reader goes).
 ``workers``
     Writes ``leases`` keys ``duty.*`` only; the mailbox retirement duty
     deletes a retired seat's mailbox and purges worked mail.
@@ -95,6 +101,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from crewlet import outbox
+from crewlet.conversations import lease as conversation_lease
+from crewlet.conversations import runs
 from crewlet.coord import buckets, duty_reports, fired
 from crewlet.estate import log as estate_log
 from crewlet.estate import wire
@@ -148,6 +156,8 @@ ESTATE_ASK = wire.SUBJECT_PREFIX + "*"  # a request to any data node's applier
 EVENTS = mail.EVENTS_STREAM
 NOTIFICATIONS = outbox.SUBJECT + ">"  # the notify tool, crewlet's notices (crewlet.outbox)
 TURN_EVENTS = "events.turn.>"  # crewlet.queue.post and the ingress projection
+RUN_EVENTS = runs.SUBJECT + ">"  # a conversation run's events (crewlet.conversations.runs)
+DRIVER_LEASES = conversation_lease.KEY_PREFIX + ">"  # conv.<id>: a run's driver
 
 
 def grants(node: str) -> dict[str, Grant]:
@@ -175,6 +185,7 @@ def grants(node: str) -> dict[str, Grant]:
                 mail.SUBJECT + ">",        # the send tool: mail to any seat
                 mail.DLQ_SUBJECT + ">",    # dead letters
                 TURN_EVENTS,               # turn records for the live feed and custody
+                RUN_EVENTS,                # a conversation turn's progress (its RunSink)
                 NOTIFICATIONS,             # the notify tool; a dead letter's notice
                 ESTATE_ASK),
             streams={
@@ -195,6 +206,7 @@ def grants(node: str) -> dict[str, Grant]:
             publish=(
                 mail.SUBJECT + ">",        # mail from the API, a webhook, a requeue
                 notify.SUBJECT + ">",      # webhook deliveries, stored before they are answered
+                RUN_EVENTS,                # a run's start and interruption, by its driver
                 ESTATE_ASK),
             streams={
                 mail.STREAM: LOOK,          # mailbox state for the API and the dashboard
@@ -205,8 +217,12 @@ def grants(node: str) -> dict[str, Grant]:
                 kv(buckets.LEASES): WATCH,
                 kv(buckets.STATUS): WATCH,
                 kv(buckets.LEDGER): LOOK,   # send --wait: was the trigger worked already
+                # A run's stream, resumed on any node: an ordered consumer per
+                # reader, deleted when it goes.
+                runs.STREAM: WATCH,
             },
-            writes={buckets.CONFIG.name: ANY, buckets.CLAIMS.name: ANY},
+            writes={buckets.CONFIG.name: ANY, buckets.CLAIMS.name: ANY,
+                    buckets.LEASES.name: DRIVER_LEASES},
             subscribe=(TURN_EVENTS,)),      # the live feed, send --wait
         "workers": Grant(
             publish=(

@@ -21,10 +21,14 @@ import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from crewlet import credentials, permissions
+from crewlet.config import NodeConfig
+from crewlet.conversations import runs
+from crewlet.conversations.lease import Drivers
 from crewlet.coord import buckets
 from tests.seats import node_url, read_nats
 
 NODE = "perm"
+MAX_EVENTS = NodeConfig().conversations.max_events
 REFUSAL_WAIT = 0.5  # s: an answer that has not come by now was not going to
 
 
@@ -214,6 +218,52 @@ def test_only_the_applier_answers_estate_requests_and_nobody_reads_every_reply(n
     assert out == {r: (True, True, True) for r in credentials.ROLE_USERS}, out
 
 
+def test_a_conversation_run_is_driven_and_followed_within_the_rights(node):
+    """ingress takes a conversation's driver lease and follows the run's
+    events in RUNS; the seats publish a turn's events there. Nobody else
+    writes ``conv.*`` or reads RUNS."""
+    # crewletd makes RUNS with the other streams once a company is applied
+    # (this node has none: made as crewletd would; see the duties test).
+    read_nats(node_url(node), lambda nc, js: runs.ensure_stream(js, 1, MAX_EVENTS))
+
+    async def go():
+        async with Client(node, "ingress") as ingress, Client(node, "seats") as seats:
+            ingress_js, seats_js = ingress.nc.jetstream(timeout=2), seats.nc.jetstream(timeout=2)
+            drivers = Drivers(ingress_js, NODE, "perm-boot", ttl=5)
+            async with await drivers.acquire("perm-c1", "r1", wait=0) as driving:
+                started = await runs.RunEvents(ingress_js, "perm-c1", "r1", ttl=60).publish(
+                    {"type": runs.STARTED, "node": NODE})
+                turn = runs.RunEvents(seats_js, "perm-c1", "r1", ttl=60)
+                told = [await turn.publish({"type": runs.DELTA, "round": 1, "text": "hi"}),
+                        await turn.publish({"type": runs.COMPLETED})]
+                async with runs.follow(ingress_js, "perm-c1", "r1", after_seq=started) as events:
+                    followed = [seq async for seq, _ in events]
+                assert driving.holds() and await driving.current()
+            assert followed == told
+            assert await drivers.holder("perm-c1") is None  # released
+            assert not ingress.errors and not seats.errors, (ingress.errors, seats.errors)
+        refused = {}
+        for role in ("seats", "workers", "data_applier"):
+            async with Client(node, role) as c:
+                refused[role] = (
+                    await c.refused("$KV.leases.conv.perm-c2", request=True),
+                    await c.refused("$JS.API.CONSUMER.CREATE.RUNS", b"{}", request=True),
+                    role == "seats" or await c.refused("runs.perm-c2.r1", b"{}", request=True))
+        return refused
+
+    refused = asyncio.run(go())
+    assert refused == {r: (True, True, True) for r in ("seats", "workers", "data_applier")}, refused
+    after = read_nats(node_url(node), _runs_state)
+    assert after == {"consumers": 0, "leases": [], "subjects": ["runs.perm-c1.r1"]}, after
+
+
+async def _runs_state(nc, js) -> dict:
+    info = await js.stream_info(runs.STREAM, subjects_filter="runs.>")
+    return {"consumers": info.state.consumer_count,
+            "leases": [k for k in await buckets.subjects(js, "leases") if k.startswith("conv.perm-c2")],
+            "subjects": sorted(info.state.subjects or {})}
+
+
 # ------------------------------------------------ the duties under their rights
 
 DUTIES_COMPANY = """
@@ -254,5 +304,8 @@ def test_the_duties_and_the_notify_tool_work_within_their_rights(make_node, shor
         wait_for(lambda: any(m["Subject"] == "standup" for m in smtpd.messages), 45, interval=0.3,
                  what="a scheduled turn's notification sent")
         n.wait_event("maintenance_swept", timeout=30)
+        # The fleet made RUNS with the company's streams, for a run's events.
+        config = read_nats(node_url(n), lambda nc, js: js.stream_info(runs.STREAM)).config
+        assert config.allow_msg_ttl and config.subjects == [runs.SUBJECT + ">"]
     finally:
         smtpd.stop()

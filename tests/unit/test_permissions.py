@@ -87,11 +87,31 @@ def test_each_role_subscribes_under_its_own_inbox_only():
         assert not any(s.startswith("_INBOX") for s in subscribe[1:])
 
 
-def test_leases_keys_are_split_between_seats_and_workers():
+def test_leases_keys_are_split_between_seats_workers_and_the_run_drivers():
     leases = {role: [s for s in _allowed(role)[0] if s.startswith("$KV.leases.")]
               for role in credentials.ROLE_USERS}
-    assert leases == {"data_applier": [], "ingress": [], "seats": ["$KV.leases.seat.>"],
-                      "workers": ["$KV.leases.duty.>"]}
+    assert leases == {"data_applier": [], "ingress": ["$KV.leases.conv.>"],
+                      "seats": ["$KV.leases.seat.>"], "workers": ["$KV.leases.duty.>"]}
+    # From a leaf, through the domain, alike.
+    assert "$JS.fleet.API.$KV.leases.conv.>" in _allowed("ingress", domain="fleet")[0]
+
+
+def test_run_events_are_published_by_seats_and_ingress_and_followed_by_ingress_alone():
+    for role in credentials.ROLE_USERS:
+        publish, _ = _allowed(role)
+        assert ("runs.>" in publish) == (role in ("seats", "ingress")), role
+        runs_api = sorted(s for s in publish if s.startswith("$JS.API.") and "RUNS" in s.split("."))
+        if role == "ingress":
+            # An ordered consumer per reader: created, read (flow control
+            # answered), deleted; the stream looked at; never made or purged.
+            assert "$JS.API.CONSUMER.CREATE.RUNS" in runs_api
+            assert "$JS.API.CONSUMER.DELETE.RUNS.>" in runs_api
+            assert "$JS.API.STREAM.INFO.RUNS" in runs_api
+            assert "$JS.FC.RUNS.>" in publish
+            assert not [s for s in runs_api if "STREAM.CREATE" in s or "STREAM.UPDATE" in s
+                        or "PURGE" in s or "MSG.DELETE" in s], runs_api
+        else:
+            assert runs_api == [], (role, runs_api)
 
 
 def test_the_apis_domain_form_is_allowed_alike_for_a_leaf():
