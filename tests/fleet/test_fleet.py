@@ -183,7 +183,9 @@ def test_a_paused_node_is_fenced_and_its_seats_taken(natsd, make_node, short_tmp
     assert lost and lost <= set(before)
     # Nobody holds a seat twice, and the fleet settles evenly again.
     wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="resettled")
-    assert seats_of(nodes[0]) == seats_of(zombie)
+    # Both views are a watch of the same bucket, each a moment behind it while
+    # seats still move to the fair share (CI saw one claim a view apart).
+    wait_for(lambda: seats_of(nodes[0]) == seats_of(zombie), 30, what="both nodes seeing the same holders")
 
 
 def test_a_revision_reaches_every_node_and_a_bad_one_is_refused(natsd, make_node, short_tmp):
