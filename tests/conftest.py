@@ -170,8 +170,15 @@ class Node:
                 if " Violation - " in line and mark in line]
 
     def wait_exit(self, timeout: float = 30.0) -> int:
+        """crewletd's exit code, once it exited within *timeout*; else a
+        failure that shows where it was (the tail of its log and events)."""
         assert self.proc is not None
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            events = "\n".join(json.dumps(e) for e in self.events()[-25:])
+            raise AssertionError(f"crewletd did not exit within {timeout:g}s; its log ends:\n"
+                                 f"{self.read_log()[-3000:]}\nits last events:\n{events}") from None
 
     def tree_pids(self) -> set[int]:
         """crewletd and every descendant alive now."""
