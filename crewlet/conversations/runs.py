@@ -105,7 +105,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from crewlet import bus, log
 from crewlet.bus import Unanswered, publish_until
-from crewlet.coord.buckets import limit_consumers
+from crewlet.coord.buckets import drop_consumer, limit_consumers
 from crewlet.estate.ops import ROW_ID
 
 STREAM = "RUNS"
@@ -390,12 +390,7 @@ class Follower:
             await sub.unsubscribe()
         except Exception:
             pass  # the connection's trouble
-        try:
-            # The consumer now: nats-py renames it when it re-creates it.
-            async with asyncio.timeout(CLOSE_WAIT):
-                await self.js.delete_consumer(STREAM, sub._consumer)
-        except Exception:
-            pass  # gone already, or the broker away: the inactive threshold has it
+        await drop_consumer(sub, CLOSE_WAIT)
 
     async def __aenter__(self) -> "Follower":
         return await self.open()

@@ -157,11 +157,17 @@ async def close_watch(watcher) -> None:
         await watcher.stop()
     except Exception:
         pass  # the connection's trouble
+    await drop_consumer(sub, CLOSE_WATCH_WAIT)
+
+
+async def drop_consumer(sub, wait: float) -> None:
+    """Delete the consumer of *sub* (an ordered or ephemeral subscription)
+    now, waiting at most *wait* seconds: a process stopping without quorum
+    must not spend its shutdown time here. Best effort: one left behind goes
+    by itself after its inactive threshold."""
     try:
-        # An ordered consumer re-created after a gap is named here too. Not
-        # waited on for long: a process stopping without quorum must not
-        # spend its shutdown time here.
-        async with asyncio.timeout(CLOSE_WATCH_WAIT):
+        # An ordered consumer re-created after a gap is named here too.
+        async with asyncio.timeout(wait):
             await sub._js.delete_consumer(sub._stream, sub._consumer)
     except Exception:
         pass  # gone already, or the broker away: the inactive threshold has it
