@@ -198,10 +198,12 @@ def grants(node: str) -> dict[str, Grant]:
                 kv(buckets.LEDGER): LOOK,
                 kv(buckets.BUDGETS): WATCH,
                 kv(buckets.COOLDOWNS): LOOK,
+                runs.STREAM: LOOK,           # a request to stop a run (runs.request_cancel)
             },
             writes={buckets.LEASES.name: "seat.>", buckets.LEDGER.name: ANY,
                     buckets.BUDGETS.name: ANY, buckets.COOLDOWNS.name: ANY},
-            subscribe=(mail.SUBJECT + "*",)),  # mail wakes its seat
+            # Mail wakes its seat; a conversation run's turn hears a request to stop it.
+            subscribe=(mail.SUBJECT + "*", RUN_EVENTS)),
         "ingress": Grant(
             publish=(
                 mail.SUBJECT + ">",        # mail from the API, a webhook, a requeue

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from crewlet.agent.providers import Provider
 from crewlet.agent.tools import Registry, ToolContext
-from crewlet.agent.types import Message, Sink, Usage
+from crewlet.agent.types import Message, Sink, ToolCall, Usage
 
 # Rounds one turn may take before it is ended as failed: a model that keeps
 # calling tools forever must not hold a turn slot forever.
@@ -63,44 +63,125 @@ class TurnRecord:
         return asdict(self)
 
 
-async def run_rounds(record: TurnRecord, *, text: str, persona: str, provider: Provider,
-                     registry: Registry, services: Any, fence: Callable[[], bool],
-                     deadline: float, sink: Sink | None = None) -> Usage:
+class AwaitingApproval(Exception):
+    """A call the seat may make only with a person's approval: the turn stops
+    before it (the calls of its round before it ran), to be resumed once it
+    is decided (:class:`Hooks`)."""
+
+    def __init__(self, call: ToolCall, round_no: int, index: int):
+        super().__init__(f"tool {call.name} waits for a person's approval")
+        self.call, self.round_no, self.index = call, round_no, index
+
+
+class Hooks:
+    """What a conversation's turn adds to the rounds; a mail turn has none.
+
+    Every method does nothing here: a conversation overrides them
+    (:mod:`crewlet.conversations.turn`).
+    """
+
+    async def before_round(self, round_no: int) -> None:
+        """Round *round_no* is about to ask the model: raise to stop first
+        (an interrupt)."""
+
+    async def message(self, message: Message, round_no: int, index: int | None) -> None:
+        """*message* happened (the model's, or a tool's result: *index*, its
+        call's place in the round): keep it before the turn goes on."""
+
+    def decision(self, call: ToolCall) -> tuple[str, str | None] | None:
+        """A person's decision on *call* — ``("approve" | "deny", note)`` — or
+        None: the call was not decided (the rounds then ask :meth:`needs_approval`)."""
+        return None
+
+    def needs_approval(self, call: ToolCall) -> bool:
+        """Does *call* wait for a person before it runs?"""
+        return False
+
+
+# What the model reads of a call a person denied.
+DENIED = "A person denied this call{note}. Do not make it again; go on without it."
+
+
+async def run_rounds(record: TurnRecord, *, text: str | None = None, history: list[Message] | None = None,
+                     persona: str, provider: Provider, registry: Registry, services: Any,
+                     fence: Callable[[], bool], deadline: float, sink: Sink | None = None,
+                     hooks: Hooks | None = None, pending: tuple[int, list[tuple[int, ToolCall]]] | None = None
+                     ) -> Usage:
     """Run the rounds of one turn into *record*; the tokens used.
 
+    The model reads *history* (a conversation's messages so far), or one
+    user message, *text* (a mail). *pending*: ``(round, [(index, call)])``,
+    calls of the history's last model message that have no result yet (a
+    turn picked up after a crash, or resumed after an approval): they run
+    first, under their own round's number, so a tool keying its side effect
+    on the call (:attr:`~crewlet.agent.tools.ToolContext.call_key`) is not
+    done twice.
+
     Raises :class:`Fenced` when the fence fails before a round's tool calls,
-    and whatever the provider raises (:class:`~crewlet.agent.providers.ProviderError`).
-    *record* says how far the turn got either way. *sink*: told the turn's
-    progress as it happens (none: the provider is asked without streaming).
+    :class:`AwaitingApproval` before a call that needs a person's approval,
+    whatever *hooks* raise, and whatever the provider raises
+    (:class:`~crewlet.agent.providers.ProviderError`). *record* says how far
+    the turn got either way. *sink*: told the turn's progress as it happens
+    (none: the provider is asked without streaming).
     """
-    messages: list[Message] = [Message("user", text)]
+    messages: list[Message] = list(history) if history is not None else [Message("user", text or "")]
+    hooks = hooks or Hooks()
     usage = Usage()
-    for round_no in range(1, MAX_ROUNDS + 1):
+    round_no, calls = pending if pending is not None else (0, [])
+    for asked_count in range(MAX_ROUNDS + 1):
+        if calls:
+            if not fence():
+                raise Fenced(f"lease of seat {record.seat} lost before round {round_no}'s tool calls")
+            for index, call in calls:
+                messages.append(await _call(record, call, round_no, index, registry, services, deadline,
+                                            sink, hooks))
+            calls = []
+        if asked_count == MAX_ROUNDS:
+            break
+        round_no += 1
         record.rounds = round_no
+        await hooks.before_round(round_no)
+        if sink is not None:
+            await sink.begin_round(round_no)
         asked = time.monotonic()
         reply = await provider.complete(persona, messages, registry.specs(), deadline=deadline,
                                         sink=sink)
         record.provider_ms += (time.monotonic() - asked) * 1000
         usage = usage + reply.usage
         record.tokens = {"input": usage.input, "output": usage.output}
+        said = Message("assistant", reply.text, calls=tuple(reply.calls))
+        messages.append(said)
+        await hooks.message(said, round_no, None)
         if not reply.calls:
             record.reply = reply.text[:REPLY_KEPT]
             record.outcome = "done"
             return usage
-        messages.append(Message("assistant", reply.text, calls=tuple(reply.calls)))
-        if not fence():
-            raise Fenced(f"lease of seat {record.seat} lost before round {round_no}'s tool calls")
-        for index, call in enumerate(reply.calls):
-            ctx = ToolContext(seat=record.seat, trigger=record.trigger, token=record.token,
-                              call_key=f"{record.trigger}.{round_no}.{index}", services=services,
-                              deadline=deadline)
-            if sink is not None:
-                await sink.tool_call(call)
-            result, error = await registry.call(ctx, call.name, call.args)
-            record.tool_calls.append({"name": call.name, "error": error, "round": round_no})
-            if sink is not None:
-                await sink.tool_result(call, result, error)
-            messages.append(Message("tool", result, call_id=call.id, name=call.name, error=error))
+        calls = list(enumerate(reply.calls))
     record.outcome = "failed"
     record.error = f"no final reply after {MAX_ROUNDS} rounds"
     return usage
+
+
+async def _call(record: TurnRecord, call: ToolCall, round_no: int, index: int, registry: Registry,
+                services: Any, deadline: float, sink: Sink | None, hooks: Hooks) -> Message:
+    """Run one tool call (or tell the model a person denied it): its result,
+    kept by *hooks* before the next call."""
+    decided = hooks.decision(call)
+    if decided is None and hooks.needs_approval(call):
+        raise AwaitingApproval(call, round_no, index)
+    if sink is not None:
+        await sink.tool_call(call)
+    if decided is not None and decided[0] == "deny":
+        note = f" ({decided[1]})" if decided[1] else ""
+        result, error = DENIED.format(note=note), True
+    else:
+        ctx = ToolContext(seat=record.seat, trigger=record.trigger, token=record.token,
+                          call_key=f"{record.trigger}.{round_no}.{index}", services=services,
+                          deadline=deadline)
+        result, error = await registry.call(ctx, call.name, call.args)
+    record.tool_calls.append({"name": call.name, "error": error, "round": round_no})
+    if sink is not None:
+        await sink.tool_result(call, result, error)
+    message = Message("tool", result, call_id=call.id, name=call.name, error=error)
+    await hooks.message(message, round_no, index)
+    return message

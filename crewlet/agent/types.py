@@ -86,6 +86,10 @@ class Sink:
     An attempt that fails before streaming anything says nothing.
     """
 
+    async def begin_round(self, round_no: int) -> None:
+        """The turn asks the model again: round *round_no* (from 1; a turn
+        picked up mid-way starts past 1). Text from here is this round's."""
+
     async def delta(self, text: str) -> None:
         """More of the model's text."""
 

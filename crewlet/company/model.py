@@ -20,6 +20,8 @@ for it is planned), and mails it to the seat of the first matching route.
 
 from __future__ import annotations
 
+import fnmatch
+
 import hashlib
 import json
 import re
@@ -244,6 +246,7 @@ class McpServer(_Model):
     command: str = Field(min_length=1)  # executable of the stdio MCP server
     args: list[str] = Field(default_factory=list)  # its arguments
     env: dict[str, str] = Field(default_factory=dict)  # extra environment of the server
+    approval: bool = False  # every tool of this server waits for a person's approval (conversations)
 
 
 class Seat(_Model):
@@ -252,11 +255,21 @@ class Seat(_Model):
     provider: str  # a key of `providers`
     placement: Placement = Field(default_factory=Placement)  # where the seat may run
     mcp: list[McpServer] = Field(default_factory=list)  # the seat's own tool servers, spawned with its lease
+    # Tools whose calls in a conversation wait for a person's approval: names or shell-style
+    # patterns as the model sees them ("send_mail", "github__*"; "*": every tool of the seat).
+    approval: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique_mcp(self) -> Seat:
         _raise_first(_duplicates([m.name for m in self.mcp], "mcp[{i}].name"))
         return self
+
+    def needs_approval(self, tool: str) -> bool:
+        """Does a call of *tool* (its name as offered to the model) wait for a
+        person in a conversation? Mail turns never wait: nobody is there."""
+        if any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.approval):
+            return True
+        return any(server.approval and tool.startswith(server.name + "__") for server in self.mcp)
 
 
 # ------------------------------------------------------------------ the rest

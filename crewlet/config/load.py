@@ -54,6 +54,7 @@ from .model import NodeConfig, NodeSection
 CONFIG_ENV = "CREWLET_CONFIG"
 DEFAULT_CONFIG_PATHS: tuple[str, ...] = ("/etc/crewlet/crewlet.yaml",)
 NODE_ID_ENV = "CREWLET_NODE_ID"
+RUNNER_CONCURRENCY_ENV = "SESSION_RUNNER_CONCURRENCY"
 _NODE_ID_REF = "${" + NODE_ID_ENV + "}"
 
 
@@ -332,6 +333,17 @@ def _default_node_id(data: dict, env: Mapping[str, str], warnings: list[str]) ->
     warnings.append(f"node.id is unset; using {fallback} — set {NODE_ID_ENV} or node.id to a distinct, stable id per node")
 
 
+def _runner_concurrency_from_env(data: dict, env: Mapping[str, str]) -> None:
+    """${SESSION_RUNNER_CONCURRENCY}, when set (not empty), is
+    sessions.runner_concurrency whatever the file says (the issue's name for
+    it; a container sets it without a file). Checked as the key is: a bad
+    value is refused naming sessions.runner_concurrency."""
+    if env.get(RUNNER_CONCURRENCY_ENV):
+        sessions = data.setdefault("sessions", {})
+        if isinstance(sessions, dict):
+            sessions["runner_concurrency"] = "${%s}" % RUNNER_CONCURRENCY_ENV
+
+
 def _find(path: str | os.PathLike | None, env: Mapping[str, str]) -> tuple[str | None, str]:
     """(file to read or None, why) — why labels a missing explicit file."""
     if path is not None:
@@ -355,6 +367,7 @@ def load_node_config(path: str | os.PathLike | None = None) -> NodeConfig:
         raise ConfigError(source, None, f"the top level must be a mapping of keys, got {_show(data)}")
     warnings: list[str] = []
     _default_node_id(data, env, warnings)
+    _runner_concurrency_from_env(data, env)
     data = expand_tree(data, env, (), source)
     base_dir = os.path.dirname(os.path.abspath(file)) if file is not None else None
     try:

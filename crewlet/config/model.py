@@ -541,6 +541,27 @@ class ConversationsSection(_Section):
     max_events: int = Field(2_000_000, ge=10_000, le=1_000_000_000)
 
 
+class SessionsSection(_Section):
+    """The session runner every ingress node runs (DESIGN §11,
+    crewlet/conversations/runner.py): the runs no browser drives."""
+
+    # Runs this node's session runner drives at once (queued runs, resumptions after an
+    # approval, runs whose driver died); the environment variable SESSION_RUNNER_CONCURRENCY,
+    # when set, wins. 1 at least; 10,000 at most (each is a lease and a follower).
+    runner_concurrency: int = Field(8, ge=1, le=10_000)
+    # Seconds between the runner's looks for work it was not told of (a driver that died
+    # elsewhere, an approval that expired). Told of work on this node, it looks at once.
+    sweep: float = Field(2.0, ge=0.1, le=60)
+
+
+class ApprovalsSection(_Section):
+    """Tool calls that wait for a person (DESIGN §11, the company's ``approval:``)."""
+
+    # Seconds a pending approval waits for a decision before it is denied as expired
+    # (the model is told so). A minute at least; 30 days at most.
+    ttl: float = Field(DAY, ge=60, le=30 * DAY)
+
+
 # An email address: local@domain, no spaces or angle brackets (a header injection).
 EMAIL_RE = re.compile(r"^[^@\s<>,;\"]{1,64}@[A-Za-z0-9.-]{1,253}$")
 
@@ -629,6 +650,8 @@ class NodeConfig(_Section):
     fleet: FleetSection = Field(default_factory=FleetSection)  # lease and sweep timing
     smtp: SmtpSection = Field(default_factory=SmtpSection)  # sending email (the sender duty)
     conversations: ConversationsSection = Field(default_factory=ConversationsSection)  # run drivers and events
+    sessions: SessionsSection = Field(default_factory=SessionsSection)  # the session runner
+    approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)  # tool calls waiting for a person
     debug: DebugSection = Field(default_factory=DebugSection)  # fault injection
     # Filled by the loader via model_copy(update=...), never from the file: hence
     # excluded from dumps, and rejected as unknown keys if a file sets them.

@@ -29,6 +29,11 @@ it was made; the rest by type (:data:`TYPES`):
 ``run.interrupted``
 ======================  ==================================================
 
+A request to stop a run (``POST .../cancel``, the ``interrupt`` and
+``rollback`` strategies) is not an event: it is kept one token further,
+``runs.<conversation>.<run>.cancel`` (:func:`request_cancel`), where the
+turn looks before each round and a follower of the run never sees it.
+
 An event is at most :data:`EVENT_MAX` bytes: a longer one has its longest
 fields cut (``truncated: true``); what a tool returned in full, or a call's
 exact arguments, live in the estate (the conversation's messages, the
@@ -110,6 +115,7 @@ from crewlet.estate.ops import ROW_ID
 
 STREAM = "RUNS"
 SUBJECT = "runs."                  # + conversation token + "." + run token
+CANCEL_TOKEN = ".cancel"           # + after a run's subject: the request to stop it
 
 STARTED = "run.started"
 DELTA = "message.delta"
@@ -172,6 +178,40 @@ def token(row_id: str) -> str:
 def subject(conversation: str, run: str) -> str:
     """The subject of *run*'s events."""
     return f"{SUBJECT}{token(conversation)}.{token(run)}"
+
+
+def cancel_subject(conversation: str, run: str) -> str:
+    """Where a request to stop *run* is kept (one token past the run's events'
+    subject, so a follower of the run never sees it)."""
+    return subject(conversation, run) + CANCEL_TOKEN
+
+
+async def request_cancel(js: JetStreamContext, conversation: str, run: str, *, ttl: float,
+                         by: str, why: str = "cancelled") -> int:
+    """Ask *run* to stop before its next round: idempotent (one id per run:
+    asked twice, kept once, the first asker's reason standing), from any
+    node. The turn working the run reads it (:func:`cancel_requested`)
+    before each round and when it starts."""
+    data = _dumps({"run": run, "conversation": conversation, "by": by, "why": why, "at": time.time()})
+    try:
+        ack = await publish_until(js, cancel_subject(conversation, run), data, msg_id=f"{run}:cancel",
+                                  deadline=time.monotonic() + PUBLISH_PATIENCE, msg_ttl=ttl)
+    except (APIError, Unanswered) as exc:
+        raise RunsError(f"cancelling run {run}: {exc}") from exc
+    return ack.seq
+
+
+async def cancel_requested(js: JetStreamContext, conversation: str, run: str) -> dict[str, Any] | None:
+    """The request to stop *run* (who, why), or None if nobody asked."""
+    try:
+        msg = await js.get_msg(STREAM, subject=cancel_subject(conversation, run))
+    except NotFoundError:
+        return None
+    try:
+        asked = json.loads(msg.data or b"{}")
+    except ValueError:
+        asked = {}
+    return asked if isinstance(asked, dict) else {}
 
 
 def event_ttl(retention: float, max_run: float) -> float:

@@ -60,8 +60,13 @@ class RunSink(Sink):
     so a restart must be told; ``_restart`` is a restart not told yet.
     """
 
-    def __init__(self, events: RunEvents, *, window: float = DELTA_WINDOW, max_chars: int = DELTA_MAX):
+    def __init__(self, events: RunEvents, *, window: float = DELTA_WINDOW, max_chars: int = DELTA_MAX,
+                 redo: bool = False):
         self.events = events
+        # A turn done again (picked up after a crash): the first round it asks
+        # may have been shown in part by the attempt that died, so its first
+        # delta says restart.
+        self._redo = redo
         self.window = window
         self.max_chars = max_chars
         self.round = 1
@@ -75,6 +80,15 @@ class RunSink(Sink):
         self._error: BaseException | None = None
 
     # ------------------------------------------------------------ the Sink
+
+    async def begin_round(self, round_no: int) -> None:
+        await self.flush()
+        self.round = round_no
+        self._tools_since = False
+        self._shown = False
+        if self._redo:
+            self._redo = False
+            self._restart = True
 
     async def delta(self, text: str) -> None:
         self._raise_failure()

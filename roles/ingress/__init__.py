@@ -16,7 +16,9 @@ Beside the server, on the child's one NATS connection:
   every tracker, knowledge-base and turn route;
 * the company in force (``ctx.companies()``);
 * one member of the ``NOTIFY`` consumer group, which turns stored webhook
-  deliveries into mail (:func:`crewlet.queue.notify.deliver`).
+  deliveries into mail (:func:`crewlet.queue.notify.deliver`);
+* the :class:`~crewlet.conversations.driver.Conductor`: the conversation runs
+  this node drives, and its session runner.
 
 The API's tokens are read once, at start (:func:`roles.ingress.auth.keyring`);
 with none configured, the node's first-start admin token is made here.
@@ -38,6 +40,9 @@ from crewlet import log, ports
 from crewlet.company.model import Company
 from crewlet.config import ConfigError
 from crewlet.coord.control_plane import ControlPlane
+from crewlet.conversations import runs
+from crewlet.conversations.driver import Conductor
+from crewlet.conversations.lease import Drivers
 from crewlet.coord.holders import Holders
 from crewlet.estate.access import EstateAccess
 from crewlet.queue import notify
@@ -86,6 +91,14 @@ async def main(ctx: RoleContext) -> None:
                   mailboxes=JetStreamMailboxes(js, ctx.nats, ack_wait=cfg.fleet.ack_wait),
                   router=access.router, projection=projection, control_plane=None)
     front.metrics = Metrics(projection)
+    conv = cfg.conversations
+    conductor = Conductor(
+        js=js, router=access.router, mailboxes=front.mailboxes, node=cfg.node.id,
+        drivers=Drivers(js, cfg.node.id, ctx.boot, ttl=conv.lease_ttl, holders=holders),
+        busy_wait=conv.busy_wait, max_run=conv.max_run, event_ttl=runs.event_ttl(conv.retention, conv.max_run),
+        runner_concurrency=cfg.sessions.runner_concurrency, sweep=cfg.sessions.sweep,
+        company=lambda: (projection.company or {}).get("rev"))
+    front.conductor = conductor
     projection.on_turn = front.metrics.turn
 
     host, _, port = cfg.ingress.listen.rpartition(":")
@@ -109,6 +122,7 @@ async def main(ctx: RoleContext) -> None:
                                            stopping=ctx.stopping.is_set, known=_known(front),
                                            on_mail=lambda i, s: front.metrics.webhook(i, "mailed")),
                             name="notify"),
+        asyncio.create_task(conductor.run_sessions(), name="sessions"),
     ]
     for task in background:
         task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
@@ -121,6 +135,7 @@ async def main(ctx: RoleContext) -> None:
     for task in background:
         task.cancel()
     await asyncio.gather(*background, return_exceptions=True)
+    await conductor.close()
     await access.close()
 
 

@@ -37,14 +37,14 @@ import crewlet
 from crewlet import ipc, log
 from crewlet.tokens import Keyring
 from roles.ingress import auth
-from roles.ingress.api import company, dlq, estate, feed, fleet, hooks, schedules, seats
+from roles.ingress.api import company, conversations, dlq, estate, feed, fleet, hooks, schedules, seats
 from roles.ingress.front import Front
 from roles.ingress.problems import problem_response
 from roles.ingress import problems
 
 DASHBOARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboard")
 ROUTERS = (fleet.router, seats.router, estate.router, dlq.router, company.router, hooks.router,
-           feed.router, schedules.router)
+           feed.router, schedules.router, conversations.router)
 
 
 class BodyLimit:

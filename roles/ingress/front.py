@@ -31,6 +31,7 @@ class Front:
     company: Company | None = None
     seat_names: frozenset[str] = frozenset()  # the company's seats (a lookup per request, at any size)
     metrics: Any = None          # roles.ingress.metrics.Metrics
+    conductor: Any = None        # crewlet.conversations.driver.Conductor: runs driven here
     space: disk.Watch | None = field(default=None)  # this node's disk (made from cfg)
 
     def __post_init__(self) -> None:

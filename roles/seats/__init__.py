@@ -23,6 +23,7 @@ from crewlet import disk, log
 from crewlet.agent.janitor import kill_marked
 from crewlet.company import Company
 from crewlet.company.model import Retention
+from crewlet.conversations import runs
 from crewlet.coord.counters import Budgets, CounterError, Cooldowns, Ledger
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Leases
@@ -109,7 +110,10 @@ async def main(ctx: RoleContext) -> None:
                         budgets=Budgets(js),
                         cooldowns=Cooldowns(js), sweeper=sweeper,
                         max_concurrent=ctx.config.node.max_concurrent, events_js=js,
-                        estate=estate.router, space=disk.Watch.of(ctx.config))
+                        estate=estate.router, space=disk.Watch.of(ctx.config),
+                        run_event_ttl=runs.event_ttl(ctx.config.conversations.retention,
+                                                     ctx.config.conversations.max_run),
+                        approval_ttl=ctx.config.approvals.ttl, nc=ctx.nats)
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
     holders.on_change = _wake_on_change(sweeper)
     sweeper.on_stop = engine.quiesce

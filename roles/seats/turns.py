@@ -98,6 +98,8 @@ from crewlet.agent.estate_tools import estate_tools
 from crewlet.agent.tools import Registry, builtin_tools
 from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
 from crewlet.company import Company, Seat
+from crewlet.conversations import turn as conversation_turn
+from crewlet.conversations.turn import RunTurn
 from crewlet.coord.counters import Budgets, Cooldowns, CounterError, Ledger
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import make_op, op_id
@@ -188,8 +190,10 @@ class TurnEngine:
     def __init__(self, *, node: str, run_dir: str, mark: str, mailboxes: Mailboxes, ledger: Ledger,
                  budgets: Budgets, cooldowns: Cooldowns, sweeper: SeatSweeper,
                  max_concurrent: int, events_js, estate: "Router | None" = None,
-                 space: disk.Watch | None = None):
+                 space: disk.Watch | None = None, run_event_ttl: float = 4500.0,
+                 approval_ttl: float = 86400.0, nc=None):
         self.node = node
+        self.nc = nc  # the connection a conversation run's turn hears a request to stop on
         self.space = space  # the node's disk: no turn starts while it is low
         self.estate = estate
         self.mark = mark
@@ -205,6 +209,9 @@ class TurnEngine:
         self.sweeper = sweeper
         self.js = events_js
         self.max_concurrent = max_concurrent
+        # A conversation run's events are kept this long; its approvals wait this long.
+        self.run_event_ttl = run_event_ttl
+        self.approval_ttl = approval_ttl
         self.slots = asyncio.Semaphore(max_concurrent)
         self.running = 0
         self.peak = 0
@@ -676,6 +683,9 @@ class SeatWork:
                 # ledger entry and its durable record: write that record again
                 # (it lands once, under the same op id).
                 await engine.record_done_again(self.seat, delivery.trigger, worked)
+                run = self._run_of(delivery, self._seat_cfg())
+                if run is not None:
+                    await run.end_again()  # and the run's end, which may not have been told
                 return
             if self._crashes >= POISON_CRASHES:
                 # Its turn kills the process: working it again would drop every
@@ -695,11 +705,19 @@ class SeatWork:
                 return
             try:
                 async with asyncio.timeout(TURN_TIMEOUT):
-                    usage = await run_rounds(
-                        record, text=delivery.data.decode(errors="replace"), persona=seat_cfg.persona,
-                        provider=provider, registry=self.registry, services=engine.services,
-                        fence=lambda: engine.fence(self.seat, self.token) and not self.stopped,
-                        deadline=time.monotonic() + TURN_TIMEOUT)
+                    fence = lambda: engine.fence(self.seat, self.token) and not self.stopped  # noqa: E731
+                    deadline = time.monotonic() + TURN_TIMEOUT
+                    run = self._run_of(delivery, seat_cfg)
+                    if run is not None:
+                        # A conversation's run: its history, messages and end
+                        # are the run's (crewlet.conversations.turn).
+                        await run.work(record, provider=provider, registry=self.registry,
+                                       services=engine.services, fence=fence, deadline=deadline)
+                    else:
+                        await run_rounds(
+                            record, text=delivery.data.decode(errors="replace"), persona=seat_cfg.persona,
+                            provider=provider, registry=self.registry, services=engine.services,
+                            fence=fence, deadline=deadline)
             except Fenced as exc:
                 record.outcome, record.error = "fenced", str(exc)
                 log.event("turn_fenced", "warning", seat=self.seat, trigger=delivery.trigger)
@@ -725,7 +743,7 @@ class SeatWork:
                 await self._hand_back(delivery, self._retry_delay(delivery, None))
                 settled = True
                 return
-            engine.budgets.add(self.seat, usage.total)
+            engine.budgets.add(self.seat, sum(record.tokens.values()))
             recorded = await self._settle(delivery, record, started)
             settled = True
             self.restarts = 0
@@ -822,6 +840,17 @@ class SeatWork:
         return min(RETRY_DELAY_MAX, RETRY_DELAY * 2 ** (delivery.deliveries - 1))
 
     # ------------------------------------------------------------ lookups
+
+    def _run_of(self, delivery: Delivery, seat_cfg) -> RunTurn | None:
+        """The conversation run *delivery* carries (None: it is plain mail)."""
+        run = delivery.headers.get(conversation_turn.RUN_HEADER)
+        conversation = delivery.headers.get(conversation_turn.CONVERSATION_HEADER)
+        engine = self.engine
+        if not run or not conversation or seat_cfg is None or engine.estate is None:
+            return None
+        return RunTurn(estate=engine.estate, js=engine.js, nc=engine.nc, node=engine.node, seat=seat_cfg, token=self.token,
+                       conversation=conversation, run=run, event_ttl=engine.run_event_ttl,
+                       approval_ttl=engine.approval_ttl, redo=delivery.deliveries > 1)
 
     def _seat_cfg(self):
         return self.engine.seat_cfgs.get(self.seat)
