@@ -62,7 +62,8 @@ seats:
 # The names of guarded's tokens, by scope: what its logs show of them.
 NAMES = {"read": "reader", "write": "writer", "admin": "operator"}
 # What a route's path parameters are filled with when a test calls every route.
-PATH_PARAMS = {"seat": "ceo", "id": "T1", "path": "eng/deploy", "seq": "1", "integration": "github"}
+PATH_PARAMS = {"seat": "ceo", "id": "T1", "path": "eng/deploy", "seq": "1", "integration": "github",
+               "conversation": "c-none", "run": "r-none", "approval": "a-none"}
 
 
 class Api:
@@ -281,7 +282,7 @@ def test_every_route_without_a_token_is_a_401_with_a_challenge(guarded, main):
 def test_a_read_token_cannot_write_and_a_write_token_cannot_apply_a_company(guarded):
     writes = [(m, t) for m, t in guarded.operations()
               if m in ("POST", "PUT", "PATCH") and not t.startswith("/v1/hooks/")]
-    assert len(writes) == 7, writes
+    assert len(writes) == 11, writes
     for method, template in writes:
         body = problem(guarded(method, fill(template), as_="read", json={}), 403, "forbidden")
         assert "reader" in body["detail"] and "this needs" in body["detail"], body
@@ -709,6 +710,10 @@ WRITES = {
     ("POST", "/v1/tasks/{id}/comments"): {"body": "token test"},
     ("PUT", "/v1/pages/{path}"): {"title": "Tokens", "body": "never in a log"},
     ("POST", "/v1/dlq/{seq}/requeue"): None,
+    ("POST", "/v1/conversations"): {"seat": "cto"},
+    ("POST", "/v1/conversations/{conversation}/runs"): {"input": "hello from the token test"},
+    ("POST", "/v1/conversations/{conversation}/runs/{run}/cancel"): None,
+    ("POST", "/v1/approvals/{approval}"): {"decision": "deny"},
 }
 
 

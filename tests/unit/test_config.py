@@ -132,6 +132,8 @@ smtp: {host: mail.example.com, port: 465, tls: implicit, username: crewlet, pass
        password_file: null, sender: bots@example.com, timeout: 10, retry_after: 5, attempts: 3,
        notices_to: [ops@example.com]}
 conversations: {busy_wait: 0.5, lease_ttl: 3, retention: 120, max_run: 60, max_events: 50000}
+sessions: {runner_concurrency: 3, sweep: 0.5}
+approvals: {ttl: 600}
 debug:
   faults:
     - {role: seats, kind: crash, code: 9}

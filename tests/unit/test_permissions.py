@@ -110,6 +110,12 @@ def test_run_events_are_published_by_seats_and_ingress_and_followed_by_ingress_a
             assert "$JS.FC.RUNS.>" in publish
             assert not [s for s in runs_api if "STREAM.CREATE" in s or "STREAM.UPDATE" in s
                         or "PURGE" in s or "MSG.DELETE" in s], runs_api
+        elif role == "seats":
+            # A turn reads the request to stop its run (one message by
+            # subject) and hears it as it is published; it follows nothing.
+            assert "$JS.API.STREAM.MSG.GET.RUNS" in runs_api and "runs.>" in _allowed(role)[1]
+            assert not [s for s in runs_api if "CONSUMER.CREATE" in s or "STREAM.CREATE" in s
+                        or "PURGE" in s or "MSG.DELETE" in s], runs_api
         else:
             assert runs_api == [], (role, runs_api)
 

@@ -296,13 +296,15 @@ async def get_run(request: Request, conversation: str = ConvPath, run: str = Run
                 200: {"description": "The run's events after Last-Event-ID (all of them without one)",
                       "content": {"text/event-stream": {}}}})
 async def stream_run(request: Request, conversation: str = ConvPath, run: str = RunPath,
-                     last_event_id: str | None = Header(None, alias="Last-Event-ID",
-                                                        description="The id of the last event you saw"),
+                     last_event_id: str = Header("", alias="Last-Event-ID",
+                                                        description="The id of the last event you saw "
+                                                                    "(anything else is a 400 bad_last_event_id)",
+                                                        json_schema_extra={"pattern": r"^[0-9]{0,15}$"}),
                      _=Depends(READ)):
     f = front(request)
     conductor = _conductor(f)
     after = 0
-    if last_event_id is not None and last_event_id.strip():
+    if last_event_id.strip():
         text = last_event_id.strip()
         if not text.isdigit() or len(text) > 20 or int(text) > ops.INT_MAX:
             raise Problem(400, "bad_last_event_id", "Last-Event-ID must be the id of an event of this run "
