@@ -558,8 +558,8 @@ class ApprovalsSection(_Section):
     """Tool calls that wait for a person (DESIGN §11, the company's ``approval:``)."""
 
     # Seconds a pending approval waits for a decision before it is denied as expired
-    # (the model is told so). A minute at least; 30 days at most.
-    ttl: float = Field(DAY, ge=60, le=30 * DAY)
+    # (the model is told so). A second at least (tests); 30 days at most.
+    ttl: float = Field(DAY, ge=1, le=30 * DAY)
 
 
 # An email address: local@domain, no spaces or angle brackets (a header injection).

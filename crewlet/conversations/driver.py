@@ -192,8 +192,13 @@ class Conductor:
     # ------------------------------------------------------------ starting
 
     async def start(self, conversation: str, *, input: str, strategy: str, on_disconnect: str,
-                    key: str | None) -> Started | Queued:
+                    key: str | None, stream: bool = True) -> Started | Queued:
         """Start a run of *conversation* by *strategy* (the module doc).
+
+        A run nobody streams (*stream* False) is the session runner's: it
+        counts against ``sessions.runner_concurrency``, and with no room left
+        it is kept queued (after the strategy was honoured: a busy
+        conversation still refuses it) and started as room comes.
 
         Raises :class:`~.lease.ConversationBusy`, :class:`PendingApproval`,
         :class:`Refused` (``not_found``: no such conversation),
@@ -247,6 +252,11 @@ class Conductor:
             row = (await self.write("run.create", base, ident))["run"]
             self.nudge()
             return Queued(row, rolled)
+        if not stream and self._room() <= 0:
+            await driving.release()
+            row = (await self.write("run.create", base, ident))["run"]
+            self.nudge()
+            return Queued(row, rolled)
         try:
             row = (await self.write("run.create", {**base, "status": "running", "node": self.node},
                                     ident))["run"]
@@ -265,7 +275,7 @@ class Conductor:
         except BaseException:
             await driving.release()
             raise
-        await self._launch(row, driving, taken_over=False)
+        await self._launch(row, driving, taken_over=False, runner=not stream)
         return Started(row, self.node, rolled)
 
     def _revision(self) -> int:

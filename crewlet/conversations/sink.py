@@ -81,6 +81,10 @@ class RunSink(Sink):
 
     # ------------------------------------------------------------ the Sink
 
+    def redo(self) -> None:
+        """The turn is done again: the next round's first delta says restart."""
+        self._redo = True
+
     async def begin_round(self, round_no: int) -> None:
         await self.flush()
         self.round = round_no

@@ -284,6 +284,10 @@ class RunTurn(Hooks):
                 break
             args["after"] = page["after"]
         mine = [row for row in rows if row.get("run") == self.run]
+        if mine:
+            # An attempt before this one got as far as keeping the input: it may
+            # have shown part of the round asked first here.
+            self.sink.redo()
         if not mine and run.get("input"):
             await self._write("conversation.message", {
                 "conversation": self.conversation, "run": self.run, "id": input_id(self.run),

@@ -24,6 +24,7 @@ from tests.conftest import Nodes, wait_for
 from tests.seats import held
 
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
+RUNNER = 2  # sessions.runner_concurrency
 PROBLEM = "application/problem+json"
 COMPANY = r"""
 company: {name: Talk}
@@ -38,6 +39,9 @@ providers:
       - match: '(?i)slowly (.+)'
         reply: 'one two three four five six seven eight nine ten eleven twelve \1'
         pace: 0.25
+      - match: '(?i)briefly (.+)'
+        reply: 'one two three four five six \1'
+        pace: 0.1
       - match: '.*'
         reply: 'Heard you.'
 seats:
@@ -98,7 +102,7 @@ def _blocks(lines):
 def api():
     made = Nodes()
     try:
-        node = made(fleet=FAST, sessions={"sweep": 0.5}, approvals={"ttl": 60})
+        node = made(fleet=FAST, sessions={"sweep": 0.5, "runner_concurrency": RUNNER}, approvals={"ttl": 60})
         path = os.path.join(node.dir, "company.yaml")
         with open(path, "w") as f:
             f.write(COMPANY)
@@ -330,3 +334,21 @@ def test_bad_input_gets_a_4xx_with_a_reason(api):
         problem(api.http.get(f"/v1/conversations/{conv}/runs/{run}/stream", headers={"Last-Event-ID": bad}),
                 400, "bad_last_event_id")
     problem(api.http.get(f"/v1/conversations/{conv}/runs/r-none"), 404, "not_found")
+
+
+def test_the_session_runner_never_drives_more_than_its_concurrency(api):
+    convs = [api.conversation() for _ in range(3 * RUNNER)]
+    answers = [api.ok("POST", f"/v1/conversations/{c}/runs", 202, json={"input": f"briefly run {n}"})
+               for n, c in enumerate(convs)]
+    assert sum(a["queued"] for a in answers) >= len(convs) - RUNNER
+    ids = [(c, a["run"]["id"]) for c, a in zip(convs, answers)]
+    wait_for(lambda: all(run_of(api, c, r)["status"] == "completed" for c, r in ids), 90,
+             what="every run completed")
+    spans = [(row["started_at"], row["ended_at"]) for row in (run_of(api, c, r) for c, r in ids)]
+    # The most runs that were running at any one moment, from their own times.
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    assert peak <= RUNNER, spans

@@ -66,7 +66,7 @@ BAD = [
     ("conversations.max_events", [9_999, 1_000_000_001, "1e23", 1.5]),
     ("sessions.runner_concurrency", [0, 10_001, "1e23", 1.5]),
     ("sessions.sweep", [0.05, 61, ".inf", ".nan"]),
-    ("approvals.ttl", [59, 30 * 86_400 + 1, ".inf", ".nan"]),
+    ("approvals.ttl", [0.5, 30 * 86_400 + 1, ".inf", ".nan"]),
     ("debug.faults[0].after", [-1, 86_401, ".inf"]),
     ("debug.faults[0].seconds", [0, 86_401, ".inf"]),
     ("debug.faults[0].code", [-1, 256, ".nan"]),

@@ -246,7 +246,7 @@ async def start_run(request: Request, body: NewRun, conversation: str = ConvPath
     conductor = _conductor(f)
     f.need_space("the run was not started")
     started = await _call(conductor.start(conversation, input=body.input, strategy=body.multitask_strategy,
-                                          on_disconnect=body.on_disconnect, key=key))
+                                          on_disconnect=body.on_disconnect, key=key, stream=body.stream))
     queued = isinstance(started, Queued)
     if not body.stream or queued:
         return JSONResponse(RunAccepted(run=Run(**started.run), queued=queued,
