@@ -135,13 +135,22 @@ CLOSE_TIMEOUT = 2.0
 
 async def close(nc: Client, timeout: float = CLOSE_TIMEOUT) -> None:
     """Close this process's connection: drain it when the broker is there to
-    drain to, else just close (a drain toward a dead broker waits it out)."""
-    try:
-        if nc.is_connected:
-            await asyncio.wait_for(nc.drain(), timeout)
-        else:
-            await nc.close()
-    except (Exception, asyncio.CancelledError) as exc:
+    drain to, else just close (a drain toward a dead broker waits it out).
+
+    Done within *timeout* whatever the broker does. Bounded by waiting, not
+    by ``wait_for``: nats-py's drain swallows the cancel of a ``wait_for``
+    that timed out and then flushes with its own 10 s timeout, so a broker
+    that took the connection but answered nothing (SIGSTOPped) held a close
+    for 12 s. A close not done by then is left running (``nats_close_abandoned``):
+    the process is ending, and its socket goes with it.
+    """
+    closing = asyncio.create_task(nc.drain() if nc.is_connected else nc.close(), name="nats close")
+    done, _ = await asyncio.wait({closing}, timeout=timeout)
+    if not done:
+        log.event("nats_close_abandoned", "warning", timeout_s=timeout)
+        return
+    if not closing.cancelled() and closing.exception() is not None:
+        exc = closing.exception()
         log.event("nats_close_failed", "debug", error=f"{type(exc).__name__}: {exc}")
 
 

@@ -9,7 +9,11 @@ The zygote forks a child into :func:`run_role`. It gives the role:
   from the loop itself, so a stuck loop also goes silent;
 * :meth:`RoleContext.ready`, which tells crewletd the child counts as started;
 * SIGTERM as a request to stop: ``ctx.stopping`` is set, the role's ``main``
-  returns, the connection drains and the process exits 0;
+  returns, the connection drains and the process exits 0. A role still not
+  done :data:`OVERDUE_AFTER` past its :meth:`RoleContext.stop_budget` says what
+  its loop is still doing (:func:`doing`): a ``role_stop_overdue`` event, and
+  a ``stop_overdue`` report crewletd names in its ``shutdown_timeout`` event
+  should it have to SIGKILL the child;
 * a :class:`~crewlet.config.ConfigError` out of ``main`` (say, ingress
   cannot bind ``ingress.listen``) as a ``config_error`` event naming the key,
   and exit 78: crewletd reads the event (:func:`config_problem`), names its
@@ -56,6 +60,12 @@ LEFTOVERS = 1.0
 CLOSE_RESERVE = bus.CLOSE_TIMEOUT + LEFTOVERS + 0.5
 # The least a role's own stop is given, however short its shutdown time.
 STOP_BUDGET_MIN = 0.5
+# Seconds past its stop budget a role still stopping reports what it does:
+# one that kept its budget is closing its connection by then (milliseconds).
+OVERDUE_AFTER = 0.5
+# Tasks a stop_overdue report names at most, and frames shown of each.
+DOING_TASKS = 12
+DOING_FRAMES = 4
 
 T = TypeVar("T")
 
@@ -159,6 +169,43 @@ class RoleContext:
         self.zmq.destroy()
 
 
+def doing(limit: int = DOING_TASKS) -> list[str]:
+    """What this loop's tasks (the caller's aside) are waiting in, for a stop
+    that overran: each task's name and its innermost frames, innermost first
+    (``"duty scheduler: publish_until bus.py:190 < _write lease.py:165"``)."""
+    me = asyncio.current_task()
+    out = []
+    # Tasks given a name first: the default ones (Task-<n>) are mostly the
+    # NATS client's own loops.
+    for task in sorted((t for t in asyncio.all_tasks() if t is not me and not t.done()),
+                       key=lambda t: (t.get_name().startswith("Task-"), t.get_name())):
+        frames = []
+        coro = task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) \
+                or getattr(coro, "ag_frame", None)
+            if frame is None:
+                break
+            frames.append(f"{frame.f_code.co_name} {os.path.basename(frame.f_code.co_filename)}:"
+                          f"{frame.f_lineno}")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) \
+                or getattr(coro, "ag_await", None)
+        out.append(f"{task.get_name()}: {' < '.join(reversed(frames[-DOING_FRAMES:]))}")
+    return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
+
+
+async def _watch_stop(ctx: RoleContext) -> None:
+    """Once the role has been stopping past its stop budget: say what it is
+    still doing, in the log and to crewletd (which names it if it has to
+    SIGKILL the child)."""
+    await ctx.stopping.wait()
+    await asyncio.sleep(ctx.stop_budget() + OVERDUE_AFTER)
+    tasks = doing()
+    log.event("role_stop_overdue", "warning", budget_s=ctx.stop_budget(),
+              after_s=ctx.stop_budget() + OVERDUE_AFTER, tasks=tasks)
+    await ctx.report("stop_overdue", tasks=tasks)
+
+
 def run_loop(main: Awaitable[T], *, leftovers: float) -> T:
     """``asyncio.run(main)``, except that it always ends.
 
@@ -238,8 +285,9 @@ async def _amain(role: str, cfg: NodeConfig, incarnation: int, boot: str, main) 
         ctx.stopping.set()
 
     loop.add_signal_handler(PARENT_GONE, parent_gone)
-    heartbeat = asyncio.create_task(ctx._heartbeat())
-    faults = asyncio.create_task(_inject_faults(ctx))
+    heartbeat = asyncio.create_task(ctx._heartbeat(), name="heartbeat")
+    faults = asyncio.create_task(_inject_faults(ctx), name="faults")
+    overdue = asyncio.create_task(_watch_stop(ctx), name="stop watch")
     try:
         # As the role's own broker user, allowed only what the role needs (crewlet.permissions).
         ctx.nats = await bus.connect(cfg.stream, name=f"{cfg.node.id}/{role}", run_dir=cfg.run_dir,
@@ -247,10 +295,13 @@ async def _amain(role: str, cfg: NodeConfig, incarnation: int, boot: str, main) 
         await main(ctx)
     finally:
         await ctx.report("stopping")
-        heartbeat.cancel()
         faults.cancel()
         if ctx.nats is not None:
             await bus.close(ctx.nats)
+        # After the close: a close that hangs is said too, and a loop that
+        # still turns is not taken for a wedged one meanwhile.
+        overdue.cancel()
+        heartbeat.cancel()
         watchdog.stop()
         ctx.close()
         _kill_descendants()

@@ -59,7 +59,9 @@ class ProcessHost:
     Invariants: ``_ready[pid]`` is a future for each child started and not yet
     ready; ``_beats[pid]`` is the heartbeat callback of each running child that
     heartbeats; ``stats[pid]`` the last stats report of each child that
-    sends them (the seats role: its turns), dropped with the child.
+    sends them (the seats role: its turns), dropped with the child;
+    ``doing[pid]`` what a child stopping past its stop budget said it was
+    still doing (its ``stop_overdue`` report), dropped with the child.
     """
 
     def __init__(self, run_dir: str, zygote: Zygote, ctx: zmq.asyncio.Context,
@@ -71,6 +73,7 @@ class ProcessHost:
         self._ready: dict[int, asyncio.Future[None]] = {}
         self._beats: dict[int, Callable[[], None]] = {}
         self.stats: dict[int, dict[str, Any]] = {}
+        self.doing: dict[int, list[str]] = {}
         # The output pipe of each child not yet ended.
         self._outputs: dict[int, _Output] = {}
         self._health: zmq.asyncio.Socket | None = None
@@ -104,6 +107,9 @@ class ProcessHost:
             elif kind == "stats":
                 if pid in self._beats:  # a child we run, not one already gone
                     self.stats[pid] = msg.get("stats") or {}
+            elif kind == "stop_overdue":
+                if pid in self._beats:
+                    self.doing[pid] = list(msg.get("tasks") or [])
             elif kind == "ready":
                 # A ready that arrives before its starter asks (our loop was
                 # busy) is kept: ready_of finds the future already resolved.
@@ -224,6 +230,7 @@ class ProcessRunning:
             self._beat_timer.cancel()
         self.host._beats.pop(self.pid, None)
         self.host.stats.pop(self.pid, None)
+        self.host.doing.pop(self.pid, None)
         self.host.forget(self.pid)
         # Whatever the child started went with it: its reaper SIGKILLed the
         # group while the child's zombie still held the group id.
@@ -269,8 +276,11 @@ class ProcessRunning:
             try:
                 return await asyncio.wait_for(asyncio.shield(self.exited), timeout)
             except asyncio.TimeoutError:
+                # What it was still doing, if it said (crewlet.runtime: a role
+                # stopping past its stop budget reports its tasks).
+                doing = self.host.doing.get(self.pid)
                 self.host.notify("shutdown_timeout", "warning", child=self.name, child_pid=self.pid,
-                                 timeout_s=timeout)
+                                 timeout_s=timeout, **({"doing": doing} if doing else {}))
                 self.kill(f"killed: did not stop within {timeout:g}s")
         return await self.exited
 

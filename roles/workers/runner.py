@@ -6,8 +6,15 @@ before this process restarted), and started; a held duty's lease is renewed,
 and if it was lost — taken over after this node was paused past the TTL — the
 duty is cancelled at once. A renewal whose outcome is unknown (no quorum)
 keeps the duty running only while the lease is still fresh by our own clock.
-On stop every duty is cancelled and its lease released, so a peer takes it
-over at its next tend rather than after the TTL.
+
+On stop (:meth:`DutyRunner.run` returns as soon as *stopping* is set, cutting
+short a tend in progress: without quorum each lease write waits out its
+patience, a third of the TTL, and a round of tends takes that once per duty)
+every duty is cancelled and given :data:`DUTY_END_WAIT` to end
+(:meth:`DutyRunner.halt`), then its lease released, so a peer takes it
+over at its next tend rather than after the TTL (:meth:`DutyRunner.release`).
+The role bounds the whole of it by its stop budget: a lease not released
+lapses within its TTL.
 """
 
 from __future__ import annotations
@@ -21,7 +28,11 @@ from crewlet.company import Company
 from crewlet.config import NodeConfig
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Held, LeaseError, Leases
-from roles.workers.duties import Duty
+from roles.workers.duties import Duty, going_on
+
+# Seconds a cancelled duty is given to end (its own cleanup: a subscription
+# dropped, an SMTP connection closed) before its lease is released anyway.
+DUTY_END_WAIT = 0.5
 
 
 @dataclass
@@ -53,19 +64,39 @@ class DutyRunner:
         self.company: Company | None = None  # set by the role as revisions arrive
         self.held: dict[str, Held] = {}
         self.tasks: dict[str, asyncio.Task] = {}
+        self._tending: asyncio.Task | None = None
+        self._stopped = False  # stop() began: no duty starts any more
 
     async def run(self, stopping: asyncio.Event) -> None:
+        """Tend the duties every ``fleet.heartbeat`` until *stopping* is set;
+        return then at once, a tend in progress cut short (a claim or renewal
+        cut short may have landed: that lease lapses within its TTL, or is
+        found ours and released by :meth:`stop`). Raises what a tend raised."""
+        self._tending = asyncio.create_task(self._tend_until(stopping), name="duties: tending")
+        stop = asyncio.create_task(stopping.wait(), name="duties: stopping")
         try:
-            while not stopping.is_set():
-                for duty in self.duties:
-                    if duty.wanted(self.config):
-                        await self._tend(duty)
-                try:
-                    await asyncio.wait_for(stopping.wait(), self.config.fleet.heartbeat)
-                except asyncio.TimeoutError:
-                    pass
+            await asyncio.wait({self._tending, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await self._release_all()
+            stop.cancel()
+            self._tending.cancel()
+        if self._tending.done() and not self._tending.cancelled():
+            self._tending.result()
+
+    async def _tend_until(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            for duty in self.duties:
+                # Looked at before each tend, not once a round: a round
+                # without quorum takes one write's patience per duty.
+                if stopping.is_set() or not going_on():
+                    return
+                if duty.wanted(self.config):
+                    await self._tend(duty)
+            try:
+                # Not wait_for: Python 3.11's may swallow a cancel (DESIGN §4).
+                async with asyncio.timeout(self.config.fleet.heartbeat):
+                    await stopping.wait()
+            except TimeoutError:
+                pass
 
     async def _tend(self, duty: Duty) -> None:
         key = f"duty.{duty.name}"
@@ -91,7 +122,7 @@ class DutyRunner:
         else:
             self.held[duty.name] = renewed
             task = self.tasks[duty.name]
-            if task.done() and not task.cancelled():
+            if task.done() and not task.cancelled() and not self._stopped:
                 # A duty that ended (or crashed) starts again while we hold it.
                 if task.exception() is not None:
                     log.event("duty_crashed", "error", duty=duty.name, error=repr(task.exception()))
@@ -104,6 +135,8 @@ class DutyRunner:
         return asyncio.create_task(duty.run(ctx), name=f"duty {duty.name}")
 
     def _start(self, duty: Duty, held: Held) -> None:
+        if self._stopped:
+            return  # a tend that outlived its cancel: the claim lapses within its TTL
         self.held[duty.name] = held
         self.tasks[duty.name] = self._task(duty, held)
         log.event("duty_started", duty=duty.name, token=held.token)
@@ -115,17 +148,42 @@ class DutyRunner:
             task.cancel()
         log.event("duty_stopped", "warning", duty=name, reason=why)
 
-    async def _release_all(self) -> None:
-        for name, task in list(self.tasks.items()):
+    async def stop(self) -> None:
+        """:meth:`halt`, then :meth:`release`."""
+        await self.halt()
+        await self.release()
+
+    async def halt(self) -> None:
+        """Cancel every duty and give them :data:`DUTY_END_WAIT` to end."""
+        self._stopped = True
+        tending = self._tending
+        if tending is not None and not tending.done():
+            # A cancel swallowed by a request (3.11's wait_for): it ends at its
+            # next look at going_on(), and starts no duty meanwhile (_start).
+            tending.cancel()
+            await asyncio.wait({tending}, timeout=DUTY_END_WAIT)
+        for task in self.tasks.values():
             task.cancel()
-        for name, held in list(self.held.items()):
-            try:
-                await self.leases.release(held)
-            except LeaseError as exc:  # unreachable: the leases lapse within a TTL
-                log.event("duty_release_failed", "warning", duty=name, error=str(exc))
-                break
-        self.held.clear()
+        if self.tasks:
+            _, late = await asyncio.wait(self.tasks.values(), timeout=DUTY_END_WAIT)
+            if late:
+                log.event("duty_stop_overdue", "warning", waited_s=DUTY_END_WAIT,
+                          duties=sorted(t.get_name() for t in late))
         self.tasks.clear()
+
+    async def release(self) -> None:
+        """Release the leases held, side by side. Not bounded here (each
+        waits its request's timeout): the caller bounds it by its own stop
+        budget, and a lease left is gone within its TTL."""
+        await asyncio.gather(*(asyncio.create_task(self._release(name, held), name=f"release {held.key}")
+                               for name, held in list(self.held.items())))
+
+    async def _release(self, name: str, held: Held) -> None:
+        try:
+            await self.leases.release(held)
+        except LeaseError as exc:  # unreachable: the lease lapses within a TTL
+            log.event("duty_release_failed", "warning", duty=name, error=str(exc))
+        self.held.pop(name, None)
 
     def view(self) -> dict[str, Any]:
         return {name: held.token for name, held in self.held.items()}

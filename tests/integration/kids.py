@@ -3,7 +3,9 @@
 ``serve`` reports ready on the health endpoint (unless told not to), heartbeats
 if asked, and then waits for a signal:
 
-* SIGTERM: exit 0 (or, with ``ignore_term``, keep running);
+* SIGTERM: exit 0 (or, with ``ignore_term``, keep running; with ``overdue``
+  as well, report ``stop_overdue`` with those tasks, as a role still stopping
+  past its stop budget does);
 * SIGUSR1: exit 0 on its own — a *normal* exit the supervisor did not ask for;
 * SIGUSR2: exit ``usr2_code`` (3) — an abnormal exit.
 """
@@ -20,7 +22,7 @@ import zmq
 
 def serve(run_dir: str, name: str, ready_after: float = 0.0, report_ready: bool = True,
           ignore_term: bool = False, heartbeat: float | None = None, beats: int = -1, usr2_code: int = 3,
-          fail_from: int = -1,
+          fail_from: int = -1, overdue: list[str] | None = None,
           incarnation: int = 0) -> int:
     if 0 <= fail_from <= incarnation:
         return 5  # from this incarnation on, die before ever being ready
@@ -29,11 +31,13 @@ def serve(run_dir: str, name: str, ready_after: float = 0.0, report_ready: bool 
     push.setsockopt(zmq.LINGER, 1000)
     push.connect("ipc://" + os.path.join(run_dir, "health"))
 
-    def say(kind: str) -> None:
-        push.send(msgpack.packb({"t": kind, "child": name, "pid": os.getpid()}))
+    def say(kind: str, **fields) -> None:
+        push.send(msgpack.packb({"t": kind, "child": name, "pid": os.getpid(), **fields}))
 
     exit_code: list[int] = []
-    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_term else lambda *_: exit_code.append(0))
+    termed: list[bool] = []
+    signal.signal(signal.SIGTERM, (lambda *_: termed.append(True)) if ignore_term
+                  else lambda *_: exit_code.append(0))
     signal.signal(signal.SIGUSR1, lambda *_: exit_code.append(0))
     signal.signal(signal.SIGUSR2, lambda *_: exit_code.append(usr2_code))
     if ready_after:
@@ -41,6 +45,9 @@ def serve(run_dir: str, name: str, ready_after: float = 0.0, report_ready: bool 
     if report_ready:
         say("ready")
     while not exit_code:
+        if termed and overdue is not None:
+            say("stop_overdue", tasks=overdue)
+            overdue = None
         if heartbeat is not None and beats != 0:
             say("hb")
             beats -= 1

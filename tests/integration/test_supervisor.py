@@ -329,6 +329,22 @@ def test_child_ignoring_sigterm_is_killed_after_its_shutdown_timeout(short_tmp):
     run(short_tmp, scenario)
 
 
+def test_a_shutdown_timeout_names_what_the_child_said_it_was_still_doing(short_tmp):
+    doing = ["workers goodbye: publish client.py:208 < release lease.py:251"]
+
+    async def scenario(h: Harness):
+        h.host.notify = h.notify  # the host's own events (shutdown_timeout) too
+        sup = h.sup("s", [h.kid("stuck", shutdown=1.0, heartbeat_silence=5.0,
+                                kid={"ignore_term": True, "heartbeat": 0.05, "overdue": doing})],
+                    intensity=1, period=10)
+        await sup.start()
+        await sup.stop()
+        [timeout] = [f for name, f in h.events if name == "shutdown_timeout"]
+        assert timeout["child"] == "stuck" and timeout["doing"] == doing
+        assert h.host.doing == {}  # forgotten with the child
+    run(short_tmp, scenario)
+
+
 def test_brutal_kill_does_not_wait(short_tmp):
     async def scenario(h: Harness):
         sup = h.sup("s", [h.kid("a", shutdown=S.BRUTAL_KILL, kid={"ignore_term": True})],

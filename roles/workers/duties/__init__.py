@@ -11,6 +11,7 @@ To add a duty: write a module with ``DUTY = Duty(name, run)`` and list it in
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -28,9 +29,23 @@ class Duty:
     wanted: Callable[[Any], bool] = lambda config: True
 
 
+def going_on() -> bool:
+    """True, or CancelledError if this task was asked to stop: the head of a
+    duty's loop. A cancel that lands as a request's answer does can be
+    swallowed by Python 3.11's ``wait_for`` (nats-py's requests use it, DESIGN
+    §4); the task's count of cancel requests stays, and a loop that looks at
+    it does not go round again for ever after its lease was lost or its role
+    stopped."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() > 0:
+        raise asyncio.CancelledError()
+    return True
+
+
 def _registry() -> tuple[Duty, ...]:
     from roles.workers.duties import fleet_shape, maintenance, scheduler, sender
     return (fleet_shape.DUTY, maintenance.DUTY, scheduler.DUTY, sender.DUTY)
 
 
 DUTIES: tuple[Duty, ...] = _registry()
+

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 from crewlet import log
 from crewlet.coord.sweep import NodeView, SeatView, may_hold
-from roles.workers.duties import Duty
+from roles.workers.duties import Duty, going_on
 
 ROLES = ("data", "ingress", "seats", "workers")
 # Names of unplaceable seats a report carries; the count says how many in all.
@@ -81,7 +81,7 @@ def problems(nodes: dict[str, dict[str, Any]], replicas: int,
 async def run(ctx) -> None:
     reported: dict[str, dict[str, Any]] = {}
     await ctx.holders.listed.wait()
-    while True:
+    while going_on():
         nodes = {key.removeprefix("node."): owner.info for key, owner in ctx.holders.of("node.").items()}
         company = ctx.company()
         seats = [SeatView(s.name, dict(s.placement.labels)) for s in company.seats] if company else ()

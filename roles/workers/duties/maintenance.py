@@ -52,7 +52,7 @@ from crewlet.company import Company
 from crewlet.coord import duty_reports
 from crewlet.estate.ops import TURN_TRIM_DEFAULT, make_op, op_id
 from crewlet.queue.jetstream import JetStreamMailboxes
-from roles.workers.duties import Duty
+from roles.workers.duties import Duty, going_on
 from roles.workers.duties.mailbox_retirement import Retirement, trim_worked
 
 NAME = "maintenance"
@@ -83,6 +83,7 @@ async def trim_turns(router, node: str, before: int) -> tuple[int, bool]:
     Raises what the router raised, or RuntimeError for a refused op."""
     removed, after = 0, 0
     for n in range(TRIM_OPS):
+        going_on()  # up to TRIM_OPS requests of up to a minute each
         op = make_op("turn.trim", {"before": before, "limit": TURN_TRIM_DEFAULT, "after": after},
                      node=node, id=op_id(NAME, "turns", str(before), str(n)))
         outcome = await router.write(op, timeout=TRIM_TIMEOUT)
@@ -162,7 +163,7 @@ async def run(ctx) -> None:
     await work.carry_totals()
     last_sweep: float | None = None  # monotonic; None: not yet (the first look sweeps)
     retention = None                 # the company's retention at the last sweep
-    while True:
+    while going_on():
         company = ctx.company()
         if company is not None:
             retired, kept = await work.retirement.step(company)

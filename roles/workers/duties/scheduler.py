@@ -50,7 +50,7 @@ from crewlet.queue.base import MailboxError
 from crewlet.queue.jetstream import JetStreamMailboxes
 from crewlet.queue.post import post
 from crewlet.schedules import iso, plan, trigger
-from roles.workers.duties import Duty
+from roles.workers.duties import Duty, going_on
 
 NAME = "scheduler"
 # Seconds between looks at the company in force while no tick is due.
@@ -125,7 +125,7 @@ class Scheduler:
         return timing.next_after(todo.settled)
 
     async def run(self) -> None:
-        while True:
+        while going_on():
             company = self.ctx.company()
             schedules = {s.name: s for s in company.schedules} if company is not None else {}
             for name in set(self.next_at) - set(schedules):

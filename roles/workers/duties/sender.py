@@ -51,7 +51,7 @@ from crewlet.coord import buckets
 from crewlet.coord.valve import Deposed, Valve
 from crewlet.mailer import Mailer
 from crewlet.queue.jetstream import api_prefix, create_consumer
-from roles.workers.duties import Duty
+from roles.workers.duties import Duty, going_on
 
 CONSUMER = groups.durable(groups.SENDER)
 VALVE = "email"                    # the valve's key in the rate bucket
@@ -107,7 +107,7 @@ class Sender:
             log.event("sender_consumer_created", consumer=CONSUMER)
         psub = await self.js.pull_subscribe_bind(durable=CONSUMER, stream=outbox.STREAM)
         try:
-            while True:
+            while going_on():
                 if self.rate() is None:
                     await asyncio.sleep(NO_COMPANY_PAUSE)
                     continue
