@@ -300,16 +300,18 @@ class Conductor:
         conversation, ident = run["conversation"], run["id"]
         try:
             seat = run.get("seat") or (await self.conversation(conversation))["conversation"]["seat"]
-            await self.mailboxes.put(seat, run.get("input") or NO_INPUT,
-                                     trigger=f"{run_turn.trigger(ident)}.{driving.token}",
-                                     headers={run_turn.RUN_HEADER: ident,
-                                              run_turn.CONVERSATION_HEADER: conversation,
-                                              FROM_HEADER: f"run:{ident}"})
+            # Told before the seat has the run: its turn's events come after.
             events = runs.RunEvents(self.js, conversation, ident, ttl=self.event_ttl)
             started = {"type": runs.STARTED, "node": self.node, "seat": seat}
             if taken_over:
                 started["taken_over"] = True
             await events.publish(started, id=f"{ident}:started:{driving.token}")
+            await self.mailboxes.put(seat, run.get("input") or NO_INPUT,
+                                     trigger=f"{run_turn.trigger(ident)}.{driving.token}",
+                                     headers={run_turn.RUN_HEADER: ident,
+                                              run_turn.CONVERSATION_HEADER: conversation,
+                                              run_turn.FLOOR_HEADER: str(self.router.floor),
+                                              FROM_HEADER: f"run:{ident}"})
         except BaseException:
             await driving.release()
             raise
@@ -538,8 +540,11 @@ class Conductor:
             if driving is None:
                 continue
             try:
+                # Under this lease's token: the op id of another node's start of
+                # the same run (from a copy that had not seen this one) differs,
+                # so it is refused as the conflict it is, not answered ours.
                 row = (await self.write("run.update", {"id": run["id"], "status": "running", "node": self.node},
-                                        f"{run['id']}:running"))["run"]
+                                        f"{run['id']}:running:{driving.token}"))["run"]
             except Refused as exc:
                 await driving.release()
                 if exc.code not in (BUSY, PENDING_APPROVAL, CONFLICT):

@@ -58,6 +58,9 @@ from crewlet.estate.ops import LIST_MAX, RUN_ENDED, make_op, op_id
 
 RUN_HEADER = "Crewlet-Run"
 CONVERSATION_HEADER = "Crewlet-Conversation"
+# The estate log seq of the driver's write that started the run: the turn
+# reads no copy that has not applied it (another node's copy may lag).
+FLOOR_HEADER = "Crewlet-Floor"
 TRIGGER_PREFIX = "run="
 # Seconds one estate read or write of a run's turn waits (the router asks the
 # data nodes in turn; a write may wait out a stream leader election).
@@ -139,7 +142,7 @@ class RunTurn(Hooks):
     """
 
     def __init__(self, *, estate, js, nc, node: str, seat: Seat, token: int, conversation: str, run: str,
-                 event_ttl: float, approval_ttl: float, redo: bool = False):
+                 event_ttl: float, approval_ttl: float, redo: bool = False, floor: int = 0):
         self.estate = estate
         self.js = js
         self.nc = nc
@@ -149,6 +152,7 @@ class RunTurn(Hooks):
         self.conversation = conversation
         self.run = run
         self.approval_ttl = approval_ttl
+        self.floor = floor
         self.events = runs.RunEvents(js, conversation, run, ttl=event_ttl)
         self.sink = RunSink(self.events, redo=redo)
         self.approval: dict[str, Any] | None = None  # the decided approval this run resumes
@@ -166,6 +170,7 @@ class RunTurn(Hooks):
         :class:`~crewlet.agent.providers.ProviderError` (hand the mail back:
         the run goes on when it comes again), :class:`RunTurnError` and the
         estate router's errors (the same)."""
+        self.estate.raise_floor(self.floor)
         sub = await self.nc.subscribe(runs.cancel_subject(self.conversation, self.run), cb=self._heard)
         try:
             run = await self._start()

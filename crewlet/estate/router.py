@@ -227,6 +227,12 @@ class Router:
             return max(self._floor, self.shared_floor.get())
         return self._floor
 
+    def raise_floor(self, seq: Any) -> None:
+        """Read from here on as one who wrote *seq* (another process's write
+        this one was told of: a conversation run's mail names the seq of the
+        run's start, so the turn never reads a copy that has not seen it)."""
+        self._raise_floor(seq)
+
     def _raise_floor(self, seq: Any) -> None:
         if isinstance(seq, int) and seq > self._floor:
             self._floor = seq

@@ -848,9 +848,11 @@ class SeatWork:
         engine = self.engine
         if not run or not conversation or seat_cfg is None or engine.estate is None:
             return None
-        return RunTurn(estate=engine.estate, js=engine.js, nc=engine.nc, node=engine.node, seat=seat_cfg, token=self.token,
-                       conversation=conversation, run=run, event_ttl=engine.run_event_ttl,
-                       approval_ttl=engine.approval_ttl, redo=delivery.deliveries > 1)
+        floor = delivery.headers.get(conversation_turn.FLOOR_HEADER, "")
+        return RunTurn(estate=engine.estate, js=engine.js, nc=engine.nc, node=engine.node, seat=seat_cfg,
+                       token=self.token, conversation=conversation, run=run, event_ttl=engine.run_event_ttl,
+                       approval_ttl=engine.approval_ttl, redo=delivery.deliveries > 1,
+                       floor=int(floor) if floor.isdigit() and len(floor) < 20 else 0)
 
     def _seat_cfg(self):
         return self.engine.seat_cfgs.get(self.seat)
