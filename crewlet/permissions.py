@@ -199,6 +199,7 @@ def grants(node: str) -> dict[str, Grant]:
                 kv(buckets.BUDGETS): WATCH,
                 kv(buckets.COOLDOWNS): LOOK,
                 runs.STREAM: LOOK,           # a request to stop a run (runs.request_cancel)
+                kv(buckets.CONFIG): LOOK,    # the company revision a conversation run pinned
             },
             writes={buckets.LEASES.name: "seat.>", buckets.LEDGER.name: ANY,
                     buckets.BUDGETS.name: ANY, buckets.COOLDOWNS.name: ANY},

@@ -137,11 +137,12 @@ def resumption_id(approval: str) -> str:
 class _Sessions:
     """The session runner's state. Invariant: ``driving`` maps each run this
     process drives to its task; ``runner`` counts the runner's own among them
-    (at most ``limit``)."""
+    (with ``reserved``, at most ``limit``)."""
 
     limit: int
     driving: dict[str, asyncio.Task] = field(default_factory=dict)
     runner: set[str] = field(default_factory=set)
+    reserved: int = 0  # places held by starts under way (Conductor._runner_slot)
     nudged: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -252,30 +253,31 @@ class Conductor:
             row = (await self.write("run.create", base, ident))["run"]
             self.nudge()
             return Queued(row, rolled)
-        if not stream and self._room() <= 0:
-            await driving.release()
-            row = (await self.write("run.create", base, ident))["run"]
-            self.nudge()
-            return Queued(row, rolled)
-        try:
-            row = (await self.write("run.create", {**base, "status": "running", "node": self.node},
-                                    ident))["run"]
-        except Refused as exc:
-            await driving.release()
-            if exc.code == BUSY:
-                # Running with no driver: its driver died; the session runner
-                # takes it over. A retry is let in once it has ended.
+        with self._runner_slot() if not stream else contextlib.nullcontext(True) as room:
+            if not room:
+                await driving.release()
+                row = (await self.write("run.create", base, ident))["run"]
                 self.nudge()
-                raise ConversationBusy(conversation, exc.outcome.get("detail", {}).get("run")
-                                       or conv.get("run"), None, None, int(self.drivers.ttl)) from None
-            if exc.code == PENDING_APPROVAL:
-                raise PendingApproval(conversation, exc.outcome.get("detail", {}).get("approval")
-                                      or "") from None
-            raise
-        except BaseException:
-            await driving.release()
-            raise
-        await self._launch(row, driving, taken_over=False, runner=not stream)
+                return Queued(row, rolled)
+            try:
+                row = (await self.write("run.create", {**base, "status": "running", "node": self.node},
+                                        ident))["run"]
+            except Refused as exc:
+                await driving.release()
+                if exc.code == BUSY:
+                    # Running with no driver: its driver died; the session runner
+                    # takes it over. A retry is let in once it has ended.
+                    self.nudge()
+                    raise ConversationBusy(conversation, exc.outcome.get("detail", {}).get("run")
+                                           or conv.get("run"), None, None, int(self.drivers.ttl)) from None
+                if exc.code == PENDING_APPROVAL:
+                    raise PendingApproval(conversation, exc.outcome.get("detail", {}).get("approval")
+                                          or "") from None
+                raise
+            except BaseException:
+                await driving.release()
+                raise
+            await self._launch(row, driving, taken_over=False, runner=not stream)
         return Started(row, self.node, rolled)
 
     def _revision(self) -> int:
@@ -462,8 +464,21 @@ class Conductor:
                 async with asyncio.timeout(self.sweep):
                     await self.sessions.nudged.wait()
 
-    def _room(self) -> int:
-        return self.sessions.limit - len(self.sessions.runner)
+    @contextlib.contextmanager
+    def _runner_slot(self):
+        """A place among the session runner's runs, held while a run is being
+        started (True), or False when all are taken. Held from the check to
+        the run's launch, which keeps it: two starts racing between their
+        awaits cannot both take the last place."""
+        s = self.sessions
+        if len(s.runner) + s.reserved >= s.limit:
+            yield False
+            return
+        s.reserved += 1
+        try:
+            yield True
+        finally:
+            s.reserved -= 1
 
     async def _sweep(self) -> None:
         await self._expire()
@@ -501,61 +516,52 @@ class Conductor:
         """Runs ``running`` whose conversation has no driver: take them over."""
         page = await self.read("run.list", {"status": "running", "limit": SWEEP_PAGE})
         for run in page.get("runs") or []:
-            if self._room() <= 0:
+            if run["id"] not in self.sessions.driving and not await self._take(run, taken_over=True):
                 return
-            if run["id"] in self.sessions.driving:
-                continue
-            if self.drivers.holders is not None and self.drivers.holders.get(
-                    f"conv.{run['conversation']}") is not None:
-                continue
-            driving = await self._try_lease(run)
-            if driving is None:
-                continue
-            try:
-                row = (await self.write("run.update", {"id": run["id"], "status": "running", "node": self.node},
-                                        f"{run['id']}:taken:{driving.token}"))["run"]
-            except Refused:
-                await driving.release()  # it ended meanwhile
-                continue
-            except BaseException:
-                await driving.release()
-                raise
-            log.event("run_taken_over", run=run["id"], conversation=run["conversation"], was=run.get("node"))
-            await self._launch({**run, **row}, driving, taken_over=True, runner=True)
 
     async def _start_queued(self) -> None:
         """The oldest queued run of each free conversation."""
         page = await self.read("run.list", {"status": "queued", "limit": SWEEP_PAGE})
         seen: set[str] = set()
         for run in page.get("runs") or []:
-            conversation = run["conversation"]
-            if conversation in seen:
+            if run["conversation"] in seen:
                 continue
-            seen.add(conversation)  # only its oldest: the queue keeps its order
-            if self._room() <= 0:
+            seen.add(run["conversation"])  # only its oldest: the queue keeps its order
+            if not await self._take(run, taken_over=False):
                 return
-            if self.drivers.holders is not None and self.drivers.holders.get(f"conv.{conversation}") is not None:
-                continue
+
+    async def _take(self, run: dict[str, Any], *, taken_over: bool) -> bool:
+        """Drive *run* (a queued one, or a running one whose driver died) if
+        its conversation's lease is free; False when the runner has no room."""
+        with self._runner_slot() as room:
+            if not room:
+                return False
+            if self.drivers.holders is not None and self.drivers.holders.get(
+                    f"conv.{run['conversation']}") is not None:
+                return True  # driven (as far as this node's watch knows)
             driving = await self._try_lease(run)
             if driving is None:
-                continue
+                return True
             try:
-                # Under this lease's token: the op id of another node's start of
-                # the same run (from a copy that had not seen this one) differs,
-                # so it is refused as the conflict it is, not answered ours.
+                # Under this lease's token: another node's start of the same run
+                # (from a copy that had not seen this one) is another op, refused
+                # as the conflict it is rather than answered as ours.
                 row = (await self.write("run.update", {"id": run["id"], "status": "running", "node": self.node},
                                         f"{run['id']}:running:{driving.token}"))["run"]
+                full = (await self.read("run.get", {"id": run["id"]})).get("run") or row
             except Refused as exc:
-                await driving.release()
+                await driving.release()  # it started or ended meanwhile
                 if exc.code not in (BUSY, PENDING_APPROVAL, CONFLICT):
                     log.event("run_start_refused", "warning", run=run["id"], error=str(exc))
-                continue
+                return True
             except BaseException:
                 await driving.release()
                 raise
-            full = (await self.read("run.get", {"id": run["id"]})).get("run") or row
-            await self._launch({**full, **row, "input": full.get("input")}, driving, taken_over=False,
+            if taken_over:
+                log.event("run_taken_over", run=run["id"], conversation=run["conversation"], was=run.get("node"))
+            await self._launch({**full, **row, "input": full.get("input")}, driving, taken_over=taken_over,
                                runner=True)
+        return True
 
     async def _try_lease(self, run: dict[str, Any]) -> Driving | None:
         try:

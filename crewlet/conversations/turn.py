@@ -30,6 +30,12 @@ as for mail. What this module adds is what a run is besides a mail:
   ``approval``), which runs the recorded call exactly as recorded when it was
   approved — the model is not asked again — or tells the model it was denied.
 
+**The revision.** A run pins the company revision in force when it started
+(a resumption, the one of the run that asked for the approval): the seat's
+persona, provider and approval rules are that revision's
+(:meth:`roles.seats.turns.TurnEngine.pinned`, read from the control plane),
+its tools the ones its servers offer now (they run with the seat's lease).
+
 The run's end, in order: its status in the estate (``run.update``, or the
 approval request), then the terminal event; the seats role then writes the
 ledger and acks. A turn killed between the two finds the run ended when the
@@ -142,7 +148,7 @@ class RunTurn(Hooks):
     """
 
     def __init__(self, *, estate, js, nc, node: str, seat: Seat, token: int, conversation: str, run: str,
-                 event_ttl: float, approval_ttl: float, redo: bool = False, floor: int = 0):
+                 event_ttl: float, approval_ttl: float, redo: bool = False, floor: int = 0, pin=None):
         self.estate = estate
         self.js = js
         self.nc = nc
@@ -153,6 +159,9 @@ class RunTurn(Hooks):
         self.run = run
         self.approval_ttl = approval_ttl
         self.floor = floor
+        # await pin(rev, seat) -> (seat, provider) as the run's pinned company
+        # revision has them, or None: the revision in force (the seats role's).
+        self.pin = pin
         self.events = runs.RunEvents(js, conversation, run, ttl=event_ttl)
         self.sink = RunSink(self.events, redo=redo)
         self.approval: dict[str, Any] | None = None  # the decided approval this run resumes
@@ -174,6 +183,10 @@ class RunTurn(Hooks):
         sub = await self.nc.subscribe(runs.cancel_subject(self.conversation, self.run), cb=self._heard)
         try:
             run = await self._start()
+            if self.pin is not None:
+                pinned = await self.pin(run["revision"], self.seat.name)
+                if pinned is not None:
+                    self.seat, provider = pinned
             history, pending = await self._history(run)
             await run_rounds(record, history=history, persona=self.seat.persona,
                              provider=_Interruptible(provider, self), registry=registry, services=services,

@@ -56,7 +56,7 @@ def ledger_ttl(mail_days: int, ack_wait: float) -> int:
 async def _follow(ctx: RoleContext, sweeper: SeatSweeper, engine: TurnEngine) -> None:
     async for company in ctx.companies():
         model = Company.model_validate(company["company"])
-        engine.set_company(model)
+        engine.set_company(model, rev=company["rev"])
         engine.ledger.ttl = ledger_ttl(model.retention.mail_days, ctx.config.fleet.ack_wait)
         sweeper.set_company(company["company"])
         log.event("seats_company", rev=company["rev"], seats=len(sweeper.seats))

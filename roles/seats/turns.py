@@ -100,6 +100,7 @@ from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
 from crewlet.company import Company, Seat
 from crewlet.conversations import turn as conversation_turn
 from crewlet.conversations.turn import RunTurn
+from crewlet.coord.control_plane import ControlPlane, RevisionNotFound
 from crewlet.coord.counters import Budgets, Cooldowns, CounterError, Ledger
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import make_op, op_id
@@ -113,6 +114,8 @@ from roles.seats.sweeper import SeatSweeper
 POLL = 60.0
 # Pauses before looking again when a wake found the mailbox empty (see _run).
 WAKE_SETTLE = (0.02, 0.1, 0.5)
+# Earlier company revisions kept for conversation runs that pinned them.
+PINNED_KEPT = 4
 # Seconds one turn may take, all rounds and tool calls included (well under the ack wait).
 TURN_TIMEOUT = 300.0
 # Seconds the writes after a turn's side effects (its ledger entry, its ack, its
@@ -222,6 +225,11 @@ class TurnEngine:
         self.unsettled = 0
         self.records_failed = 0
         self.company: Company | None = None
+        self.revision: int | None = None  # the company revision in force here
+        # Earlier revisions a conversation run pinned, and their providers
+        # where they differ from the ones in force (see pinned()).
+        self._pinned: dict[int, Company] = {}
+        self._pinned_providers: dict[tuple[int, str], Provider] = {}
         self.seat_cfgs: dict[str, Seat] = {}  # the company's seats by name
         self.services: Services | None = None
         self.providers: dict[str, Provider] = {}
@@ -236,8 +244,9 @@ class TurnEngine:
 
     # ------------------------------------------------------------ company
 
-    def set_company(self, company: Company) -> None:
+    def set_company(self, company: Company, rev: int | None = None) -> None:
         self.company = company
+        self.revision = rev
         self.seat_cfgs = {seat.name: seat for seat in company.seats}
         self.services = Services(self.mailboxes, frozenset(s.name for s in company.seats),
                                  self.estate, self.node, outbox=functools.partial(outbox.put, self.js))
@@ -252,6 +261,43 @@ class TurnEngine:
         for seat, work in self.work.items():
             self._watch_budget(seat)
             work.wake()  # budgets or providers may have changed
+
+    async def pinned(self, rev: int, seat: str) -> tuple[Seat, Provider] | None:
+        """*seat* and its provider as company revision *rev* has them — the one
+        a conversation run pinned when it started — or None when that is the
+        revision in force (or *rev* no longer has the seat, or is gone: the
+        run goes on with what is in force, said in the log). The seat's tools
+        are the ones its servers offer now: they run with the lease, not per
+        revision. Raises :class:`~crewlet.coord.control_plane.ControlPlaneError`
+        when the revision could not be read (the turn is handed back)."""
+        if self.company is None or rev == self.revision:
+            return None
+        company = self._pinned.get(rev)
+        if company is None:
+            try:
+                record = await ControlPlane(self.js, None).revision(rev)
+            except RevisionNotFound:
+                log.event("run_revision_gone", "warning", seat=seat, rev=rev, using=self.revision)
+                return None
+            company = Company.model_validate(record["company"])
+            while len(self._pinned) >= PINNED_KEPT:
+                oldest = min(self._pinned)
+                self._pinned.pop(oldest)
+                for key in [k for k in self._pinned_providers if k[0] == oldest]:
+                    self._retire(self._pinned_providers.pop(key))
+            self._pinned[rev] = company
+        seat_cfg = next((s for s in company.seats if s.name == seat), None)
+        spec = company.providers.get(seat_cfg.provider) if seat_cfg is not None else None
+        if seat_cfg is None or spec is None:
+            log.event("run_revision_without_seat", "warning", seat=seat, rev=rev, using=self.revision)
+            return None
+        name = seat_cfg.provider
+        if self._provider_specs.get(name) == spec.model_dump() and name in self.providers:
+            return seat_cfg, self.providers[name]
+        provider = self._pinned_providers.get((rev, name))
+        if provider is None:
+            provider = self._pinned_providers[(rev, name)] = make_provider(name, spec, cooldowns=self.cooldowns)
+        return seat_cfg, provider
 
     def _retire(self, provider: Provider) -> None:
         """Close a provider the company replaced once the turns using it are over."""
@@ -335,7 +381,7 @@ class TurnEngine:
             task.cancel()  # providers waiting to retire: close them now, below
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
-        for provider in self.providers.values():
+        for provider in [*self.providers.values(), *self._pinned_providers.values()]:
             await provider.close()
 
     # ------------------------------------------------------------ stats
@@ -852,7 +898,7 @@ class SeatWork:
         return RunTurn(estate=engine.estate, js=engine.js, nc=engine.nc, node=engine.node, seat=seat_cfg,
                        token=self.token, conversation=conversation, run=run, event_ttl=engine.run_event_ttl,
                        approval_ttl=engine.approval_ttl, redo=delivery.deliveries > 1,
-                       floor=int(floor) if floor.isdigit() and len(floor) < 20 else 0)
+                       floor=int(floor) if floor.isdigit() and len(floor) < 20 else 0, pin=engine.pinned)
 
     def _seat_cfg(self):
         return self.engine.seat_cfgs.get(self.seat)

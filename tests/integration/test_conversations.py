@@ -17,6 +17,7 @@ import time
 import uuid
 
 import httpx2
+import yaml
 import pytest
 
 from crewlet import tokens
@@ -352,3 +353,29 @@ def test_the_session_runner_never_drives_more_than_its_concurrency(api):
         running += step
         peak = max(peak, running)
     assert peak <= RUNNER, spans
+
+
+def test_a_resumption_runs_on_the_company_revision_its_run_pinned(api):
+    """Last: it applies a new revision. The run that asked for an approval
+    pinned revision n; the company changes the rule's reply in n+1; the
+    resumption after the decision answers as n did."""
+    conv = api.conversation("clerk")
+    title = f"pinned {uuid.uuid4().hex[:8]}"
+    r, events = api.stream(f"/v1/conversations/{conv}/runs", {"input": f"create a task {title}", "stream": True})
+    approval = next(e[2]["approval"] for e in events if e[1] == "approval.requested")
+    pinned = run_of(api, conv, events[0][2]["run"])["revision"]
+    changed = yaml.safe_load(COMPANY)
+    changed["providers"]["scripted"]["rules"][0]["reply"] = "Changed: {tools}"
+    rev = api.ok("POST", "/v1/company", 201, json=changed)["rev"]
+    assert rev > pinned
+    wait_for(lambda: api.http.get("/v1/company").json().get("rev") == rev, 20, what="the new revision in force")
+    api.ok("POST", f"/v1/approvals/{approval}", json={"decision": "approve"})
+    wait_for(lambda: api.ok("GET", f"/v1/conversations/{conv}")["conversation"]["status"] == "idle", 30,
+             what="resumed and done")
+    last = api.ok("GET", f"/v1/conversations/{conv}", params={"limit": 500})["messages"][-1]
+    assert last["role"] == "assistant" and last["text"].startswith("Created:"), last
+    resumed = api.ok("GET", f"/v1/conversations/{conv}/runs")["items"][-1]
+    assert resumed["revision"] == pinned and resumed["approval"] == approval
+    # A new run pins the revision in force.
+    r, events = api.stream(f"/v1/conversations/{api.conversation()}/runs", {"input": "create a task x", "stream": True})
+    assert events[-1][2]["reply"].startswith("Changed:")
