@@ -50,7 +50,8 @@ takes a systemd credential.
 With it the generated ``nats.conf`` of a member admits routes only as the
 fleet user (``cluster { authorization { user, password } }``) and leaves
 likewise (``leafnodes { authorization { users } }``); its routes and a
-leaf's remotes dial with it in their URLs (:func:`dial_urls`). The user
+leaf's remotes dial with it in their URLs (:func:`with_user`,
+:func:`dial_urls`). The user
 name is made from the secret (:func:`fleet_user`), so two secrets in use at
 once are two users. Nothing else is admitted on those ports: a server
 routing or dialling without the secret gets ``Authorization Violation``
@@ -61,16 +62,21 @@ a reload (SIGHUP) with a new one closes at once the routes to members still
 on the old (measured with 2.15.1), so a fleet cannot switch all at once.
 Instead the file holds, for the time of a rotation, two lines: the secret in
 force, then the one it replaces (``crewletctl fleet-secret --rotate``). A
-member admits routes with the first only, but dials every peer with both,
+member admits routes with the first only, and dials each peer with the one
+that peer admits, asked before its broker starts (:mod:`roles.broker.routes`),
 so a member already restarted reaches those not yet restarted with the old
 one. They cannot reach it (it no longer takes theirs), but one route between
-two members is enough, whichever side dialled. Leaves are admitted with
-either. So: copy the
-rotated file to every node, restart the members one at a time (each back
-before the next), then the leaves; then ``--retire`` (the old line goes),
-copy, and restart them all again the same way. The old secret admits nobody
-after that. Until the retire, each member logs a refused route now and then
-for the secret its peers no longer take.
+two members is enough, whichever side dialled. Never one peer with both (a
+URL each): nats-server registers a route it dials before the peer has
+checked its credentials, and the connection the peer is about to refuse
+can take the place of the good one for good (the routes module says how).
+Leaves are admitted with either, and a leaf's remote tries its URLs one at
+a time. So: copy the rotated file to every node, restart the members one at
+a time (each back before the next), then the leaves; then ``--retire`` (the
+old line goes), copy, and restart them all again the same way. The old
+secret admits nobody after that. Until the retire, a member may log a
+refused route now and then for the secret a peer restarted since no longer
+takes.
 
 TLS (``stream.tls: {ca, cert, key}``): the client port, the routes and the
 leaf links serve this node's cert; routes and leaves require the peer's
@@ -278,9 +284,11 @@ def with_user(url: str, secret: str) -> str:
 
 
 def dial_urls(urls: list[str], held: list[str]) -> list[str]:
-    """Each of *urls* with each secret, the one in force first: a member or a
-    leaf dials its peers with every secret it holds, so a peer not yet
-    restarted onto a new secret is still reached with the old."""
+    """Each of *urls* with each secret, the one in force first: a leaf's
+    remote, which tries its URLs one at a time, so a member not yet
+    restarted onto a new secret is still reached with the old. Not a
+    member's routes: nats-server dials every route URL at once, and two to
+    one member race (:mod:`roles.broker.routes`)."""
     return [with_user(u, s) for u in urls for s in held]
 
 

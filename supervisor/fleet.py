@@ -71,6 +71,10 @@ def mailbox_capacity(seats: int) -> int:
     return max(MAILBOX_FLOOR, 2 * seats)
 
 
+# Seconds between samples of the streams while a replica catches up.
+CATCH_UP_SAMPLE = 1.0
+
+
 def _stream_row(info) -> dict[str, Any]:
     """One stream of the sample: its consumers against its limit, its messages,
     and on a cluster its ``leader`` (None: none elected) and the replicas
@@ -134,7 +138,9 @@ class Fleet:
         # Live leases, kept by crewletd's one watch of the bucket (set once joined).
         self.holders: Holders | None = None
         # Every stream on the broker: its consumers against its limit, and its
-        # messages (crewletctl status's streams line), sampled every heartbeat.
+        # messages (crewletctl status's streams line), sampled every heartbeat,
+        # every second while a stream of the cluster is without a leader or
+        # has a replica behind (a member catching up after a restart).
         self.streams: list[dict[str, Any]] | None = None
         # Each duty's last pass (status duty.<name>: crewlet.coord.duty_reports),
         # sampled with the streams.
@@ -281,7 +287,10 @@ class Fleet:
         a leak of consumers looks like before a stream refuses one (issue 10);
         and, on a cluster, its leader and the replicas not caught up with it:
         a member is back from a restart once none is behind, and only then may
-        the next one go (two current replicas of three are the quorum)."""
+        the next one go (two current replicas of three are the quorum). Until
+        then (or while the streams cannot be read) every second, so that an
+        operator waiting for it learns it within a second rather than a
+        heartbeat."""
         failing = False
         while not _cancelled():
             try:
@@ -293,7 +302,10 @@ class Fleet:
                 if not failing:
                     log.event("fleet_streams_unread", "warning", error=f"{type(exc).__name__}: {exc}")
                 failing = True
-            await asyncio.sleep(self.cfg.fleet.heartbeat)
+            settled = not failing and all(row.get("leader") and not row["behind"]
+                                          for row in self.streams or [] if "behind" in row)
+            await asyncio.sleep(self.cfg.fleet.heartbeat if settled else min(CATCH_UP_SAMPLE,
+                                                                              self.cfg.fleet.heartbeat))
 
     # -------------------------------------------------------- control plane
 

@@ -42,6 +42,7 @@ from crewlet import bus, credentials, disk, ipc, log, runtime, sysd, tokens
 from crewlet.config import ConfigError, NodeConfig
 from crewlet.watchdog import Watchdog
 from roles import broker
+from roles.broker import routes as broker_routes
 from supervisor import control, procs
 from supervisor import spec as S
 from supervisor.procs import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE, ExitInfo
@@ -91,6 +92,9 @@ class Node:
         self.disk: list[disk.Space] = []
         self.disk_watch = disk.Watch.of(cfg)
         self.broker_wounded: str | None = None
+        # While a rotation holds two fleet secrets: the one each route is
+        # dialled with, the one its member admits (roles.broker.routes).
+        self.route_dial: dict[str, str] = {}
 
     # ------------------------------------------------------------- the tree
 
@@ -130,7 +134,7 @@ class Node:
         """The embedded broker (roles.broker): ready when it answers, and is ours."""
         cfg, s = self.cfg, self.cfg.supervisor
         binary = broker.find_binary(cfg)
-        conf = broker.write_config(cfg)  # makes the broker's credentials at first start
+        conf = broker.write_config(cfg, self.route_dial)  # makes the broker's credentials at first start
         url = bus.servers_of(cfg.stream)[0]
         auth = credentials.client_options(cfg.stream, cfg.run_dir)
 
@@ -217,6 +221,12 @@ class Node:
             self._ctx.term()
 
     async def _supervise(self) -> int:
+        if self.cfg.stream.type == "embedded":
+            # Before the broker's config is written: which secret each member
+            # admits, while a rotation holds two (one URL per member, never both).
+            self.route_dial, told = await broker_routes.dial_secrets(self.cfg)
+            if told:
+                self.publish("broker_routes_asked", routes=told)
         self.root = self.build_tree()
         self.publish("node_starting", roles=self.cfg.node.roles, version=crewlet.__version__)
         starting = asyncio.create_task(self.root.start())

@@ -34,7 +34,9 @@ leaf
 
 A member's routes and leaf listener, and a leaf's remotes, carry the fleet's
 secret (``stream.fleet_credentials``; see :mod:`crewlet.credentials`): routes
-admit its user only, leaves each secret the file holds. With ``stream.tls``
+admit its user only, leaves each secret the file holds. While the file holds
+two, a member dials each other member with the one that member admits,
+asked before the broker starts (:mod:`roles.broker.routes`). With ``stream.tls``
 the client port, routes and leaf links are TLS, routes and leaves mutual.
 
 Ready also means *ours*: the server answering on ``stream.listen`` must be
@@ -129,9 +131,12 @@ def _q(value: str) -> str:
     return json.dumps(value)
 
 
-def config_lines(cfg: NodeConfig, users: dict[str, str] | None = None) -> list[str]:
+def config_lines(cfg: NodeConfig, users: dict[str, str] | None = None,
+                 dial: dict[str, str] | None = None) -> list[str]:
     """The server's config for this node, one line per entry; with *users*
-    (``{user: password}``, :mod:`crewlet.credentials`), only they are admitted."""
+    (``{user: password}``, :mod:`crewlet.credentials`), only they are admitted.
+    *dial*: ``{route URL: the secret to dial it with}`` (:mod:`roles.broker.routes`);
+    a route not in it is dialled with the secret in force."""
     stream = cfg.stream
     host, _, port = stream.listen.rpartition(":")
     lines = [
@@ -158,7 +163,9 @@ def config_lines(cfg: NodeConfig, users: dict[str, str] | None = None) -> list[s
     lines += _block("tls", _tls_lines(cfg, verify=False))  # the client port
     # The fleet's links admit only holders of its secret (crewlet.credentials):
     # routes the one in force (nats-server takes one route user), leaves each
-    # secret held; both dial with each, the one in force first.
+    # secret held. A route dials each member with one secret, the one it
+    # admits (roles.broker.routes: never both, one URL each); a leaf's remote
+    # with each, the one in force first (it tries them one at a time).
     held = credentials.fleet_secrets(stream) if stream.cluster or stream.leaf else []
     if (stream.cluster or stream.leaf) and not held:  # the config refuses it; never an open link
         raise ValueError("stream.fleet_credentials: required with stream.cluster or stream.leaf")
@@ -171,7 +178,7 @@ def config_lines(cfg: NodeConfig, users: dict[str, str] | None = None) -> list[s
                   *_indent(_user_lines(held[0]) if held else []),
                   *_indent(_block("tls", _tls_lines(cfg, verify=True))),
                   "  routes: [",
-                  *(f"    {_q(r)}" for r in credentials.dial_urls(routes, held)),
+                  *(f"    {_q(credentials.with_user(r, (dial or {}).get(r, held[0])))}" for r in routes),
                   "  ]",
                   "}"]
         if c.leaf_listen is not None:
@@ -242,8 +249,9 @@ def _client_user_lines(cfg: NodeConfig, user: str, password: str) -> list[str]:
             "    } }"]
 
 
-def write_config(cfg: NodeConfig) -> str:
-    """Write the server's config for this node; returns its path."""
+def write_config(cfg: NodeConfig, dial: dict[str, str] | None = None) -> str:
+    """Write the server's config for this node; returns its path. *dial*:
+    as :func:`config_lines` takes it."""
     if kind(cfg) != "leaf":
         private.make_dir(store_dir(cfg))
     users = credentials.ensure(cfg.run_dir)
@@ -252,7 +260,7 @@ def write_config(cfg: NodeConfig) -> str:
     fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # a leftover .tmp keeps its old mode through O_CREAT
     with open(fd, "w") as f:
-        f.write("\n".join(config_lines(cfg, users)) + "\n")
+        f.write("\n".join(config_lines(cfg, users, dial)) + "\n")
     os.replace(path + ".tmp", path)
     return path
 

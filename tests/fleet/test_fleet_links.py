@@ -21,9 +21,13 @@ import nats
 import pytest
 
 from crewlet import credentials
+from crewlet.config import NodeConfig
+from roles import broker
+from roles.broker import routes as broker_routes
 from tests.conftest import CREWLETCTL, CREWLETD, NatsServer, free_port, make_fleet_secret, wait_for
 from tests.fleet.test_cluster import make_members, retry, start_alone
 from tests.seats import node_url
+from tests.tls import make_ca, make_cert
 
 CLUSTER = "links"
 # Refusals of a rogue seen before it is checked for having joined after all:
@@ -189,6 +193,51 @@ def test_crewletctl_fleet_secret_makes_rotates_and_retires(short_tmp):
     assert credentials.read_fleet_secrets(path) == [new]
 
 
+@pytest.mark.fleet
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("over", ["plaintext", "tls"])
+def test_a_member_holding_two_secrets_dials_each_member_with_the_one_it_admits(short_tmp, tmp_path, over):
+    """A restarted member asks each other member which secret it admits and
+    dials it with that one alone (roles.broker.routes): on the old, a member
+    not yet restarted; on the new, one restarted; on the new, one down."""
+    old, new = credentials.new_fleet_secret(), credentials.new_fleet_secret()
+    path = str(tmp_path / "fleet.secret")
+    credentials.write_fleet_secrets(path, [new, old])
+    tls, tls_conf = None, ""
+    if over == "tls":  # the question is asked as a route is made: TLS, the member checking our cert
+        pki = os.path.join(short_tmp, "pki")
+        ca = make_ca(pki)
+        (cert, key), (ours, our_key) = make_cert(pki, "member", ca), make_cert(pki, "ours", ca)
+        tls = {"ca": ca[0], "cert": ours, "key": our_key}
+        tls_conf = f', tls {{ cert_file: "{cert}", key_file: "{key}", ca_file: "{ca[0]}", verify: true }}'
+    ports = [free_port(), free_port()]
+    servers = [_rogue(short_tmp, f"on-{name}", [
+        f'cluster {{ name: "{CLUSTER}", listen: "127.0.0.1:{port}", authorization '
+        f'{{ user: "{credentials.fleet_user(s)}", password: "{s}" }}{tls_conf} }}'])
+        for name, s, port in (("old", old, ports[0]), ("new", new, ports[1]))]
+    try:
+        urls = [f"nats-route://127.0.0.1:{port}" for port in ports]
+        down = f"nats-route://127.0.0.1:{free_port()}"
+        cfg = NodeConfig.model_validate({"data_dir": str(tmp_path / "d"), "node": {"id": "n1"}, "stream": {
+            "fleet_credentials": path, "tls": tls,
+            "cluster": {"name": CLUSTER, "listen": f"127.0.0.1:{free_port()}", "routes": [*urls, down]}}})
+        dial, told = asyncio.run(broker_routes.dial_secrets(cfg))
+        assert dial == {urls[0]: old, urls[1]: new, down: new}
+        assert told[urls[0]] == f"admitted: {credentials.fleet_user(old)}"
+        assert told[down] == f"down: {credentials.fleet_user(new)}"
+        # One URL per member in the config, never one per secret.
+        text = "\n".join(broker.config_lines(cfg, dial=dial)).split("routes: [", 1)[1].split("]", 1)[0]
+        assert text.count("nats-route://") == 3
+        assert f"{credentials.fleet_user(old)}:{old}@{urls[0].partition('://')[2]}" in text
+        assert f"{credentials.fleet_user(new)}:{new}@{urls[1].partition('://')[2]}" in text
+        # The question is an answer to the member, never a route: it sends no INFO.
+        wait_for(lambda: "Client Closed" in servers[0].log() and "Authentication Failure" in servers[0].log(),
+                 5, what="the member on the old secret answering the question for each")
+    finally:
+        for server in servers:
+            server.stop()
+
+
 async def _put(node, bucket: str, key: str, value: bytes, within: float) -> None:
     """A KV write through *node*'s broker, retried until *within* seconds passed
     (a stream leader election takes ~5 s when the member gone led the bucket)."""
@@ -208,6 +257,15 @@ async def _put(node, bucket: str, key: str, value: bytes, within: float) -> None
         await retry(lambda: kv.put(key, value), within, what=f"a write through {node.config['node']['id']}")
     finally:
         await nc.close()
+
+
+def _dialled(node) -> list[str]:
+    """The route URLs of *node*'s broker config, without their credentials."""
+    with open(os.path.join(node.run_dir, "nats.conf")) as f:
+        conf = f.read()
+    routes = conf.split("routes: [", 1)[1].split("]", 1)[0]
+    return sorted("nats-route://" + u.strip().strip('"').rpartition("@")[2]
+                  for u in routes.split("\n") if u.strip())
 
 
 def _replicas_current(node) -> bool:
@@ -233,14 +291,25 @@ def _restart(node, others: list) -> None:
 def test_rotating_the_fleet_secret_member_by_member_keeps_the_quorum(make_node, short_tmp):
     """README, "A fleet's links": `crewletctl fleet-secret --rotate`, members restarted
     one at a time, then `--retire` and the same again. A restarted member
-    admits only the new secret but dials with both, so it reaches the members
-    not yet restarted; two members stay routed at every step."""
+    admits only the new secret and dials each member with the one it admits
+    (asked before its broker starts), so it reaches the members not yet
+    restarted; two members stay routed, and writes are stored, at every step.
+
+    Dialling each member with both secrets (as crewlet once did) failed here
+    now and then: nats-server took the connection about to be refused for
+    the route and closed the right one as a duplicate, leaving two members
+    that gossiped each other without the route JetStream votes on; with the
+    third stopped, writes got no response for 45 s."""
     members, _ = make_members(make_node, cluster=CLUSTER)
     for node in members:
         start_alone(node)
     for node in members:
         node.wait_running(timeout=60)
     real_ports = {int(n.config["stream"]["listen"].rpartition(":")[2]) for n in members}
+
+    def others_of(node) -> list[str]:
+        return sorted(node.config["stream"]["cluster"]["routes"])
+
     asyncio.run(_put(members[0], "rotation", "before", b"1", 30))
     path = make_node.fleet_secret  # one file here; on a real fleet, a copy on each node
     old, = credentials.read_fleet_secrets(path)
@@ -254,10 +323,20 @@ def test_rotating_the_fleet_secret_member_by_member_keeps_the_quorum(make_node, 
                 node.config["stream"]["listen"].rpartition(":")[2])}, 30,
                 what=f"{node.config['node']['id']} routed to the others after the {step} restart")
             asyncio.run(_put(node, "rotation", f"{step}-{i}", b"1", 30))
+            # It dials each member with one secret, the one that member admits
+            # (never both: two URLs to one member race in nats-server and can
+            # leave the pair without the route their votes travel on).
+            assert _dialled(node) == others_of(node), _dialled(node)
+            if step == "rotate":
+                asked = node.wait_event("broker_routes_asked")["routes"]
+                assert sorted(asked) == sorted(others_of(node)), asked
+                assert all(said.startswith("admitted: ") for said in asked.values()), asked
             # And back as the README means it: no replica of any stream behind
             # (crewletctl status, "replicas current"). Stopping the next member
             # before then leaves one current replica of three, and no quorum
-            # until the lagging one has caught up (CI: 503 for over 45 s).
+            # until the lagging one has caught up. (The 503s for over 45 s CI
+            # once put down to this were the missing route; see the docstring.)
+            # The status samples every second while a replica is behind.
             try:
                 wait_for(lambda: _replicas_current(node), 60, what="replicas current")
             except AssertionError:
