@@ -30,6 +30,23 @@ def _script(name: str, module: str) -> list[str]:
     return [path] if os.access(path, os.X_OK) else [sys.executable, "-m", module]
 
 
+# ---------------------------------------------------------------- running in parallel
+# pytest-xdist runs the suite on as many workers as the machine has CPUs
+# (pyproject's addopts: -n auto --dist loadgroup). Each test file is one group,
+# so a module's nodes start once, on one worker; every test of tests/fleet is
+# the one group "fleet", so at most one fleet (three nodes, their cluster)
+# runs at a time, beside the single-node tests. Without xdist
+# (-p no:xdist, -n 0) the marks are inert and the suite runs as before.
+FLEET_GROUP = "fleet"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        group = FLEET_GROUP if path.startswith("tests/fleet/") else path
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 CREWLETD = _script("crewletd", "supervisor.crewletd")
 CREWLETCTL = _script("crewletctl", "crewlet.ctl")
 

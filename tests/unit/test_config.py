@@ -15,10 +15,12 @@ NODE0_WARNING = "node.id is unset; using node-0 — set CREWLET_NODE_ID or node.
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
+def clean_env(monkeypatch, short_tmp):
     for var in ("CREWLET_CONFIG", "CREWLET_NODE_ID", "CREWLET_DATA_DIR", "XDG_DATA_HOME", "N"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    # Short: the default data dir is under HOME, and its socket paths must fit
+    # 107 bytes (tmp_path is longer under pytest-xdist).
+    monkeypatch.setenv("HOME", os.path.join(short_tmp, "home"))
 
 
 def write(tmp_path: Path, text: str, name: str = "crewlet.yaml") -> str:
@@ -44,7 +46,7 @@ def no_system_config():
 # -- defaults -----------------------------------------------------------------
 
 
-def test_defaults_without_a_file(tmp_path):
+def test_defaults_without_a_file(short_tmp):
     no_system_config()
     cfg = load_node_config(None)
     assert cfg.source == "<defaults>"
@@ -52,22 +54,22 @@ def test_defaults_without_a_file(tmp_path):
     assert cfg.warnings == [NODE0_WARNING]
     assert cfg.node.roles == ["data", "ingress", "seats", "workers"]
     assert cfg.children() == ["data_applier", "ingress", "seats", "workers"]
-    assert cfg.data_dir == str(tmp_path / "home/.local/share/crewlet")
+    assert cfg.data_dir == os.path.join(short_tmp, "home/.local/share/crewlet")
     assert cfg.run_dir == os.path.join(cfg.data_dir, "run")
     assert cfg.stream.type == "embedded" and cfg.stream.listen == "127.0.0.1:4222"
     assert cfg.supervisor.period == 30 and cfg.supervisor.backoff_min == 0.1
     assert cfg == NodeConfig().model_copy(update={"warnings": [NODE0_WARNING]})
 
 
-def test_defaults_honour_env(monkeypatch, tmp_path):
+def test_defaults_honour_env(monkeypatch, short_tmp):
     no_system_config()
     monkeypatch.setenv("CREWLET_NODE_ID", "alpha-1")
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("XDG_DATA_HOME", os.path.join(short_tmp, "xdg"))
     cfg = load_node_config(None)
     assert cfg.node.id == "alpha-1" and cfg.warnings == []
-    assert cfg.data_dir == str(tmp_path / "xdg/crewlet")
+    assert cfg.data_dir == os.path.join(short_tmp, "xdg/crewlet")
     monkeypatch.setenv("CREWLET_DATA_DIR", "~/d")
-    assert load_node_config(None).data_dir == str(tmp_path / "home/d")
+    assert load_node_config(None).data_dir == os.path.join(short_tmp, "home/d")
 
 
 def test_crewlet_config_env_names_the_file(monkeypatch, tmp_path):

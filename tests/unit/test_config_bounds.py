@@ -84,10 +84,12 @@ def yaml_at(key: str, value) -> str:
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
+def clean_env(monkeypatch, short_tmp):
     for var in ("CREWLET_CONFIG", "CREWLET_NODE_ID", "CREWLET_DATA_DIR", "XDG_DATA_HOME"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    # Short: the default data dir is under HOME, and its socket paths must fit
+    # 107 bytes (tmp_path is longer under pytest-xdist).
+    monkeypatch.setenv("HOME", os.path.join(short_tmp, "home"))
 
 
 def numbers(model: type[BaseModel], prefix: str = "") -> list[str]:

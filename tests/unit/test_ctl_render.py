@@ -1113,8 +1113,9 @@ def estate_call(query, args):
                                                                "wait": ESTATE_TIMEOUT})
 
 
-def test_tasks(node, tmp_path):
+def test_tasks(node, tmp_path, monkeypatch):
     from crewlet.ctl.tasks import LIMIT
+    monkeypatch.setenv("COLUMNS", "200")  # the summary on one line, whatever runs the test
     node.replies["estate_read"] = {"tasks": [task_row(), task_row("T9", status="blocked")]}
     result = run(tmp_path, "tasks")
     assert result.exit_code == 0 and node.calls[-1][1:] == estate_call("task.list", {"limit": LIMIT})
