@@ -9,12 +9,15 @@ each with its deadline.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
+import httpx2
 import pytest
 import yaml
 
-from tests.browser.conftest import call, dashboard, ok, token_of
+from tests.browser.conftest import base_url, call, dashboard, ok, token_of
 from tests.conftest import wait_for
 from tests.seats import SAMPLE, held, write_company
 
@@ -26,6 +29,24 @@ FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
 FAILING = {"provider": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1",
                         "api_key_env": "CREWLET_TEST_NO_SUCH_KEY"},
            "seat": {"name": "billing", "persona": "You send the invoices.", "provider": "gone"}}
+
+
+# A seat whose task_create waits for a person (as in tests/integration/test_conversations.py).
+APPROVING = r"""
+company: {name: Front Desk}
+providers:
+  scripted:
+    kind: scripted
+    rules:
+      - match: '(?i)create a task (.+)'
+        reply: 'Created: {tools}'
+        tools:
+          - {name: task_create, args: {title: '\1'}}
+      - match: '.*'
+        reply: 'Heard you.'
+seats:
+  - {name: clerk, persona: You file tasks., provider: scripted, approval: [task_create]}
+"""
 
 
 def sample_with_failing_seat(dir: str) -> str:
@@ -226,3 +247,156 @@ def test_sign_in_refuses_a_wrong_token_and_every_text_is_escaped(make_node, page
 
     # And the API itself refuses the wrong token the page was refused with.
     assert call(node, "GET", "/v1/fleet", token="not-the-token")[0] == 401
+
+
+def test_pending_approvals_are_approved_and_denied_from_the_page(make_node, page):
+    node = make_node(fleet=FAST, sessions={"sweep": 0.5}, approvals={"ttl": 600})
+    path = os.path.join(node.dir, "company.yaml")
+    with open(path, "w") as f:
+        f.write(APPROVING)
+    node.start(args=("--company", path))
+    wait_for(lambda: held(node).get("clerk") == "t1", 30, what="seat clerk held")
+    http = httpx2.Client(base_url=base_url(node), timeout=60, trust_env=False,
+                         headers={"Authorization": f"Bearer {token_of(node)}"})
+
+    def api(method: str, path: str, status: int = 200, **kw):
+        r = http.request(method, path, **kw)
+        assert r.status_code == status, (method, path, r.status_code, r.text)
+        return r.json()
+
+    def conversation(conv: str) -> dict:
+        return api("GET", f"/v1/conversations/{conv}", params={"limit": 500})
+
+    def awaiting(title: str) -> tuple[str, dict]:
+        """A conversation with clerk asked to create a task *title*: (its id, its pending approval)."""
+        conv = api("POST", "/v1/conversations", 201, json={"seat": "clerk"})["id"]
+        api("POST", f"/v1/conversations/{conv}/runs", 202, json={"input": f"create a task {title}"})
+        wait_for(lambda: conversation(conv)["conversation"]["status"] == "awaiting_approval", 30,
+                 what=f"conversation {conv} awaiting approval")
+        approval = api("GET", f"/v1/approvals/{conversation(conv)['conversation']['approval']}")
+        assert approval["status"] == "pending" and approval["args"] == {"title": title}, approval
+        return conv, approval
+
+    def tasks_titled(title: str) -> int:
+        return sum(t["title"] == title for t in api("GET", "/v1/tasks", params={"limit": 500})["items"])
+
+    def hold_decisions():
+        """Hold every decision the page POSTs until released: the routes held."""
+        routes: list = []
+        page.route(lambda url: "/v1/approvals/" in url, lambda route: (
+            routes.append(route) if route.request.method == "POST" else route.continue_()))
+        return routes
+
+    def until(condition, what: str, timeout: float = 10.0):
+        """*condition* true within *timeout* s, Playwright's events dispatched meanwhile."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+            page.evaluate("0")
+
+    try:
+        expect = open_dashboard(page, node)
+        expect(page.get_by_test_id("approvals-empty")).to_be_visible()
+        expect(page.get_by_test_id("tile-approvals")).to_have_attribute("data-kind", "ok")
+
+        # ---- 1. One pending approval, shown in full (its arguments as text), then approved.
+        title = 'ship <b>v2</b> & "tell" them'
+        conv, first = awaiting(title)
+        item = page.get_by_test_id(f"approval-{first['id']}")
+        expect(item).to_be_visible()   # by the page's own reading: every 5 s, or on the run's turn
+        expect(item.get_by_test_id("approval-seat")).to_have_text("clerk")
+        expect(item.get_by_test_id("approval-tool")).to_have_text("task_create")
+        expect(item.get_by_test_id("approval-args")).to_have_text(json.dumps({"title": title}, indent=2))
+        expect(item.get_by_test_id("approval-conversation")).to_have_text(conv)
+        expect(item.get_by_test_id("approval-expires")).to_have_text("expires in 9 min")
+        assert item.locator("b").count() == 0   # the arguments are text, not markup
+        expect(page.get_by_test_id("approvals-count")).to_have_text("1")
+        expect(page.get_by_test_id("tile-approvals")).to_have_attribute("data-kind", "warn")
+        expect(page.locator("#sum-approvals")).to_have_text("1")
+        assert tasks_titled(title) == 0
+
+        posts = hold_decisions()
+        approve, deny = item.get_by_role("button", name="Approve"), item.get_by_role("button", name="Deny")
+        approve.click()
+        # While the request is in flight, neither button can be pressed again.
+        expect(approve).to_be_disabled()
+        expect(deny).to_be_disabled()
+        expect(approve).to_have_text("Approving…")
+        until(lambda: posts, "the approval POSTed")
+        posts[0].continue_()
+        expect(item).to_have_count(0)
+        expect(page.get_by_test_id("approvals-result")).to_contain_text("Approved: clerk's call to task_create")
+        expect(page.get_by_test_id("approvals-count")).to_be_hidden()
+        expect(page.get_by_test_id("approvals-empty")).to_be_visible()
+        decided = api("GET", f"/v1/approvals/{first['id']}")
+        assert decided["status"] == "decided" and decided["decision"] == "approve", decided
+        wait_for(lambda: conversation(conv)["conversation"]["status"] == "idle", 30, what="resumed after approval")
+        assert tasks_titled(title) == 1
+        page.unroute_all()
+
+        # ---- 2. Denied with a note: a network failure first (said in place), then for real.
+        title = "rewrite everything in COBOL"
+        conv, second = awaiting(title)
+        item = page.get_by_test_id(f"approval-{second['id']}")
+        expect(item).to_be_visible()
+        note = "not this sprint <i>sorry</i>"
+        item.get_by_label("Note").fill(note)
+        page.route(lambda url: "/v1/approvals/" in url, lambda route: (
+            route.abort() if route.request.method == "POST" else route.continue_()))
+        deny = item.get_by_role("button", name="Deny")
+        deny.click()
+        message = item.get_by_test_id("approval-message")
+        expect(message).to_contain_text("Not decided: the node did not answer")
+        expect(message).to_have_attribute("data-kind", "bad")
+        expect(deny).to_be_enabled()
+        expect(deny).to_have_text("Deny")
+        expect(item.get_by_label("Note")).to_have_value(note)
+        assert api("GET", f"/v1/approvals/{second['id']}")["status"] == "pending"
+        page.unroute_all()
+        deny.click()
+        expect(item).to_have_count(0)
+        expect(page.get_by_test_id("approvals-result")).to_contain_text("Denied: clerk's call to task_create")
+        decided = api("GET", f"/v1/approvals/{second['id']}")
+        assert (decided["status"], decided["decision"], decided["note"]) == ("decided", "deny", note), decided
+        wait_for(lambda: conversation(conv)["conversation"]["status"] == "idle", 30, what="resumed after denial")
+        tools = [m for m in conversation(conv)["messages"] if m["role"] == "tool"]
+        assert tools[-1]["error"] and "denied" in tools[-1]["text"] and note in tools[-1]["text"], tools[-1]
+        assert tasks_titled(title) == 0
+        # The Conversations tab tells the same.
+        page.get_by_test_id("tab-convs").click()
+        page.get_by_test_id(f"conv-row-{conv}").click()
+        expect(page.get_by_test_id("conv-detail-status")).to_have_attribute("data-status", "idle")
+        last_tool = page.locator("[data-testid=conv-message][data-role=tool]").last
+        expect(last_tool).to_have_attribute("data-error", "true")
+        expect(last_tool).to_contain_text("denied")
+        expect(last_tool).to_contain_text(note)   # as text
+        assert page.locator("#conv-detail i").count() == 0
+        expect(page.get_by_test_id("conv-detail")).not_to_contain_text("null")
+
+        # ---- 3. Decided by someone else while this page's decision was on its way: a 409, said in place.
+        conv, third = awaiting("order more chairs")
+        item = page.get_by_test_id(f"approval-{third['id']}")
+        expect(item).to_be_visible()
+        posts = hold_decisions()
+        item.get_by_role("button", name="Approve").click()
+        until(lambda: posts, "the approval POSTed")
+        api("POST", f"/v1/approvals/{third['id']}", json={"decision": "deny", "note": "someone else"})
+        # The page reads the list meanwhile: it is not pending any more, but the item being decided stays.
+        page.get_by_test_id("approvals").get_by_role("button", name="Refresh", exact=True).click()
+        expect(page.get_by_test_id("approvals-count")).to_be_hidden()
+        expect(item).to_be_visible()
+        expect(item.get_by_role("button", name="Approve")).to_be_disabled()
+        posts[0].continue_()
+        message = item.get_by_test_id("approval-message")
+        expect(message).to_contain_text("Already decided: it was denied by api:")
+        expect(message).to_contain_text("Yours was not recorded")
+        expect(item).to_have_attribute("data-state", "settled")
+        expect(item.get_by_test_id("approval-expires")).to_have_text("no longer waiting")
+        expect(item.get_by_role("button", name="Approve")).to_have_count(0)
+        expect(page.get_by_test_id("approvals-count")).to_be_hidden()   # it is not waiting any more
+        item.get_by_role("button", name="Dismiss").click()
+        expect(item).to_have_count(0)
+        assert api("GET", f"/v1/approvals/{third['id']}")["decision"] == "deny"
+        assert tasks_titled("order more chairs") == 0
+    finally:
+        http.close()

@@ -7,8 +7,10 @@
  *     read with fetch (EventSource cannot send an Authorization header): a
  *     `snapshot` replaces everything, every other event is a change to apply;
  *     after a drop it reconnects with Last-Event-ID, backing off;
- *   - tasks, pages, search and dead letters are read when shown;
- *   - requeue and mail are POSTs.
+ *   - tasks, pages, search, conversations and dead letters are read when shown;
+ *   - pending approvals are read every few seconds, and soon after a
+ *     conversation run's turn shows in the feed (they are not on it);
+ *   - requeue, mail and an approval's decision are POSTs.
  *
  * Every piece of data reaches the page through textContent or setAttribute,
  * never as HTML.
@@ -22,7 +24,13 @@
   const EXCERPT = 220;             // characters of a reply shown in the feed
   const BACKOFF_MAX = 30000;       // ms between reconnects, at most
   const SILENT_MAX = 45000;        // ms without a byte (keepalives come every 15 s): reconnect
-  const PAGE = 50;                 // rows asked per page of tasks, pages, dead letters
+  const PAGE = 50;                 // rows asked per page of tasks, pages, dead letters, conversations
+  const APPROVALS_PAGE = 100;      // pending approvals read at once (oldest first)
+  const APPROVALS_EVERY = 5000;    // ms between reads of the pending approvals
+  const EXPIRY_SOON = 300;         // seconds left from which an approval's expiry shows amber
+  const NOTE_MAX = 2000;           // characters of a decision's note (the API's limit)
+  const CONV_MESSAGES = 500;       // messages of a conversation read at once
+  const RUN_TRIGGER = "run=";      // a conversation run's turn: its trigger's start
 
   const $ = (id) => document.getElementById(id);
 
@@ -243,10 +251,11 @@
   // ------------------------------------------------------------------ API
 
   class ApiError extends Error {
-    constructor(status, code, detail) {
+    constructor(status, code, detail, body) {
       super(detail);
       this.status = status;
       this.code = code;
+      this.body = body || null;   // the problem+json answer, its extra fields included
     }
   }
 
@@ -271,7 +280,8 @@
     if (!response.ok) {
       const detail = (data && typeof data.detail === "string" && data.detail) ||
         `${response.status} ${response.statusText}`;
-      const error = new ApiError(response.status, data && data.code, detail);
+      const error = new ApiError(response.status, data && data.code, detail,
+        data && typeof data === "object" ? data : null);
       if (response.status === 401 && with_token === token) signedOut("refused");
       throw error;
     }
@@ -336,6 +346,7 @@
       for (const t of (d.turns || []).slice().reverse()) keepTurn(t);
       schedule("all");
       refreshDeadLetters();
+      refreshApprovals();
     },
     turn(d) {
       keepTurn(d);
@@ -343,6 +354,11 @@
       const tools = (d.tool_calls || []).map((c) => String(c.name || ""));
       if (tools.some((n) => n.startsWith("task_"))) softRefresh("tasks");
       if (tools.some((n) => n.startsWith("page_"))) softRefresh("pages");
+      // A conversation run's turn: it may have asked for an approval, or resumed after one.
+      if (String(d.trigger || "").startsWith(RUN_TRIGGER)) {
+        approvalsSoon();
+        softRefresh("convs");
+      }
     },
     node(d) {
       const old = S.nodes.get(d.id) || {};
@@ -634,6 +650,8 @@
     const panel = currentTab();
     if (panel === "tasks") loadTasks(true);
     if (panel === "pages") loadPages(true);
+    if (panel === "convs") loadConversations(true);
+    refreshApprovals();
   }
 
   // ------------------------------------------------------------------ rendering
@@ -663,7 +681,15 @@
     setText($("company-rev"), c ? `revision ${c.rev}` : "");
     $("company-rev").title = c ? `revision ${c.rev}, epoch ${c.epoch}, digest ${c.digest}` : "";
     setText($("via"), S.node ? `answered by node ${S.node}` : "");
-    document.title = c ? `${c.name} · crewlet` : "crewlet dashboard";
+    document.title = pageTitle();
+  }
+
+  /** The company, and how many approvals wait (seen from another browser tab). */
+  function pageTitle() {
+    const c = S.company;
+    const base = c ? `${c.name} · crewlet` : "crewlet dashboard";
+    const waiting = pendingShown().length;
+    return waiting ? `(${waiting}) ${base}` : base;
   }
 
   // -- fleet
@@ -935,8 +961,8 @@
 
   // ------------------------------------------------------------------ tabs
 
-  const TABS = ["dlq", "tasks", "pages"];
-  const loaded = { tasks: false, pages: false };
+  const TABS = ["dlq", "convs", "tasks", "pages"];
+  const loaded = { tasks: false, pages: false, convs: false };
 
   function currentTab() {
     return TABS.find((t) => $(`tab-${t}`).getAttribute("aria-selected") === "true");
@@ -953,6 +979,7 @@
     }
     if (name === "tasks" && !loaded.tasks) loadTasks(true);
     if (name === "pages" && !loaded.pages) loadPages(true);
+    if (name === "convs" && !loaded.convs) loadConversations(true);
     if (name === "dlq") refreshDeadLetters();
   }
 
@@ -965,6 +992,10 @@
       soft[what] = null;
       if (what === "tasks") loadTasks(true);
       if (what === "pages" && !searching) loadPages(true);
+      if (what === "convs") {
+        loadConversations(true);
+        if (convs.chosen) openConversation(convs.chosen, true);
+      }
     }, 1000);
   }
 
@@ -1048,6 +1079,381 @@
       setText(button, "Requeue");
     }
     refreshDeadLetters();
+  }
+
+  // ------------------------------------------------------------------ approvals
+
+  /* A seat's tool call that needs a person (the company's `approval:` on the
+   * seat) ends its run and waits here, its conversation `awaiting_approval`;
+   * the decision resumes the conversation as a new run, on whichever node
+   * holds the seat. Approvals are not on the live feed: they are read every
+   * APPROVALS_EVERY ms, and soon after a conversation run's turn shows in it. */
+  const approvals = {
+    rows: [],              // pending, as last read: oldest first
+    next: null,            // more pending past this page
+    read: false,           // read once at least
+    loading: null, again: false, soon: null,
+    cache: new Map(),      // reconcile's: id -> {el, sig}
+    parts: new Map(),      // id -> that item's controls
+    done: new Set(),       // decided from this page: never shown again, whatever a slower read says
+    deciding: new Map(),   // id -> row: a decision in flight; shown until it is answered, whatever a read says
+    kept: new Map(),       // id -> row: decided elsewhere, or gone; kept in place, saying so, until dismissed
+  };
+
+  function refreshApprovals() {
+    if (!token) return;
+    if (approvals.loading) {
+      approvals.again = true;
+      return;
+    }
+    approvals.loading = loadApprovals().finally(() => {
+      approvals.loading = null;
+      if (approvals.again) {
+        approvals.again = false;
+        refreshApprovals();
+      }
+    });
+  }
+
+  /** Read them again shortly, however many turns asked. */
+  function approvalsSoon() {
+    if (approvals.soon) return;
+    approvals.soon = setTimeout(() => {
+      approvals.soon = null;
+      refreshApprovals();
+    }, 300);
+  }
+
+  async function loadApprovals() {
+    const note = $("approvals-status");
+    try {
+      const page = await api(`/v1/approvals?status=pending&limit=${APPROVALS_PAGE}`);
+      approvals.rows = page.items || [];
+      approvals.next = page.next;
+      approvals.read = true;
+      note.dataset.kind = "";
+      setText(note, "");
+    } catch (e) {
+      if (e.status === 401) return;
+      note.dataset.kind = "bad";
+      setText(note, (approvals.read ? "The approvals could not be read again just now; this is the list as last read. "
+        : "The approvals could not be read. ") + problemText(e));
+    }
+    renderApprovals();
+  }
+
+  /** The pending ones shown: not those decided here, nor those kept with a word. */
+  function pendingShown() {
+    return approvals.rows.filter((a) => !approvals.done.has(a.id) && !approvals.kept.has(a.id));
+  }
+
+  function renderApprovals() {
+    const byId = new Map(pendingShown().map((a) => [a.id, a]));
+    for (const [id, a] of approvals.deciding) byId.set(id, a);
+    for (const [id, a] of approvals.kept) byId.set(id, a);
+    const shown = [...byId.values()]
+      .sort((a, b) => (a.seq || 0) - (b.seq || 0) || String(a.id).localeCompare(String(b.id)));
+    reconcile($("approvals-list"), approvals.cache, shown, (a) => a.id, (a) => a.id, buildApproval);
+    for (const id of [...approvals.parts.keys()]) if (!approvals.cache.has(id)) approvals.parts.delete(id);
+    $("approvals-empty").hidden = shown.length > 0 || !approvals.read;
+    $("approvals-more").hidden = !approvals.next;
+    renderApprovalCount();
+  }
+
+  function renderApprovalCount() {
+    const n = pendingShown().length;
+    const value = `${n}${approvals.next ? "+" : ""}`;
+    if (!approvals.read) tile("approvals", "unknown", "—", "");
+    else tile("approvals", n ? "warn" : "ok", value, n ? (n === 1 ? "tool call waits for you" : "tool calls wait for you") : "none waiting");
+    const badge = $("approvals-count");
+    setText(badge, n ? value : "");
+    badge.hidden = !n;
+    $("approvals").dataset.kind = n ? "warn" : "";
+    document.title = pageTitle();
+  }
+
+  /** When a pending approval expires, kept fresh by the ticker. */
+  function expiry(ts) {
+    if (typeof ts !== "number" || !isFinite(ts)) return el("span", { class: "muted" }, "no expiry");
+    const node = el("time", {
+      class: "expiry", "data-ts": ts, "data-expires": "", datetime: new Date((ts - skew) * 1000).toISOString(),
+      title: "expires " + absolute(ts), "data-testid": "approval-expires",
+    });
+    showExpiry(node, ts);
+    return node;
+  }
+
+  function showExpiry(node, ts) {
+    const left = ts - now();
+    let text;
+    if (left >= 1) text = "expires in " + span(left);
+    else if (left > -5) text = "expires now";
+    else text = `expired ${span(-left)} ago`;
+    setText(node, text);
+    const kind = left < 0 ? "bad" : left < EXPIRY_SOON ? "warn" : "";
+    if (node.dataset.kind !== kind) node.dataset.kind = kind;
+  }
+
+  function buildApproval(a) {
+    const id = String(a.id);
+    const titleId = `approval-${id}-title`;
+    const noteId = `approval-${id}-note`;
+    const argsId = `approval-${id}-args`;
+    const args = a.args === undefined ? "(no arguments)" : JSON.stringify(a.args, null, 2);
+    const approve = el("button", {
+      type: "button", class: "primary", "data-testid": "approve", "aria-label": `Approve ${a.seat}'s call to ${a.tool}`,
+    }, "Approve");
+    const deny = el("button", {
+      type: "button", class: "danger", "data-testid": "deny", "aria-label": `Deny ${a.seat}'s call to ${a.tool}`,
+    }, "Deny");
+    const note = el("input", {
+      id: noteId, type: "text", maxlength: NOTE_MAX, autocomplete: "off", spellcheck: "true",
+      "data-testid": "approval-note", placeholder: "why not, if you deny it",
+    });
+    const message = el("p", { class: "result", role: "status", "aria-live": "polite", "data-testid": "approval-message" });
+    const actions = el("div", { class: "approval-actions" },
+      el("label", { for: noteId }, "Note ", el("span", { class: "muted small" }, "(optional; a denial's note is told to the seat)")),
+      el("div", { class: "approval-buttons" }, note, approve, deny));
+    const facts = el("dl", { class: "facts" });
+    const fact = (term, ...value) => facts.append(el("dt", {}, term), el("dd", {}, ...value));
+    fact("Conversation", el("button", {
+      type: "button", class: "link", "data-testid": "approval-conversation", title: "Show this conversation",
+      onclick: () => showConversation(a.conversation),
+    }, a.conversation), el("span", { class: "muted small" }, ` · run ${a.run}`));
+    fact("Asked", when(a.requested_at));
+    const expires = expiry(a.expires_at);
+    const item = el("li", {
+      class: "approval", "data-testid": `approval-${id}`, "data-approval": id, "data-seat": a.seat,
+      "data-tool": a.tool, "data-state": "pending", "aria-labelledby": titleId,
+    },
+    el("div", { class: "approval-head" },
+      el("h3", { id: titleId },
+        el("span", { "data-testid": "approval-seat" }, a.seat), " wants to call ",
+        el("code", { class: "tool", "data-testid": "approval-tool" }, a.tool)),
+      el("span", { class: "grow" }),
+      expires),
+    facts,
+    el("p", { class: "args-label", id: argsId }, "Its arguments, exactly as the call would run:"),
+    el("pre", { class: "args", "data-testid": "approval-args", tabindex: "0", "aria-labelledby": argsId }, args),
+    actions,
+    message);
+    const parts = { item, approve, deny, note, message, actions, expires, busy: false };
+    approve.addEventListener("click", () => decide(a, "approve"));
+    deny.addEventListener("click", () => decide(a, "deny"));
+    approvals.parts.set(id, parts);
+    return item;
+  }
+
+  async function decide(a, decision) {
+    const p = approvals.parts.get(a.id);
+    if (!p || p.busy) return;
+    p.busy = true;
+    approvals.deciding.set(a.id, a);
+    const text = p.note.value.trim();
+    const approving = decision === "approve";
+    p.approve.disabled = true;
+    p.deny.disabled = true;
+    p.note.readOnly = true;
+    setText(approving ? p.approve : p.deny, approving ? "Approving…" : "Denying…");
+    p.item.setAttribute("aria-busy", "true");
+    p.message.dataset.kind = "";
+    setText(p.message, approving ? "Sending the approval…" : "Sending the denial…");
+    try {
+      await api(`/v1/approvals/${encodeURIComponent(a.id)}`, {
+        method: "POST", body: text ? { decision, note: text } : { decision },
+      });
+      approvals.done.add(a.id);
+      approvals.deciding.delete(a.id);
+      const result = $("approvals-result");
+      result.dataset.kind = "ok";
+      setText(result, approving
+        ? `Approved: ${a.seat}'s call to ${a.tool} runs now, exactly as it was shown, and conversation ${a.conversation} goes on.`
+        : `Denied: ${a.seat}'s call to ${a.tool} will not run. The seat is told` +
+          (text ? ` (with your note “${excerpt(text, 120)}”)` : "") + `, and conversation ${a.conversation} goes on.`);
+      leave(p, () => renderApprovals());
+      softRefresh("convs");
+    } catch (e) {
+      approvals.deciding.delete(a.id);
+      p.item.removeAttribute("aria-busy");
+      if (e.status === 409 || e.status === 404) {
+        settle(a, p, e);
+      } else {
+        p.busy = false;
+        p.approve.disabled = false;
+        p.deny.disabled = false;
+        p.note.readOnly = false;
+        setText(p.approve, "Approve");
+        setText(p.deny, "Deny");
+        p.message.dataset.kind = "bad";
+        setText(p.message, `Not decided: ${problemText(e)}` + (e.status === 0
+          ? " It may or may not have reached the node: sending the same decision again is safe." : ""));
+        renderApprovals();  // decided elsewhere meanwhile, a read may have left it out
+      }
+    }
+  }
+
+  /** *change* takes an item away: the focus, if it was in it, goes to the panel's heading. */
+  function leave(p, change) {
+    const focused = document.activeElement;
+    const inside = !focused || focused === document.body || p.item.contains(focused);
+    change();
+    if (inside && !p.item.isConnected) $("approvals-title").focus();
+  }
+
+  /** Someone else decided it, or it is gone: said in place, until dismissed. */
+  function settle(a, p, e) {
+    approvals.kept.set(a.id, a);
+    p.item.dataset.state = "settled";
+    p.expires.replaceWith(el("span", { class: "muted small", "data-testid": "approval-expires" }, "no longer waiting"));
+    p.message.dataset.kind = "bad";
+    setText(p.message, settledText(e));
+    const dismiss = el("button", {
+      type: "button", class: "ghost", "data-testid": "dismiss", "aria-label": `Dismiss the approval of ${a.seat}'s call to ${a.tool}`,
+    }, "Dismiss");
+    dismiss.addEventListener("click", () => leave(p, () => {
+      approvals.kept.delete(a.id);
+      renderApprovals();
+    }));
+    p.actions.replaceChildren(el("div", { class: "approval-buttons" }, dismiss));
+    renderApprovals();
+    dismiss.focus();
+  }
+
+  function settledText(e) {
+    if (e.status === 404) return `This approval is no longer there, so nothing was decided (${e.message}).`;
+    const b = e.body || {};
+    const at = typeof b.decided_at === "number" ? `, ${ago(b.decided_at)}` : "";
+    if (b.decision && b.expired) {
+      return `Already decided: it expired${at} before anyone decided, and the seat was told it was denied. Yours was not recorded.`;
+    }
+    if (b.decision) {
+      return `Already decided: it was ${b.decision === "approve" ? "approved" : "denied"}` +
+        `${b.by ? " by " + b.by : ""}${at}. Yours was not recorded.`;
+    }
+    if (typeof b.expires_at === "number") {
+      return `Too late to approve: it expired ${ago(b.expires_at)}; the seat will be told it was denied.`;
+    }
+    return `It could not be decided: ${e.message}`;
+  }
+
+  // ------------------------------------------------------------------ conversations
+
+  const CONV_KINDS = {
+    idle: ["unknown", "Idle", "no run now: it waits for the next message"],
+    running: ["ok", "Running", "a run is working on it now"],
+    awaiting_approval: ["warn", "Awaiting approval", "a tool call waits for a person's decision (see Approvals)"],
+    error: ["bad", "Error", "its last run failed"],
+  };
+  const RUN_KINDS = { queued: "info", running: "ok", completed: "unknown", failed: "bad", interrupted: "warn" };
+  const convs = { rows: [], next: null, request: 0, chosen: null, opening: 0 };
+
+  function convPill(status) {
+    const [kind, label, why] = CONV_KINDS[status] || ["unknown", humanize(status || "unknown"), null];
+    return pill(kind, label, why);
+  }
+
+  async function loadConversations(fresh) {
+    loaded.convs = true;
+    const request = ++convs.request;
+    const status = $("conv-status").value;
+    let path = `/v1/conversations?limit=${PAGE}` + (status ? `&status=${encodeURIComponent(status)}` : "");
+    if (!fresh && convs.next) path += `&cursor=${encodeURIComponent(convs.next)}`;
+    const note = $("convs-status");
+    if (fresh && !convs.rows.length) setText(note, "Loading conversations…");
+    try {
+      const page = await api(path);
+      if (request !== convs.request) return;
+      convs.rows = fresh ? page.items : convs.rows.concat(page.items);
+      convs.next = page.next;
+      note.dataset.kind = "";
+      setText(note, convs.rows.length ? "" : (status ? `No conversation is ${(CONV_KINDS[status] || [0, status])[1].toLowerCase()}.` : "No conversations yet."));
+      renderConversations();
+    } catch (e) {
+      if (request !== convs.request) return;
+      note.dataset.kind = "bad";
+      setText(note, "The conversations could not be read: " + problemText(e));
+    }
+  }
+
+  function renderConversations() {
+    $("convs-list").replaceChildren(...convs.rows.map((c) => el("li", {},
+      el("button", {
+        type: "button", class: "item" + (convs.chosen === c.id ? " chosen" : ""), "data-testid": `conv-row-${c.id}`,
+        "data-status": c.status, "aria-pressed": convs.chosen === c.id ? "true" : "false",
+        onclick: () => openConversation(c.id, false),
+      },
+      el("span", { class: "item-title" }, `with ${c.seat}`),
+      convPill(c.status),
+      el("span", { class: "item-meta muted small" }, c.id, c.run ? "" : " · no run yet", " · ",
+        when(c.updated_at || c.created_at))))));
+    $("convs-more").hidden = !convs.next;
+  }
+
+  /** The Conversations tab, showing conversation *id*. */
+  function showConversation(id) {
+    selectTab("convs", false);
+    openConversation(id, false);
+    $("tab-convs").scrollIntoView({ behavior: "smooth", block: "start" });
+  }
+
+  const ROLE_NAMES = { user: "Person", assistant: null, tool: "Tool result", system: "System" };
+
+  function buildMessage(m, seat) {
+    const who = m.role === "assistant" ? seat : (ROLE_NAMES[m.role] || humanize(m.role));
+    const kind = m.role === "tool" ? (m.error ? "bad" : "ok") : m.role === "user" ? "info" : "unknown";
+    return el("li", { class: `message ${kind}`, "data-testid": "conv-message", "data-role": m.role, "data-error": m.error ? "true" : "false" },
+      el("div", { class: "muted small" },
+        el("strong", { class: "message-who" }, who),
+        m.role === "tool" && m.name ? [" of ", el("code", {}, m.name)] : null,
+        m.role === "tool" && m.error ? el("span", { class: "bad-text" }, " (not run, or failed)") : null,
+        " · ", when(m.at)),
+      m.text ? el("div", { class: "body" }, m.text) : null,
+      (m.calls || []).map((c) => el("div", { class: "call" },
+        el("span", { class: "muted small" }, "Calls "), el("code", {}, c.name),
+        el("pre", { class: "args" }, JSON.stringify(c.args, null, 2)))));
+  }
+
+  async function openConversation(id, quiet) {
+    convs.chosen = id;
+    const opening = ++convs.opening;
+    for (const b of document.querySelectorAll("#convs-list .item")) {
+      const on = b.dataset.testid === `conv-row-${id}`;
+      b.classList.toggle("chosen", on);
+      b.setAttribute("aria-pressed", on ? "true" : "false");
+    }
+    const box = $("conv-detail");
+    if (!quiet) box.replaceChildren(el("p", { class: "muted" }, `Loading ${id}…`));
+    try {
+      const d = await api(`/v1/conversations/${encodeURIComponent(id)}?limit=${CONV_MESSAGES}`);
+      if (convs.chosen !== id || opening !== convs.opening) return;
+      const c = d.conversation;
+      const facts = el("dl", { class: "facts" });
+      const fact = (term, ...value) => facts.append(el("dt", {}, term), el("dd", {}, ...value));
+      fact("Status", el("span", { "data-testid": "conv-detail-status", "data-status": c.status }, convPill(c.status)));
+      fact("Seat", c.seat);
+      if (d.run) fact("Run", el("code", {}, d.run.id), " ", pill(RUN_KINDS[d.run.status] || "unknown", humanize(d.run.status)));
+      if (c.status === "awaiting_approval" && c.approval) {
+        fact("Awaits", el("button", {
+          type: "button", class: "link", onclick: () => $("approvals").scrollIntoView({ behavior: "smooth", block: "start" }),
+        }, `a decision on approval ${c.approval}`), el("span", { class: "muted small" }, " (see Approvals)"));
+      }
+      fact("Started", c.created_by ? `by ${c.created_by}, ` : "", when(c.created_at));
+      if (c.metadata && Object.keys(c.metadata).length) fact("Metadata", el("code", {}, JSON.stringify(c.metadata)));
+      const messages = d.messages || [];
+      const old = box.querySelector(".messages");
+      const list = el("ol", { class: "messages", "data-testid": "conv-messages" }, messages.map((m) => buildMessage(m, c.seat)));
+      box.replaceChildren();
+      append(box, [
+        el("h3", { "data-testid": "conv-detail-title" }, `Conversation with ${c.seat} `, el("span", { class: "muted" }, c.id)),
+        facts,
+        el("h4", {}, `Messages (${messages.length}${d.next ? "+" : ""})`),
+        messages.length ? list : el("p", { class: "muted" }, "None yet."),
+        d.next ? el("p", { class: "muted small" }, `The first ${messages.length} are shown.`) : null]);
+      if (quiet && old) list.scrollTop = old.scrollTop;
+    } catch (e) {
+      if (convs.chosen !== id || opening !== convs.opening) return;
+      box.replaceChildren(el("p", { class: "bad-text" }, `Conversation ${id} could not be read: ${problemText(e)}`));
+    }
   }
 
   // ------------------------------------------------------------------ tasks
@@ -1312,7 +1718,8 @@
 
   function tick() {
     for (const t of document.querySelectorAll("time[data-ts]")) {
-      setText(t, (t.dataset.prefix || "") + ago(Number(t.dataset.ts)));
+      if ("expires" in t.dataset) showExpiry(t, Number(t.dataset.ts));
+      else setText(t, (t.dataset.prefix || "") + ago(Number(t.dataset.ts)));
     }
     showReconnecting();
   }
@@ -1358,11 +1765,28 @@
     $("pages-refresh").addEventListener("click", () => (searching ? $("search-form").requestSubmit() : loadPages(true)));
     $("pages-more").addEventListener("click", () => loadPages(false));
     $("mail-form").addEventListener("submit", sendMail);
+    $("approvals-refresh").addEventListener("click", refreshApprovals);
+    $("conv-status").addEventListener("change", () => loadConversations(true));
+    $("convs-refresh").addEventListener("click", () => {
+      loadConversations(true);
+      if (convs.chosen) openConversation(convs.chosen, true);
+    });
+    $("convs-more").addEventListener("click", () => loadConversations(false));
     setInterval(tick, 1000);
-    // Dead letters are not on the live feed: look again now and then while they are shown.
+    // Dead letters and conversations are not on the live feed: look again now and then while shown.
     setInterval(() => {
-      if (token && S.live && currentTab() === "dlq" && document.visibilityState === "visible") refreshDeadLetters();
+      if (!token || !S.live || document.visibilityState !== "visible") return;
+      if (currentTab() === "dlq") refreshDeadLetters();
+      if (currentTab() === "convs") softRefresh("convs");
     }, 10000);
+    // Nor are approvals, which someone is waiting on: read them often, and on coming back to the page.
+    const approvalsDue = () => token && !$("main").hidden && document.visibilityState === "visible";
+    setInterval(() => {
+      if (approvalsDue()) refreshApprovals();
+    }, APPROVALS_EVERY);
+    document.addEventListener("visibilitychange", () => {
+      if (approvalsDue()) refreshApprovals();
+    });
   }
 
   function boot() {
