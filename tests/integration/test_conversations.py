@@ -379,3 +379,20 @@ def test_a_resumption_runs_on_the_company_revision_its_run_pinned(api):
     # A new run pins the revision in force.
     r, events = api.stream(f"/v1/conversations/{api.conversation()}/runs", {"input": "create a task x", "stream": True})
     assert events[-1][2]["reply"].startswith("Changed:")
+
+
+def test_listings_page_through_everything_once(api):
+    convs = {api.conversation() for _ in range(3)}
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = api.ok("GET", "/v1/conversations", params={"seat": "ceo", "limit": 2,
+                                                          **({"cursor": cursor} if cursor else {})})
+        seen += [c["id"] for c in page["items"]]
+        pages += 1
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert len(seen) == len(set(seen)) and convs <= set(seen) and pages >= 2
+    everything = api.ok("GET", "/v1/conversations", params={"seat": "ceo", "limit": 500})["items"]
+    assert [c["id"] for c in everything] == seen  # newest first, the same order
+    problem(api.http.get("/v1/conversations", params={"cursor": "garbage"}), 400, "bad_cursor")

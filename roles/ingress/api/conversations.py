@@ -174,6 +174,20 @@ async def _call(call):
         raise Problem(503, "runs_unavailable", str(exc), headers={"Retry-After": "2"}) from None
 
 
+async def _listing(f: Front, query: str, args: dict[str, Any], rows: str, resume: str,
+                   cursor: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of estate listing *query* (*args* without the unset ones),
+    resumed where *cursor* says (the query's *resume* argument): its *rows*
+    and the cursor of the next page (None on the last)."""
+    args = {k: v for k, v in args.items() if v is not None}
+    position = decode_cursor(cursor, resume)
+    if position:
+        args[resume] = seq_at(position, resume)
+    page = await _call(_conductor(f).read(query, args))
+    nxt = page.get("next")
+    return page.get(rows) or [], encode_cursor({resume: nxt}) if nxt else None
+
+
 # ---------------------------------------------------------------- conversations
 
 @router.post("/conversations", status_code=201, response_model=Conversation, summary="Start a conversation",
@@ -195,19 +209,9 @@ async def list_conversations(request: Request, seat: str | None = Query(None, pa
                              status: Literal["idle", "running", "awaiting_approval", "error"] | None = None,
                              limit: int = Query(50, ge=1, le=ops.LIST_MAX), cursor: str | None = CURSOR,
                              _=Depends(READ)) -> ConversationPage:
-    conductor = _conductor(front(request))
-    args: dict[str, Any] = {"limit": limit}
-    if seat:
-        args["seat"] = seat
-    if status:
-        args["status"] = status
-    position = decode_cursor(cursor, "before")
-    if position:
-        args["before"] = seq_at(position, "before")
-    page = await _call(conductor.read("conversation.list", args))
-    nxt = page.get("next")
-    return ConversationPage(items=[Conversation(**c) for c in page.get("conversations") or []],
-                            next=encode_cursor({"before": nxt}) if nxt else None)
+    args = {"limit": limit, "seat": seat, "status": status}
+    items, nxt = await _listing(front(request), "conversation.list", args, "conversations", "before", cursor)
+    return ConversationPage(items=[Conversation(**c) for c in items], next=nxt)
 
 
 @router.get("/conversations/{conversation}", response_model=ConversationDetail,
@@ -263,18 +267,11 @@ async def list_runs(request: Request, conversation: str = ConvPath,
                     status: Literal["queued", "running", "completed", "failed", "interrupted"] | None = None,
                     limit: int = Query(50, ge=1, le=ops.LIST_MAX), cursor: str | None = CURSOR,
                     _=Depends(READ)) -> RunPage:
-    conductor = _conductor(front(request))
-    await _call(conductor.conversation(conversation))
-    args: dict[str, Any] = {"conversation": conversation, "limit": limit}
-    if status:
-        args["status"] = status
-    position = decode_cursor(cursor, "after")
-    if position:
-        args["after"] = seq_at(position, "after")
-    page = await _call(conductor.read("run.list", args))
-    nxt = page.get("next")
-    return RunPage(items=[Run(**r) for r in page.get("runs") or []],
-                   next=encode_cursor({"after": nxt}) if nxt else None)
+    f = front(request)
+    await _call(_conductor(f).conversation(conversation))
+    args = {"conversation": conversation, "limit": limit, "status": status}
+    items, nxt = await _listing(f, "run.list", args, "runs", "after", cursor)
+    return RunPage(items=[Run(**r) for r in items], next=nxt)
 
 
 async def _run(conductor: Conductor, conversation: str, run: str) -> dict[str, Any]:
@@ -394,19 +391,9 @@ async def list_approvals(request: Request, status: Literal["pending", "decided"]
                          conversation: str | None = Query(None, pattern=ops.ROW_ID),
                          limit: int = Query(50, ge=1, le=ops.LIST_MAX), cursor: str | None = CURSOR,
                          _=Depends(READ)) -> ApprovalPage:
-    conductor = _conductor(front(request))
-    args: dict[str, Any] = {"limit": limit}
-    if status:
-        args["status"] = status
-    if conversation:
-        args["conversation"] = conversation
-    position = decode_cursor(cursor, "after")
-    if position:
-        args["after"] = seq_at(position, "after")
-    page = await _call(conductor.read("approval.list", args))
-    nxt = page.get("next")
-    return ApprovalPage(items=[Approval(**a) for a in page.get("approvals") or []],
-                        next=encode_cursor({"after": nxt}) if nxt else None)
+    args = {"limit": limit, "status": status, "conversation": conversation}
+    items, nxt = await _listing(front(request), "approval.list", args, "approvals", "after", cursor)
+    return ApprovalPage(items=[Approval(**a) for a in items], next=nxt)
 
 
 @router.get("/approvals/{approval}", response_model=Approval, summary="One approval: the call it is for",
