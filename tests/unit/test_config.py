@@ -426,3 +426,16 @@ def test_fleet_example_files(monkeypatch, tmp_path):
     addresses += [leaf.stream.listen]  # it runs no ingress
     assert all(a.startswith("127.0.0.1:") for a in addresses)
     assert len({a.rpartition(":")[2] for a in addresses}) == len(addresses)
+
+
+def test_session_runner_concurrency_from_the_environment_wins(monkeypatch, tmp_path):
+    path = write(tmp_path, "sessions: {runner_concurrency: 4}\n")
+    assert load_node_config(path).sessions.runner_concurrency == 4
+    monkeypatch.setenv("SESSION_RUNNER_CONCURRENCY", "16")
+    assert load_node_config(path).sessions.runner_concurrency == 16
+    monkeypatch.setenv("SESSION_RUNNER_CONCURRENCY", "lots")
+    with pytest.raises(ConfigError) as refused:
+        load_node_config(path)
+    assert refused.value.key == "sessions.runner_concurrency" and "integer" in str(refused.value)
+    monkeypatch.setenv("SESSION_RUNNER_CONCURRENCY", "")  # empty: unset
+    assert load_node_config(path).sessions.runner_concurrency == 4
