@@ -40,6 +40,7 @@ def _script(name: str, module: str) -> list[str]:
 FLEET_GROUP = "fleet"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks into the test ids
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         path = item.nodeid.split("::", 1)[0]

@@ -76,6 +76,9 @@ STATUS_EVERY = 5.0
 # Seconds one estate request of a driver waits (the router asks the data
 # nodes in turn; a write may wait out a leader election on one, then ask the next).
 ESTATE_WAIT = 30.0
+# Seconds after a decision before the session runner resumes its conversation
+# itself: the decider writes the resumption (or its interrupting run) at once.
+RESUME_GRACE = 10.0
 # Rows the session runner reads per look at each of its lists.
 SWEEP_PAGE = 200
 # What a run without input is mailed as (the mail's text is only shown in
@@ -219,7 +222,9 @@ class Conductor:
         wait = self.busy_wait
         if strategy in ("interrupt", "rollback"):
             if pending is not None:
-                await self.decide(pending["id"], "deny", note=f"interrupted by run {ident}", by="crewlet")
+                # No resumption of its own: this run answers the call as not run.
+                await self.decide(pending["id"], "deny", note=f"interrupted by run {ident}", by="crewlet",
+                                  resume=False)
                 pending = None
             current = conv.get("run") if conv["status"] == "running" else None
             if current:
@@ -277,7 +282,8 @@ class Conductor:
             except BaseException:
                 await driving.release()
                 raise
-            await self._launch(row, driving, taken_over=False, runner=not stream)
+            await self._launch(row, driving, taken_over=False, runner=not stream,
+                               told={"rolled_back": rolled} if rolled else None)
         return Started(row, self.node, rolled)
 
     def _revision(self) -> int:
@@ -296,9 +302,10 @@ class Conductor:
             await asyncio.sleep(0.25)
 
     async def _launch(self, run: dict[str, Any], driving: Driving, *, taken_over: bool,
-                      runner: bool = False) -> None:
-        """Mail the seat *run* and tell ``run.started``; then drive it in the
-        background until its end (the task is this process's, not a request's)."""
+                      runner: bool = False, told: dict[str, Any] | None = None) -> None:
+        """Mail the seat *run* and tell ``run.started`` (with *told*: what a
+        rollback removed); then drive it in the background until its end (the
+        task is this process's, not a request's)."""
         conversation, ident = run["conversation"], run["id"]
         try:
             seat = run.get("seat") or (await self.conversation(conversation))["conversation"]["seat"]
@@ -307,6 +314,7 @@ class Conductor:
             started = {"type": runs.STARTED, "node": self.node, "seat": seat}
             if taken_over:
                 started["taken_over"] = True
+            started.update(told or {})
             await events.publish(started, id=f"{ident}:started:{driving.token}")
             await self.mailboxes.put(seat, run.get("input") or NO_INPUT,
                                      trigger=f"{run_turn.trigger(ident)}.{driving.token}",
@@ -414,7 +422,8 @@ class Conductor:
                 await self._tell_end(conversation, ident, row)
         return row
 
-    async def decide(self, approval: str, decision: str, *, note: str | None, by: str) -> dict[str, Any]:
+    async def decide(self, approval: str, decision: str, *, note: str | None, by: str,
+                     resume: bool = True) -> dict[str, Any]:
         """Decide *approval*; then the conversation resumes as a new run (the
         session runner starts it). Deciding the same again answers the same;
         a conflicting decision is :class:`Refused` ``conflict``."""
@@ -423,7 +432,8 @@ class Conductor:
             args["note"] = note
         result = await self.write("approval.decide", args, f"{approval}:{decision}")
         row = result.get("approval") or {}
-        await self._resume(row)
+        if resume:
+            await self._resume(row)
         return row
 
     async def _resume(self, approval: dict[str, Any]) -> None:
@@ -509,7 +519,10 @@ class Conductor:
             if not conv.get("approval"):
                 continue
             approval = (await self.read("approval.get", {"id": conv["approval"]})).get("approval")
-            if approval is not None and approval["status"] == "decided":
+            # Decided a moment ago: its decider is about to start the run that
+            # follows (its resumption, or an interrupting run).
+            if approval is not None and approval["status"] == "decided" \
+                    and time.time() - (approval.get("decided_at") or 0) > RESUME_GRACE:
                 await self._resume(approval)
 
     async def _take_orphans(self) -> None:

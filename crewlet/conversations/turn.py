@@ -74,6 +74,9 @@ ESTATE_WAIT = 30.0
 # Where each message of a run is kept: its id says the run, the round, and
 # for a tool's result the call's place in the round.
 _MESSAGE_ID = re.compile(r"^(?P<run>.+)\.r(?P<round>\d+)\.(?:a|t(?P<index>\d+))$")
+# What the model reads of a call it made that was never run: a new message
+# came before it was decided (an interrupt denies the pending approval).
+NOT_RUN = "This call was not run: a person sent a new message instead of approving it."
 TERMINAL_OF = {"completed": runs.COMPLETED, "failed": runs.FAILED, "interrupted": runs.INTERRUPTED}
 
 
@@ -307,6 +310,11 @@ class RunTurn(Hooks):
             # have shown part of the round asked first here.
             self.sink.redo()
         if not mine and run.get("input"):
+            # A new message after calls an earlier run left without a result (it
+            # asked for an approval, which a new run interrupting it denied):
+            # each is answered first as not run — a model must read a result
+            # for every call it made — then the message.
+            rows += await self._answer_left_calls(rows)
             await self._write("conversation.message", {
                 "conversation": self.conversation, "run": self.run, "id": input_id(self.run),
                 "role": "user", "text": run["input"]}, input_id(self.run))
@@ -328,6 +336,23 @@ class RunTurn(Hooks):
         if not todo:
             return history, (max(done_round, round_no), [])
         return history, (round_no, todo)
+
+    async def _answer_left_calls(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Tool messages for the calls of the last model message in *rows* that
+        have none: never run (denied, or overtaken by a new message). Kept."""
+        last = next((i for i in range(len(rows) - 1, -1, -1) if rows[i]["role"] == "assistant"), None)
+        if last is None or not rows[last].get("calls"):
+            return []
+        answered = {row.get("call_id") for row in rows[last + 1:] if row["role"] == "tool"}
+        kept = []
+        for index, call in enumerate(rows[last]["calls"]):
+            if call["id"] in answered:
+                continue
+            row = {"conversation": self.conversation, "run": self.run, "id": result_id(self.run, 0, index),
+                   "role": "tool", "text": NOT_RUN, "call_id": call["id"], "name": call["name"], "error": True}
+            await self._write("conversation.message", row, row["id"])
+            kept.append(row)
+        return kept
 
     async def _ask(self, wait: AwaitingApproval) -> None:
         """Record the approval *wait* is for; the run ends, the conversation awaits it."""

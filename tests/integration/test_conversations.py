@@ -249,6 +249,30 @@ def test_rollback_removes_the_interrupted_runs_messages(api):
     assert "slowly to be undone" not in texts and texts[0] == "hello"
 
 
+def test_a_streamed_rollback_tells_what_it_removed_in_its_start(api):
+    conv = api.conversation()
+    api.ok("POST", f"/v1/conversations/{conv}/runs", 202, json={"input": "slowly undo me too"})
+    wait_for(lambda: api.ok("GET", f"/v1/conversations/{conv}")["messages"], 20, what="the turn working it")
+    r, events = api.stream(f"/v1/conversations/{conv}/runs",
+                           {"input": "hello", "stream": True, "multitask_strategy": "rollback"})
+    assert events[0][1] == "run.started" and events[0][2]["rolled_back"]["removed"] >= 1
+    assert events[-1][1] == "run.completed"
+
+
+def test_interrupt_denies_a_pending_approval_first(api):
+    conv = api.conversation("clerk")
+    api.ok("POST", f"/v1/conversations/{conv}/runs", 202, json={"input": "create a task never made"})
+    wait_for(lambda: api.ok("GET", f"/v1/conversations/{conv}")["conversation"]["status"] == "awaiting_approval",
+             30, what="awaiting a decision")
+    approval = api.ok("GET", f"/v1/conversations/{conv}")["conversation"]["approval"]
+    r, events = api.stream(f"/v1/conversations/{conv}/runs",
+                           {"input": "hello instead", "stream": True, "multitask_strategy": "interrupt"})
+    assert r.status_code == 200 and events[-1][1] == "run.completed"
+    denied = api.ok("GET", f"/v1/approvals/{approval}")
+    assert denied["decision"] == "deny" and "interrupted" in denied["note"]
+    assert tasks_titled(api, "never made") == 0
+
+
 def test_resuming_with_last_event_id_gives_every_later_event_once(api):
     conv = api.conversation()
     r, head = api.stream(f"/v1/conversations/{conv}/runs", {"input": "slowly resume me", "stream": True},
