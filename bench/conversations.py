@@ -8,8 +8,9 @@ deterministic; no ``pace`` on the rule the figures use: ``hello`` -> a
 six-word reply streamed at once) plus one seat ``holder`` for part 3, whose
 rule (``hold ...``) streams 200 words a second apart. The node's config:
 ``conversations.busy_wait: 0`` (a refusal is the decision itself, part 3),
-``sessions.runner_concurrency`` above the concurrency of part 2 (a run nobody
-streams is the session runner's: past that it would be kept queued), every
+``sessions.runner_concurrency`` twice the concurrency of part 2 and more (a run
+nobody streams is the session runner's, and counts until its driver let go:
+past that it would be kept queued), every
 seat claimed in the first sweep. Beside it, started by the bench as well: a
 **bare SSE app** (a Starlette app served by uvicorn in a subprocess the way
 ingress serves its own: one asyncio loop, lifespan off, uvicorn's default
@@ -346,8 +347,8 @@ async def read_stream(conn: Conn, raw: bytes) -> dict[str, Any]:
     perf = time.perf_counter
     reader = conn.reader
     out: dict[str, Any] = {"status": None, "head": None, "started": None, "delta": None, "ended": None,
-                           "end": None, "events": 0, "problem": None, "content_type": None}
-    out["sent"] = perf()
+                           "end": None, "events": 0, "problem": None, "content_type": None, "at": {}}
+    out["wall"], out["sent"] = time.time(), perf()
     conn.writer.write(raw)
     status, head = await conn.head()
     out["head"] = perf()
@@ -369,11 +370,12 @@ async def read_stream(conn: Conn, raw: bytes) -> dict[str, Any]:
         buf += chunk[:-2]
         while (end := buf.find(b"\n\n")) >= 0:
             block, buf = buf[:end], buf[end + 2:]
-            kind = None
+            kind = data = None
             for line in block.split(b"\n"):
                 if line.startswith(b"event: "):
                     kind = line[7:].decode()
-                    break
+                elif line.startswith(b"data: "):
+                    data = line[6:]
             if kind is None:
                 continue
             t = perf()
@@ -384,6 +386,14 @@ async def read_stream(conn: Conn, raw: bytes) -> dict[str, Any]:
                 out["delta"] = t
             elif kind in TERMINAL and out["ended"] is None:
                 out["ended"], out["end"] = t, kind
+            else:
+                continue
+            # When the event was made (its "at": the wall clock of the process that
+            # published it, this machine's), for the stages of the run.
+            try:
+                out["at"][kind] = float(json.loads(data)["at"])
+            except (TypeError, ValueError, KeyError):
+                pass
 
 
 def ms(a: float | None, b: float | None) -> float | None:
@@ -419,9 +429,34 @@ async def make_conversations(node: ConvNode, seats: list[str]) -> list[str]:
 # 1. time to first event
 # --------------------------------------------------------------------------
 
+# The stages of a streamed run, from the events' own "at" (the publisher's wall clock) and the
+# bench's wall clock at the request and at each event parsed: name -> (from, to).
+STAGES = {
+    "request -> run.started made": ("sent", "run.started"),
+    "run.started made -> parsed": ("run.started", "started"),
+    "run.started made -> first delta made": ("run.started", "message.delta"),
+    "first delta made -> parsed": ("message.delta", "delta"),
+    "first delta made -> run.completed made": ("message.delta", "run.completed"),
+    "run.completed made -> parsed": ("run.completed", "ended"),
+}
+
+
+def stages(got: dict[str, Any]) -> dict[str, float | None]:
+    """ms of each of :data:`STAGES` for one streamed run read by :func:`read_stream`."""
+    def wall(point: str) -> float | None:
+        if point == "sent":
+            return got["wall"]
+        if point in ("started", "delta", "ended"):
+            return None if got[point] is None else got["wall"] + (got[point] - got["sent"])
+        return got["at"].get(point)
+
+    return {name: ms(wall(a), wall(b)) for name, (a, b) in STAGES.items()}
+
+
 async def first_events_crewlet(node: ConvNode, convs: list[str]) -> dict[str, list[float]]:
     conn = await Conn(node.ingress_port).open()
-    out: dict[str, list[float]] = {"head": [], "started": [], "delta": [], "ended": []}
+    out: dict[str, list[float]] = {"head": [], "started": [], "delta": [], "ended": [],
+                                   **{name: [] for name in STAGES}}
     try:
         for conv in convs:
             got = await asyncio.wait_for(read_stream(conn, run_request(
@@ -431,8 +466,11 @@ async def first_events_crewlet(node: ConvNode, convs: list[str]) -> dict[str, li
                     or got["delta"] is None:
                 raise BenchError(f"a streamed run of {conv}: status {got['status']}, end {got['end']}, "
                                  f"{got['events']} events; {got['problem']!r}")
-            for k in out:
+            for k in ("head", "started", "delta", "ended"):
                 out[k].append(ms(got["sent"], got[k]))
+            for k, v in stages(got).items():
+                if v is not None:
+                    out[k].append(v)
             await asyncio.sleep(GAP)
     finally:
         conn.close()
@@ -824,7 +862,8 @@ def node_problems(node: ConvNode) -> dict[str, dict[str, Any]]:
         if key in out:
             out[key]["count"] += 1
             continue
-        said = rec.get("error") or rec.get("reason") or rec.get("why") or ""
+        said = rec.get("error") or rec.get("reason") or rec.get("why") or " ".join(
+            f"{k}={rec[k]}" for k in ("method", "path", "status", "code") if k in rec)
         out[key] = {"count": 1, "said": str(said)[:160]}
     return out
 
@@ -864,7 +903,10 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     binary = find_nats_server(args.nats_server)
     base = tempfile.mkdtemp(prefix="cwconv", dir="/tmp")
     seats = seat_names(args.seats)
-    node = ConvNode(os.path.join(base, "n"), binary, seats, runner=args.concurrency + 16)
+    # Room for the workers' runs and for as many whose drivers are still letting go (the end is
+    # heard before the driver deletes its follower and releases its lease): past the runner's
+    # concurrency a run nobody streams is kept queued and waits for the runner.
+    node = ConvNode(os.path.join(base, "n"), binary, seats, runner=2 * args.concurrency + 16)
     server = NatsServer(binary, os.path.join(base, "bare"))
     bare = BareSse(base)
     rep: dict[str, Any] = {"stage": "", "config": config(args, binary)}
@@ -921,7 +963,7 @@ def _x(r: dict[str, float | None]) -> str:
 
 
 def _cpu(cpu: dict[str, float]) -> str:
-    names = ("ingress", "seats", "data", "broker", "crewletd", "bench")
+    names = ("ingress", "seats", "data_applier", "broker", "workers", "crewletd", "bench")
     shown = [f"{k} {cpu[k]:.0f}" for k in names if k in cpu]
     rest = sum(v for k, v in cpu.items() if k not in names)
     return ", ".join(shown + ([f"rest {rest:.0f}"] if rest >= 0.5 else []))
@@ -952,6 +994,10 @@ def print_text(rep: dict[str, Any]) -> None:
         print(f"    {'crewlet: run.completed parsed':38} {_lat(c['ended'])}  vs (b) {_x(fe['ratio']['ended_vs_turn'])}")
         print(f"    {'(b) bare turn: mail + wait answered':38} {_lat(t['answer'])}")
         print(f"    {'    its turn inside seats (took_ms)':38} {_lat(t['took'])}")
+        print("    the run's stages, from each event's own 'at' (the publisher's clock) and the bench's:")
+        for name in STAGES:
+            if c.get(name, {}).get("n"):
+                print(f"      {name:36} {_lat(c[name])}")
         print()
     tp = rep.get("throughput")
     if tp:
