@@ -130,6 +130,9 @@ REQUEST_TIMEOUT = 60.0              # s one request (a whole streamed run) may t
 STALL = 120.0                       # s without a finished run before a round of part 2 is stalled
 READY_TIMEOUT = 120.0               # s for the node to serve, hold its seats and run a first run
 STOP_GRACE = 10.0                   # s the bare app gets after SIGTERM, before SIGKILL
+# s a connection of part 2 may idle (its worker waiting for a run's end) before it is opened
+# anew: uvicorn closes one idle for its timeout_keep_alive (5 s, ingress's and the bare app's).
+IDLE_REOPEN = 3.0
 MAKE_CONCURRENCY = 8                # connections making conversations before a round
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 BUSY_KEY = "conv.c-bench-busy"      # the bare side's held key (the same shape as crewlet's)
@@ -616,17 +619,22 @@ async def closed_loop(port: int, jobs: list[list[bytes]], handle) -> dict[str, A
     lat: list[float] = []
     perf = time.perf_counter
 
-    async def worker(conn: Conn, mine: list[bytes]) -> None:
+    async def worker(i: int, mine: list[bytes]) -> None:
+        used = perf()
         for raw in mine:
+            if perf() - used > IDLE_REOPEN:  # uvicorn closes a connection idle for its keep-alive
+                conns[i].close()
+                conns[i] = await Conn(port).open()
             t0 = perf()
-            status, body = await call(conn, raw)
+            status, body = await call(conns[i], raw)
+            used = perf()
             t1 = await handle(status, body, t0)
             finished.append(t1)
             lat.append((t1 - t0) * 1000.0)
 
     try:
         t0 = perf()
-        await asyncio.gather(*(worker(c, m) for c, m in zip(conns, jobs)))
+        await asyncio.gather(*(worker(i, m) for i, m in enumerate(jobs)))
     finally:
         for c in conns:
             c.close()
@@ -635,8 +643,10 @@ async def closed_loop(port: int, jobs: list[list[bytes]], handle) -> dict[str, A
             "latency_ms": summary(lat), "lat": lat}
 
 
-async def runs_round(node: ConvNode, ends: RunEnds, seats: list[str], per_worker: int) -> dict[str, Any]:
-    convs = await make_conversations(node, [s for s in seats for _ in range(per_worker)])
+async def runs_round(node: ConvNode, ends: RunEnds, seats: list[str], per_worker: int,
+                     convs: list[str]) -> dict[str, Any]:
+    """*per_worker* runs a worker (one per seat of *seats*), on *convs* (made before: that many
+    each, in the seats' order)."""
     jobs = [[json_request(node, "POST", f"/v1/conversations/{c}/runs", {"input": INPUT, "stream": False})
              for c in convs[i * per_worker:(i + 1) * per_worker]] for i in range(len(seats))]
     queued = 0
@@ -685,9 +695,11 @@ async def measure_throughput(node: ConvNode, args: argparse.Namespace) -> dict[s
         await turns.open()
 
         async def side(name: str, tag: str, k: int) -> dict[str, Any]:
+            if name == "runs":  # made before the clock and the CPU meter start
+                convs = await make_conversations(node, [s for s in workers for _ in range(k)])
             meter = CpuMeter({**procs, "bench": me}).start()
             if name == "runs":
-                r = await runs_round(node, ends, workers, k)
+                r = await runs_round(node, ends, workers, k, convs)
             elif name == "turns":
                 r = await turns.round(turns_plan(node.seats, c * k, f"{tag}-{uuid.uuid4().hex[:6]}"), 256, STALL)
             else:
