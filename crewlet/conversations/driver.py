@@ -212,8 +212,10 @@ class Conductor:
         got = await self.conversation(conversation)
         conv, approval = got["conversation"], got.get("approval")
         ident = run_id(conversation, key)
-        existing = (await self.read("run.get", {"id": ident})).get("run")
-        if existing is not None:  # the same request again (its Idempotency-Key)
+        # The same request again (its Idempotency-Key) is answered with its run; without a key
+        # the id is fresh (96 random bits), so there is nothing to look up.
+        existing = (await self.read("run.get", {"id": ident})).get("run") if key is not None else None
+        if existing is not None:
             if existing["status"] == "queued":
                 return Queued(existing)
             return Started(existing, existing.get("node") or self.node)

@@ -165,7 +165,7 @@ class Drivers:
                 # Cleared before the claim: a release seen after it wakes us.
                 gone.clear()
                 since = time.time()
-                held = await self._claim(lease_key, conversation, run, since)
+                held, owner = await self._claim(lease_key, conversation, run, since)
                 if held is not None:
                     return Driving(self, held, conversation, run, since)
                 left = deadline - time.monotonic()
@@ -176,23 +176,29 @@ class Drivers:
                         await gone.wait()
                 except TimeoutError:
                     final = True  # the deadline: one last look, the watch may lag
-        owner = await self.leases.owner(lease_key)
+        # The refused claim's own read named the holder (no read of ours: the
+        # 409's decision is a write and a read, as a bare kv.create's).
+        if owner is None:
+            owner = await self.leases.owner(lease_key)
         if owner is None:
             # Gone between the refused claim and the read: one more try
             # rather than a 409 naming nobody.
             since = time.time()
-            held = await self._claim(lease_key, conversation, run, since)
+            held, owner = await self._claim(lease_key, conversation, run, since)
             if held is not None:
                 return Driving(self, held, conversation, run, since)
-            owner = await self.leases.owner(lease_key)
+            if owner is None:
+                owner = await self.leases.owner(lease_key)
         raise ConversationBusy.of(conversation, owner)
 
-    async def _claim(self, lease_key: str, conversation: str, run: str, since: float) -> Held | None:
-        """One claim, let go of if the caller is cancelled while it is under
-        way (a client that went away mid-request): its write may land all the
-        same, and nobody would drive that lease until its TTL."""
+    async def _claim(self, lease_key: str, conversation: str, run: str,
+                     since: float) -> tuple[Held | None, Owner | None]:
+        """One claim (:meth:`~crewlet.coord.lease.Leases.claim_or_owner`), let
+        go of if the caller is cancelled while it is under way (a client that
+        went away mid-request): its write may land all the same, and nobody
+        would drive that lease until its TTL."""
         claiming = asyncio.ensure_future(
-            self.leases.claim(lease_key, **self._info(conversation, run, since)))
+            self.leases.claim_or_owner(lease_key, **self._info(conversation, run, since)))
         try:
             return await asyncio.shield(claiming)
         except asyncio.CancelledError:
@@ -200,9 +206,9 @@ class Drivers:
             raise
 
     def _let_go(self, claiming: asyncio.Future) -> None:
-        if claiming.cancelled() or claiming.exception() is not None or claiming.result() is None:
+        if claiming.cancelled() or claiming.exception() is not None or claiming.result()[0] is None:
             return
-        task = asyncio.get_running_loop().create_task(self.leases.release(claiming.result()))
+        task = asyncio.get_running_loop().create_task(self.leases.release(claiming.result()[0]))
         self._letting_go.add(task)  # referenced until done
         task.add_done_callback(self._released_orphan)
 

@@ -185,17 +185,24 @@ class Leases:
         one round trip. Refused, it reads what is there and, if that is not a
         live lease (a delete, an expiry marker), writes once more over it.
         """
+        return (await self.claim_or_owner(key, expected=expected, **info))[0]
+
+    async def claim_or_owner(self, key: str, *, expected: int = 0,
+                             **info: Any) -> tuple[Held | None, Owner | None]:
+        """:meth:`claim`, and when refused the live owner its read found
+        (None when somebody claimed the key between that read and our write),
+        so a caller that names the holder needs no read of its own."""
         value = _value(self.node, self.boot, None, info)
         sent = time.monotonic()  # before the write: a resent write may land late
         seq = await self._write(key, value, expected)
         if seq is None:
             last, owner = await self._last(key)
             if owner is not None:
-                return None
+                return None, owner
             seq = await self._write(key, value, last)
             if seq is None:
-                return None  # somebody else claimed it between our read and write
-        return Held(key, token=seq, revision=seq, renewed=sent, ttl=self.ttl)
+                return None, None  # somebody else claimed it between our read and write
+        return Held(key, token=seq, revision=seq, renewed=sent, ttl=self.ttl), None
 
     async def claim_or_adopt(self, key: str, **info: Any) -> Held | None:
         """Claim *key*, or adopt it if this node incarnation already holds it

@@ -55,8 +55,10 @@ def need(scope: str) -> Callable:
     """A dependency: the caller's grant, which has *scope* (else 401/403)."""
     assert scope in tokens.SCOPES
 
-    def check(request: Request,
-              credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Grant:
+    # async: FastAPI runs a plain def dependency in its thread pool, a hop to a
+    # thread and back on every request for a sha256 and a set lookup.
+    async def check(request: Request,
+                    credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Grant:
         grant = caller(request, credentials.credentials if credentials else None)
         if scope not in grant.scopes:
             raise Problem(403, "forbidden", f"token {grant.name} has scopes "

@@ -118,6 +118,27 @@ def test_take_it_without_waiting_answers_at_once(natsd):
     run(main())
 
 
+def test_a_refused_claim_names_the_holder_from_its_own_read(natsd):
+    """The 409's decision is the claim's write and its read of the key, as a bare
+    kv.create's: the holder it names is what that read found, not a third request."""
+    async def main():
+        async with fleet(natsd.url) as (js, holders):
+            a = Drivers(js, "node-a", "boot-a", ttl=TTL, holders=holders)
+            b = Drivers(js, "node-b", "boot-b", ttl=TTL, holders=holders)
+
+            async def no_more_reads(key):
+                raise AssertionError(f"a read of {key} after the refused claim")
+
+            async with await a.acquire("c1", "r1", wait=0) as first:
+                b.leases.owner = no_more_reads
+                for wait in (0, 0.2):  # at once, and after a wait's last look
+                    with pytest.raises(ConversationBusy) as refused:
+                        await b.acquire("c1", "r2", wait=wait)
+                    busy = refused.value
+                    assert (busy.run, busy.node, busy.since) == ("r1", "node-a", first.since)
+    run(main())
+
+
 def test_renewals_keep_the_lease_for_as_long_as_the_run_lasts(natsd):
     async def main():
         async with fleet(natsd.url) as (js, holders):

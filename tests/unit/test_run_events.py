@@ -58,3 +58,48 @@ def test_a_busy_conversation_names_its_driver_and_when_it_lapses_at_the_latest()
     # A key holding a lease that does not say (or went meanwhile).
     assert ConversationBusy.of("c1", None).run is None
     assert ConversationBusy.of("c1", Owner("n", "b", 1, 1, {})).retry_after == 1
+
+
+class _Estate:
+    """An estate router that knows one running conversation and no runs, and notes each read."""
+
+    floor = 0
+
+    def __init__(self):
+        self.reads: list[str] = []
+
+    async def read(self, query, args, timeout=None):
+        self.reads.append(query)
+        if query == "conversation.get":
+            return {"conversation": {"id": args["id"], "seat": "s1", "status": "running", "run": "r-first"},
+                    "approval": None}
+        return {"run": None} if query == "run.get" else {}
+
+
+class _Busy:
+    ttl = 15.0
+    holders = None
+
+    async def acquire(self, conversation, run, *, wait):
+        raise ConversationBusy(conversation, "r-first", "node-a", 1.0, 15)
+
+
+def test_a_run_without_an_idempotency_key_is_not_looked_up_before_its_claim():
+    """Its id is fresh: the one read before the claim (and the 409) is the conversation's.
+    With a key, the same request again is answered with its run, so that one is looked up."""
+    import asyncio
+
+    from crewlet.conversations.driver import Conductor
+
+    def start(key):
+        estate = _Estate()
+        conductor = Conductor(js=None, router=estate, mailboxes=None, drivers=_Busy(), node="n",
+                              busy_wait=0, max_run=60, event_ttl=60, runner_concurrency=1, sweep=1,
+                              company=lambda: 1)
+        with pytest.raises(ConversationBusy):
+            asyncio.run(conductor.start("c1", input="hi", strategy="reject", on_disconnect="continue",
+                                        key=key))
+        return estate.reads
+
+    assert start(None) == ["conversation.get"]
+    assert start("k1") == ["conversation.get", "run.get"]

@@ -76,10 +76,10 @@ def seq_at(position: dict[str, Any], key: str, low: int = 1, high: int = SEQ_MAX
     return value
 
 
-def idempotency_key(key: str | None = Header(None, alias="Idempotency-Key",
-                                             description="Makes a retry of this write land once: "
-                                                         "1-100 of A-Z, a-z, 0-9, '_', '-'",
-                                             json_schema_extra={"pattern": KEY_RE.pattern})) -> str | None:
+async def idempotency_key(key: str | None = Header(None, alias="Idempotency-Key",
+                                                   description="Makes a retry of this write land once: "
+                                                               "1-100 of A-Z, a-z, 0-9, '_', '-'",
+                                                   json_schema_extra={"pattern": KEY_RE.pattern})) -> str | None:
     if key is not None and not KEY_RE.match(key):
         raise Problem(400, "bad_idempotency_key", "Idempotency-Key must be 1-100 of A-Z, a-z, 0-9, "
                                                   "'_' or '-'")
