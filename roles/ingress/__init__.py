@@ -54,6 +54,12 @@ from roles.ingress.front import Front
 from roles.ingress.metrics import Metrics
 from roles.ingress.projection import Projection
 
+# Seconds an idle keep-alive connection stays open. Longer than the idle
+# timeout of what commonly sits in front (60 s: nginx, cloud load balancers)
+# and of clients' pools: the side that closes first must be the client, or a
+# request sent just as the server closes is lost ("connection closed without
+# response"), which uvicorn's default of 5 s made common under load.
+KEEP_ALIVE = 75
 # Turn records the live feed starts with, read from the estate.
 SEED_TURNS = 50
 
@@ -104,6 +110,7 @@ async def main(ctx: RoleContext) -> None:
     host, _, port = cfg.ingress.listen.rpartition(":")
     config = uvicorn.Config(make_app(ctx, front, keyring), host=host, port=int(port), lifespan="off",
                             log_config=None, access_log=False, timeout_graceful_shutdown=2,
+                            timeout_keep_alive=KEEP_ALIVE,
                             ws="websockets-sansio")
     server = _Server(config)
     serving = asyncio.create_task(server.serve(sockets=sockets))

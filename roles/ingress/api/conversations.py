@@ -51,7 +51,9 @@ from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import Front, front
 from roles.ingress.problems import Problem, responses
 
-router = APIRouter(prefix="/v1", tags=["conversations"], responses=responses(401, 403, 422, 503))
+# 400: a body that is not JSON, a cursor this listing did not give out, a bad
+# Idempotency-Key or Last-Event-ID.
+router = APIRouter(prefix="/v1", tags=["conversations"], responses=responses(400, 401, 403, 422, 503))
 
 HEARTBEAT = 15.0
 ConvPath = Path(pattern=ops.ROW_ID, description="A conversation's id")
