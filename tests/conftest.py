@@ -35,8 +35,8 @@ def _script(name: str, module: str) -> list[str]:
 # (pyproject's addopts: -n auto --dist loadgroup). Each test file is one group,
 # so a module's nodes start once, on one worker; every test of tests/fleet is
 # the one group "fleet", so at most one fleet (three nodes, their cluster)
-# runs at a time, beside the single-node tests. Without xdist
-# (-p no:xdist, -n 0) the marks are inert and the suite runs as before.
+# runs at a time, beside the single-node tests. With -n 0 the marks are
+# inert and the suite runs in one process, as before.
 FLEET_GROUP = "fleet"
 
 
