@@ -1,10 +1,12 @@
 """The ingress ASGI application: the API (``/v1``), health, metrics, the dashboard.
 
 * ``GET /healthz`` — this process answers: 200 with the node id. No token.
-* ``GET /readyz`` — the node's children are all running and its disk is
-  above ``node.disk_floor``: 200, else 503 with the children that are not
-  and ``disk``, the reason naming the path and its free bytes
-  (:mod:`crewlet.disk`; asked of crewletd over ``control``). No token.
+* ``GET /readyz`` — the node's children are all running, its disk is
+  above ``node.disk_floor`` and some copy of the estate is in service (its
+  own, or a peer's the router would ask): 200, else 503 with the children
+  that are not, ``disk`` (the reason naming the path and its free bytes,
+  :mod:`crewlet.disk`; asked of crewletd over ``control``) and ``estate``.
+  No token.
 * ``/v1/...`` — the API (:mod:`roles.ingress.api`); its OpenAPI 3.1 document
   is ``/v1/openapi.json``, browsable at ``/docs``.
 * ``GET /metrics`` — Prometheus (:mod:`roles.ingress.metrics`).
@@ -160,6 +162,33 @@ def _document_problems(doc: dict) -> dict:
     return doc
 
 
+def _no_estate(front: Front | None) -> str | None:
+    """Why this node's API cannot reach the estate now (None: it can): its own
+    copy is out of service as this process hears its applier (the router's
+    first choice), and no peer's copy is in service either — on a node just
+    started, until its applier has caught up and said so. The tracker,
+    knowledge-base and conversation routes would answer 503 meanwhile."""
+    router = getattr(front, "router", None)
+    local, view = getattr(router, "local", None), getattr(router, "view", None)
+    if view is None:
+        return None
+    why: list[str] = []
+    if local is not None:
+        mine = local.reason()
+        if mine is None:
+            return None
+        why.append(f"{front.node_id}: {mine}")
+    if not view.ready:
+        return "; ".join(why + ["the other copies' state is not read yet"])
+    for state in view.data_nodes():
+        if local is not None and state.id == front.node_id:
+            continue
+        if state.in_service:
+            return None
+        why.append(f"{state.id}: {state.reason}")
+    return "no copy of the estate in service: " + ("; ".join(why) or "no data node is up")
+
+
 def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) -> FastAPI:
     cfg = ctx.config
     app = FastAPI(title="crewlet", version=crewlet.__version__, openapi_url="/v1/openapi.json",
@@ -200,8 +229,10 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
         space = (reply["result"].get("node") or {}).get("disk") or {}
         # Not ready while the disk is low, or the broker waits for space to be restarted.
         no_space = space.get("reason") if space.get("low") else space.get("broker")
-        ready = not waiting and not no_space
-        body = {"ready": ready, "node": ctx.node_id, "not_running": waiting, "disk": no_space}
+        no_estate = _no_estate(front)
+        ready = not waiting and not no_space and not no_estate
+        body = {"ready": ready, "node": ctx.node_id, "not_running": waiting, "disk": no_space,
+                "estate": no_estate}
         return JSONResponse(body, 200 if ready else 503)
 
     metrics_auth = [] if cfg.ingress.metrics_open else [Depends(auth.READ)]

@@ -420,3 +420,4 @@ def test_listings_page_through_everything_once(api):
     everything = api.ok("GET", "/v1/conversations", params={"seat": "ceo", "limit": 500})["items"]
     assert [c["id"] for c in everything] == seen  # newest first, the same order
     problem(api.http.get("/v1/conversations", params={"cursor": "garbage"}), 400, "bad_cursor")
+

@@ -14,6 +14,8 @@ import urllib.request
 import psutil
 import pytest
 
+from crewlet import tokens
+
 from tests.conftest import CREWLETCTL, CREWLETD, alive, wait_for
 
 ROLES = ("data_applier", "ingress", "seats", "workers")
@@ -200,8 +202,45 @@ def test_ingress_health_and_readiness(make_node):
     base = f"http://{node.config['ingress']['listen']}"
     with urllib.request.urlopen(base + "/healthz", timeout=5) as r:
         assert r.status == 200 and json.load(r)["node"] == "t1"
-    with urllib.request.urlopen(base + "/readyz", timeout=5) as r:
-        assert r.status == 200 and json.load(r)["ready"] is True
+
+    def ready():  # once its children run and its copy of the estate is in service
+        try:
+            with urllib.request.urlopen(base + "/readyz", timeout=5) as r:
+                return r.status == 200 and json.load(r)
+        except urllib.error.HTTPError:
+            return False
+    body = wait_for(ready, 30, what="/readyz 200")
+    assert body["ready"] is True and body["not_running"] == [] and body["estate"] is None
+
+
+def test_once_ready_a_new_node_answers_from_the_estate(make_node):
+    """Ready means the estate answers: a node just started is not ready until
+    a copy of it is in service (its own applier caught up), so the first
+    request a load balancer sends it is not a 503 estate_unavailable."""
+    node = make_node()
+    node.start(wait_ready=False)
+    base = f"http://{node.config['ingress']['listen']}"
+    seen = []
+
+    def ready():
+        try:
+            with urllib.request.urlopen(base + "/readyz", timeout=5) as r:
+                return r.status == 200
+        except urllib.error.HTTPError as exc:
+            seen.append(json.load(exc))
+            return False
+        except OSError:
+            return False
+    wait_for(ready, 60, interval=0.05, what="/readyz 200")
+    token = tokens.read_admin_token(node.run_dir)
+    request = urllib.request.Request(base + "/v1/tasks", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert r.status == 200 and "items" in json.load(r)
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"ready, yet {exc.code}: {exc.read().decode()}") from None
+    # Not ready before, and saying why (not only children starting).
+    assert seen and all("estate" in body for body in seen)
 
 
 def test_readyz_reports_a_child_that_is_not_running(make_node):
