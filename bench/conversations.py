@@ -78,7 +78,7 @@ over the rounds (p50/p95/p99, nearest rank), rates are the median round.
 is stopped by its pid, on failure and on Ctrl-C too. Exit status: 0 unless
 the benchmark itself broke.
 
-    /work/venv-bench/bin/python bench/conversations.py [--quick] [--json]    # --help for the rest
+    python bench/conversations.py [--quick] [--json]    # --help for the rest
 """
 
 from __future__ import annotations
