@@ -464,14 +464,23 @@ class Conductor:
 
     async def run_sessions(self) -> None:
         """The session runner: until cancelled (the module doc)."""
+        failing: str | None = None  # the last sweep's failure, said once until it changes
         while not self.stopping:
             self.sessions.nudged.clear()
             try:
                 await self._sweep()
+                if failing is not None:
+                    log.event("session_sweep_recovered", was=failing)
+                    failing = None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the estate or the broker did not answer: next sweep
-                log.event("session_sweep_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+                error = f"{type(exc).__name__}: {exc}"
+                if error != failing:
+                    # A node just started sweeps before its copy is in service:
+                    # said once, not every sweep.
+                    log.event("session_sweep_failed", "warning", error=error)
+                    failing = error
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.sweep):
                     await self.sessions.nudged.wait()

@@ -75,8 +75,8 @@ filtered on the run's subject, from ``after_seq + 1``. nats-py re-creates it
 from the last sequence it delivered after two missed heartbeats (a leader
 change, a reconnect), and the follower drops anything at or below the last
 sequence it yielded, so the order and the once hold across that. A
-follower's consumer is deleted when it ends — after the terminal event, or
-when closed (leave its ``async with``) — and one whose process died goes
+follower's consumer is deleted when it ends — at the read after the
+terminal event, or when closed (leave its ``async with``) — and one whose process died goes
 :data:`FOLLOW_INACTIVE` seconds later: nothing a reader leaves behind grows
 with time (DESIGN §4, issue 10). The stream admits :data:`MAX_FOLLOWERS`
 consumers: one per live stream of a run, fleet-wide.
@@ -443,6 +443,9 @@ class Follower:
 
     async def __anext__(self) -> tuple[int, dict[str, Any]]:
         if self.ended or self._closed:
+            # Past the terminal event: its consumer goes now, after the event
+            # reached the reader (deleting it first cost the end a round trip).
+            await self.close()
             raise StopAsyncIteration
         await self.open()
         while True:
@@ -473,8 +476,7 @@ class Follower:
                 log.event("runs_event_unreadable", "warning", run=self.run, seq=seq)
                 continue
             if event["type"] in TERMINAL:
-                self.ended = True
-                await self.close()
+                self.ended = True  # the next read closes it (or the reader's close)
             return seq, event
 
 
