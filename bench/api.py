@@ -472,7 +472,7 @@ async def wait_ready(node: ApiNode, timeout: float) -> dict[str, float]:
     return out
 
 
-def node_problems(node: ApiNode) -> dict[str, dict[str, Any]]:
+def node_problems(node: Crewletd) -> dict[str, dict[str, Any]]:
     """The node log's warnings and errors by level, role and event: a count, when the first
     was (s after the log's first line) and what it said."""
     out: dict[str, dict[str, Any]] = {}
@@ -487,7 +487,8 @@ def node_problems(node: ApiNode) -> dict[str, dict[str, Any]]:
         if key in out:
             out[key]["count"] += 1
             continue
-        said = rec.get("error") or rec.get("reason") or rec.get("why") or ""
+        said = rec.get("error") or rec.get("reason") or rec.get("why") or " ".join(
+            f"{k}={rec[k]}" for k in ("method", "path", "status", "code") if k in rec)
         at = rec.get("ts")
         out[key] = {"count": 1, "first_s": round(at - t0, 1) if at and t0 else None, "said": str(said)[:160]}
     return out
@@ -1035,19 +1036,27 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         rep["error"] = f"while {rep['stage']}: {exc}"
         say(f"FAILED {rep['error']}")
     finally:
-        say("stopping the bare app, crewletd and the bare server")
-        for app in started:
-            app.stop()
-        rep["node_log"] = node_problems(node) if node.proc is not None else {}
-        rep["node_stop_s"] = node.stop()
-        server.stop()
-        if args.keep or rep.get("error"):
-            rep["kept"] = base
-            say(f"kept {base} (crewletd log: {node.log_path})")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
-    rep["seconds"] = round(time.monotonic() - t0, 1)
+        wind_up(rep, args, base, node, server, started, t0)
     return rep
+
+
+def wind_up(rep: dict[str, Any], args: argparse.Namespace, base: str, node: Crewletd, server: NatsServer,
+            apps: list, t0: float) -> None:
+    """Stop what a node's benchmark started — its bare apps, crewletd, the bare
+    server, by pid — note the node's complaints and its stop time, keep the
+    dir when asked (``--keep``) or when the run failed, and time the whole."""
+    say("stopping the bare app, crewletd and the bare server")
+    for app in apps:
+        app.stop()
+    rep["node_log"] = node_problems(node) if node.proc is not None else {}
+    rep["node_stop_s"] = node.stop()
+    server.stop()
+    if args.keep or rep.get("error"):
+        rep["kept"] = base
+        say(f"kept {base} (crewletd log: {node.log_path})")
+    else:
+        shutil.rmtree(base, ignore_errors=True)
+    rep["seconds"] = round(time.monotonic() - t0, 1)
 
 
 def config(args: argparse.Namespace, binary: str) -> dict[str, Any]:

@@ -89,7 +89,6 @@ import collections
 import itertools
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -108,7 +107,7 @@ import psutil  # noqa: E402
 from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
 from crewlet import log  # noqa: E402
-from bench.api import Conn, _header, http_request  # noqa: E402  (the bench's HTTP/1.1 client)
+from bench.api import Conn, _header, http_request, wind_up  # noqa: E402  (the bench's HTTP/1.1 client)
 from bench.common import (BenchError, CpuMeter, Crewletd, NatsServer, child_env, emit,  # noqa: E402
                           find_nats_server, free_ports, ratio, say, server_version, summary, tail,
                           wait_jetstream)
@@ -866,20 +865,6 @@ async def measure_refusals(node: ConvNode, server: NatsServer, args: argparse.Na
 # The run
 # --------------------------------------------------------------------------
 
-def node_problems(node: ConvNode) -> dict[str, dict[str, Any]]:
-    """The node log's warnings and errors by level, role and event: a count and what the first said."""
-    out: dict[str, dict[str, Any]] = {}
-    for rec in node.warnings():
-        key = node.problem(rec)
-        if key in out:
-            out[key]["count"] += 1
-            continue
-        said = rec.get("error") or rec.get("reason") or rec.get("why") or " ".join(
-            f"{k}={rec[k]}" for k in ("method", "path", "status", "code") if k in rec)
-        out[key] = {"count": 1, "said": str(said)[:160]}
-    return out
-
-
 async def measure(node: ConvNode, server: NatsServer, bare: BareSse, args: argparse.Namespace,
                   rep: dict[str, Any]) -> None:
     rep["stage"] = "starting the node, the bare server and the bare SSE app"
@@ -931,17 +916,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         rep["error"] = f"while {rep['stage']}: {exc}"
         say(f"FAILED {rep['error']}")
     finally:
-        say("stopping the bare SSE app, crewletd and the bare server")
-        bare.stop()
-        rep["node_log"] = node_problems(node) if node.proc is not None else {}
-        rep["node_stop_s"] = node.stop()
-        server.stop()
-        if args.keep or rep.get("error"):
-            rep["kept"] = base
-            say(f"kept {base} (crewletd log: {node.log_path})")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
-    rep["seconds"] = round(time.monotonic() - t0, 1)
+        wind_up(rep, args, base, node, server, [bare], t0)
     return rep
 
 
