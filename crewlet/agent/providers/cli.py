@@ -32,6 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from crewlet import log
 from crewlet.agent.providers.base import Provider, ProviderError, env_secrets, redact
 from crewlet.agent.providers.scripted import conversation_words, words
 from crewlet.agent.types import Message, Reply, Sink, ToolSpec, Usage
@@ -43,6 +44,9 @@ SPAWNED_BY_ENV = "CREWLET_SPAWNED_BY"
 STDERR_TAIL = 2000
 # After the agent exits, how long its pipes may take to close once its group is killed.
 _DRAIN = 5.0
+# Seconds to wait for a SIGKILLed agent to be reaped before the turn goes on
+# without (its exit is then the child watcher's, whenever it comes).
+REAP_WAIT = 5.0
 
 
 class CliProvider(Provider):
@@ -97,7 +101,11 @@ class CliProvider(Provider):
             # left behind otherwise. Then reap it, so nothing of the run is left.
             _kill_group(proc.pid)
             try:
-                await asyncio.shield(proc.wait())
+                # Bounded: SIGKILLed, it exits at once; a reap that never comes
+                # (the child watcher missed it) must not hold the turn for ever.
+                await asyncio.wait_for(asyncio.shield(proc.wait()), REAP_WAIT)
+            except TimeoutError:
+                log.event("cli_agent_unreaped", "warning", provider=self.name, pid=proc.pid)
             finally:
                 if not io.done():
                     io.cancel()
