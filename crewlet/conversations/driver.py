@@ -61,7 +61,7 @@ from crewlet import log
 from crewlet.coord.lease import LeaseError
 from crewlet.conversations import runs
 from crewlet.conversations import turn as run_turn
-from crewlet.conversations.lease import ConversationBusy, Drivers, Driving
+from crewlet.conversations.lease import ConversationBusy, Drivers, Driving, key as lease_key
 from crewlet.estate.apply import BUSY, CONFLICT, NOT_FOUND, PENDING_APPROVAL
 from crewlet.estate.ops import EXPIRED, RUN_ENDED, make_op, op_id
 from crewlet.queue.post import FROM_HEADER
@@ -561,7 +561,7 @@ class Conductor:
             if not room:
                 return False
             if self.drivers.holders is not None and self.drivers.holders.get(
-                    f"conv.{run['conversation']}") is not None:
+                    lease_key(run["conversation"])) is not None:
                 return True  # driven (as far as this node's watch knows)
             driving = await self._try_lease(run)
             if driving is None:

@@ -137,6 +137,16 @@ class _Interruptible:
         return asking.result()
 
 
+def _left_calls(rows: list[dict[str, Any]]) -> tuple[int | None, list[tuple[int, dict[str, Any]]]]:
+    """The place of the last model message in *rows* that made calls (None:
+    the last made none), and its calls with no result after it, by index."""
+    last = next((i for i in range(len(rows) - 1, -1, -1) if rows[i]["role"] == "assistant"), None)
+    if last is None or not rows[last].get("calls"):
+        return None, []
+    answered = {row.get("call_id") for row in rows[last + 1:] if row["role"] == "tool"}
+    return last, [(i, c) for i, c in enumerate(rows[last]["calls"]) if c["id"] not in answered]
+
+
 def _message(row: dict[str, Any]) -> Message:
     calls = tuple(ToolCall(c["id"], c["name"], c.get("args") or {}) for c in row.get("calls") or ())
     return Message(row["role"], row.get("text") or "", calls=calls, call_id=row.get("call_id"),
@@ -323,12 +333,10 @@ class RunTurn(Hooks):
         # The rounds this run asked already (its kept model messages).
         asked = [int(m["round"]) for row in mine if (m := _MESSAGE_ID.match(row["id"])) and m["index"] is None]
         done_round = max(asked, default=0)
-        last = next((i for i in range(len(rows) - 1, -1, -1) if rows[i]["role"] == "assistant"), None)
-        if last is None or not rows[last].get("calls"):
+        last, left = _left_calls(rows)
+        if last is None:
             return history, (done_round, [])
-        answered = {row.get("call_id") for row in rows[last + 1:] if row["role"] == "tool"}
-        todo = [(i, ToolCall(c["id"], c["name"], c.get("args") or {}))
-                for i, c in enumerate(rows[last]["calls"]) if c["id"] not in answered]
+        todo = [(i, ToolCall(c["id"], c["name"], c.get("args") or {})) for i, c in left]
         # Calls of this run's own round keep their round's number (their call
         # keys); those of the run that asked for an approval are this run's round 0.
         own = _MESSAGE_ID.match(rows[last]["id"])
@@ -340,14 +348,8 @@ class RunTurn(Hooks):
     async def _answer_left_calls(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Tool messages for the calls of the last model message in *rows* that
         have none: never run (denied, or overtaken by a new message). Kept."""
-        last = next((i for i in range(len(rows) - 1, -1, -1) if rows[i]["role"] == "assistant"), None)
-        if last is None or not rows[last].get("calls"):
-            return []
-        answered = {row.get("call_id") for row in rows[last + 1:] if row["role"] == "tool"}
         kept = []
-        for index, call in enumerate(rows[last]["calls"]):
-            if call["id"] in answered:
-                continue
+        for index, call in _left_calls(rows)[1]:
             row = {"conversation": self.conversation, "run": self.run, "id": result_id(self.run, 0, index),
                    "role": "tool", "text": NOT_RUN, "call_id": call["id"], "name": call["name"], "error": True}
             await self._write("conversation.message", row, row["id"])
