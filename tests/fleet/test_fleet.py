@@ -211,9 +211,12 @@ def test_a_revision_reaches_every_node_and_a_bad_one_is_refused(natsd, make_node
     asyncio.run(sneak_in_a_bad_revision())
     for node in nodes:
         node.wait_event("company_refused", timeout=20, rev=2)
-    fleet = nodes[0].status()["fleet"]
-    assert all(n["applied"]["rev"] == 1 and "revision 2" in n["status_error"]
-               for n in fleet["nodes"])
+    # Each node says so in its presence, which the other sees a renewal later.
+    def both_refused():
+        fleet = nodes[0].status()["fleet"]
+        return all(n["applied"]["rev"] == 1 and "revision 2" in (n["status_error"] or "")
+                   for n in fleet["nodes"])
+    wait_for(both_refused, 20, what="both nodes reporting revision 2 refused on revision 1")
     assert len(seats_of(nodes[0])) == 30  # still running revision 1
 
 
