@@ -57,7 +57,7 @@ nobody's but ``crewlet``'s. What the roles may do, in the order it matters:
     (the send tool), dead letters, turn events, a conversation turn's
     events (``runs.>``: the turn runs where the seat is held,
     :mod:`crewlet.conversations.sink`); writes ``leases`` keys ``seat.*``
-    only, the ledger, budgets and cooldowns. Fetches from the mailboxes but
+    and its node's ``life.<node>`` only, the ledger, budgets and cooldowns. Fetches from the mailboxes but
     cannot create, delete or purge one.
 ``ingress``
     Never the estate log (it asks an applier, ``estate.req.*``), never
@@ -201,7 +201,8 @@ def grants(node: str) -> dict[str, Grant]:
                 runs.STREAM: LOOK,           # a request to stop a run (runs.request_cancel)
                 kv(buckets.CONFIG): LOOK,    # the company revision a conversation run pinned
             },
-            writes={buckets.LEASES.name: "seat.>", buckets.LEDGER.name: ANY,
+            # Seat leases, and this node's seats process's life they are bound to.
+            writes={buckets.LEASES.name: ("seat.>", f"life.{node}"), buckets.LEDGER.name: ANY,
                     buckets.BUDGETS.name: ANY, buckets.COOLDOWNS.name: ANY},
             # Mail wakes its seat; a conversation run's turn hears a request to stop it.
             subscribe=(mail.SUBJECT + "*", RUN_EVENTS)),

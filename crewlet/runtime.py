@@ -35,7 +35,7 @@ import signal
 import subprocess
 import time
 import traceback
-from typing import Any, AsyncIterator, Awaitable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import psutil
 import zmq
@@ -148,6 +148,18 @@ class RoleContext:
     async def report(self, kind: str, **fields: Any) -> None:
         """Send one message on crewletd's health endpoint."""
         await self._health.send(ipc.pack({"t": kind, "child": self.role, "pid": os.getpid(), **fields}))
+
+    async def report_stats(self, compute: Callable[[], dict[str, Any]], every: float) -> None:
+        """Tell crewletd this child's stats (``crewletctl status`` shows them)
+        as they change: looked at every *every* seconds, sent only when they
+        differ from what was sent last — an idle node sends nothing."""
+        sent = None
+        while True:
+            stats = compute()
+            if stats != sent:
+                await self.report("stats", stats=stats)
+                sent = stats
+            await asyncio.sleep(every)
 
     async def ready(self) -> None:
         """This child is up: its connection and sockets are open."""

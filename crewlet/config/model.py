@@ -496,7 +496,7 @@ class FleetSection(_Section):
     lease_ttl: float = Field(45.0, ge=1, le=HOUR, validate_default=True)
     # The seat sweep's interval: each reads the leases, so 0.1 s at least; 10 minutes at most.
     sweep: float = Field(5.0, ge=0.1, le=600)
-    claims_per_sweep: int = Field(4, ge=1, le=COUNT_MAX)  # a claim spawns a seat's MCP children
+    claims_per_sweep: int = Field(4, ge=1, le=COUNT_MAX)  # MCP process trees forked per sweep window
     releases_per_sweep: int = Field(2, ge=1, le=COUNT_MAX)  # a release interrupts a live agent
     # A mailbox's ack wait: mail in the hands of a node that died comes back after it.
     # Set when a mailbox is created (the first node to create it decides). NATS keeps it in

@@ -29,12 +29,26 @@ watch is sound, and by at most those bounds when it is not. That is safe
 because nothing *decides* on it alone: a claim is a compare-and-set that
 fails on a live key, and the fence check before a side effect reads the
 key itself.
+
+Bound leases
+------------
+A seat lease has no TTL of its own: it is **bound** to its holder's life,
+the ``life.<node>`` lease the seats process renews (:mod:`crewlet.coord.life`),
+and names that life's token (``"life"`` in its value). It is live while
+that life is: the same key, live, with the same token. So everything read
+here — :meth:`of`, :meth:`get`, ``on_change`` — shows a bound lease only
+while its life is live, and a life that lapses, is deleted or is claimed
+anew (another token) takes every lease bound to it along, each reported to
+``on_change`` as gone. The bound key itself stays in the bucket until the
+next holder's compare-and-set replaces it: :meth:`revision` gives the
+sequence such a claim must expect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Awaitable, Callable, Iterator
 
 from nats.js.kv import KeyValue
@@ -64,7 +78,9 @@ class Holders:
         self._open_kv = open_kv
         self._idle = IDLE_HEARTBEATS * heartbeat
         self.on_change = on_change
-        self._live: dict[str, Owner] = {}
+        self._live: dict[str, Owner] = {}  # every lease key the watch shows, bound ones whatever their life
+        self._bound: dict[str, set[str]] = {}  # node -> the keys in _live bound to a life of that node
+        self._since: dict[str, tuple[int, float]] = {}  # key -> (token, monotonic time first seen)
         self._next: dict[str, Owner] | None = None
         self._gone: dict[str, set[asyncio.Event]] = {}  # key -> the events gone() handed out
         self.listed = asyncio.Event()
@@ -79,10 +95,31 @@ class Holders:
 
     def of(self, prefix: str) -> dict[str, Owner]:
         """Every live lease whose key starts with *prefix* (``seat.``, ``node.``)."""
-        return {k: o for k, o in self._live.items() if k.startswith(prefix)}
+        return {k: o for k, o in self._live.items()
+                if k.startswith(prefix) and _alive(o, self._live)}
 
     def get(self, key: str) -> Owner | None:
-        return self._live.get(key)
+        owner = self._live.get(key)
+        return owner if owner is not None and _alive(owner, self._live) else None
+
+    def bound_to(self, node: str, life: int) -> dict[str, Owner]:
+        """The leases bound to *node*'s life under token *life*, as the watch
+        shows them, whether that life is live or not (adoption reads them)."""
+        return {k: o for k in self._bound.get(node, ())
+                if (o := self._live[k]).info.get("life") == life}
+
+    def since(self, key: str) -> float | None:
+        """The monotonic time this watch first saw *key*'s current owner
+        (its token); None when no live lease holds it."""
+        owner = self.get(key)
+        seen = self._since.get(key)
+        return seen[1] if owner is not None and seen and seen[0] == owner.token else None
+
+    def revision(self, key: str) -> int:
+        """The sequence a claim of *key* must expect, as the watch last saw
+        it: a bound lease whose life is gone is still there (0: no key)."""
+        owner = self._live.get(key)
+        return owner.revision if owner is not None else 0
 
     @contextlib.contextmanager
     def gone(self, key: str) -> Iterator[asyncio.Event]:
@@ -119,11 +156,17 @@ class Holders:
 
     def _listed(self) -> None:
         fresh, self._next = self._next or {}, None
-        old, self._live = self._live, fresh
-        for key in old.keys() | fresh.keys():
-            if old.get(key) != fresh.get(key):
-                self.on_change(key, old.get(key), fresh.get(key))
-        for key in [k for k in self._gone if k not in fresh]:
+        old = _in_force(self._live)
+        self._live = fresh
+        self._bound = {}
+        self._since = {k: v for k, v in self._since.items() if k in fresh}
+        for key, owner in fresh.items():
+            self._index(key, owner)
+        new = _in_force(fresh)
+        for key in old.keys() | new.keys():
+            if old.get(key) != new.get(key):
+                self.on_change(key, old.get(key), new.get(key))
+        for key in [k for k in self._gone if k not in new]:
             self._wake_gone(key)
         self.listed.set()
 
@@ -137,11 +180,54 @@ class Holders:
             else:
                 self._next[entry.key] = owner
             return
-        was = self._live.get(entry.key)
-        if owner is None:
-            self._live.pop(entry.key, None)
-            self._wake_gone(entry.key)
-        else:
-            self._live[entry.key] = owner
-        if was != owner:
-            self.on_change(entry.key, was, owner)
+        key = entry.key
+        # What readers saw before: this key, and if it is a life, every lease bound to it.
+        bound = sorted(self._bound.get(key.removeprefix(LIFE), ())) if key.startswith(LIFE) else []
+        before = {k: self.get(k) for k in (key, *bound)}
+        raw = self._live.pop(key, None)
+        if raw is not None:
+            self._unindex(key, raw)
+            if owner is None:
+                self._since.pop(key, None)
+        if owner is not None:
+            self._live[key] = owner
+            self._index(key, owner)
+        for k, was in before.items():
+            now = self.get(k)
+            if now is None:
+                self._wake_gone(k)
+            if was != now:
+                self.on_change(k, was, now)
+
+    def _index(self, key: str, owner: Owner) -> None:
+        seen = self._since.get(key)
+        if seen is None or seen[0] != owner.token:
+            self._since[key] = (owner.token, time.monotonic())
+        if "life" in owner.info:
+            self._bound.setdefault(owner.node, set()).add(key)
+
+    def _unindex(self, key: str, owner: Owner) -> None:
+        keys = self._bound.get(owner.node)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._bound[owner.node]
+
+
+# The key prefix of a seats process's life (crewlet.coord.life), spelt here
+# too: a bound lease's liveness is read from it.
+LIFE = "life."
+
+
+def _alive(owner: Owner, live: dict[str, Owner]) -> bool:
+    """Is *owner* live given the leases *live*? Unbound: yes (its TTL is the
+    server's business); bound: while its life is there with its token."""
+    life = owner.info.get("life")
+    if life is None:
+        return True
+    holder = live.get(LIFE + owner.node)
+    return holder is not None and holder.token == life
+
+
+def _in_force(live: dict[str, Owner]) -> dict[str, Owner]:
+    return {k: o for k, o in live.items() if _alive(o, live)}

@@ -152,8 +152,10 @@ class Leases:
 
     # ---------------------------------------------------------------- writing
 
-    async def _write(self, key: str, value: bytes, expected: int) -> int | None:
+    async def _write(self, key: str, value: bytes, expected: int, *,
+                     ttl: float | None | bool = True) -> int | None:
         """CAS-publish *value*; its sequence, or None when *expected* was stale.
+        The key lives a lease TTL (*ttl* True), *ttl* seconds, or for ever (None).
 
         A publish that got no answer (a stream leader election takes seconds)
         is sent again under the same ``Nats-Msg-Id``: if the first one was
@@ -165,7 +167,8 @@ class Leases:
         msg_id = f"{key}:{uuid.uuid4().hex}"
         try:
             ack = await publish_until(self.js, self._put + key, value, msg_id=msg_id,
-                                      headers={_EXPECTED_LAST: str(expected)}, msg_ttl=self.ttl,
+                                      headers={_EXPECTED_LAST: str(expected)},
+                                      msg_ttl=self.ttl if ttl is True else ttl,
                                       deadline=time.monotonic() + self.patience)
             return ack.seq
         except APIError as exc:
@@ -240,8 +243,9 @@ class Leases:
                 return replace(held, revision=seq, renewed=sent)
             # A conflict, or quorum loss saying the same thing: look before deciding.
             _, owner = await self._last(held.key)
-            if owner is None or owner.boot != self.boot or owner.token != held.token:
-                return None
+            if owner is None or owner.boot != self.boot or owner.token != held.token \
+                    or owner.info.get("proc") != info.get("proc"):
+                return None  # not our write: another process (a life's "proc") adopted it
             expected = owner.revision  # our own write that timed out yet was stored
         raise LeaseError(f"renewing {held.key}: the compare-and-set kept failing")
 

@@ -10,11 +10,15 @@ leases, seat leases, the company's seats) and decides for itself:
 * **release** — seats this node may no longer hold (placement changed, seat
   removed from the company) first, then seats above the share; at most
   ``releases`` per sweep, since a release interrupts a live agent.
-* **claim** — unowned seats this node may hold, while below its share; at most
-  ``claims`` per sweep, since a claim spawns that seat's MCP children. Seats
-  fewest nodes may hold go first (a seat only this node may hold is claimed
-  even above the share); otherwise each node tries seats in its own order (a
-  hash of seat and node), so nodes starting together rarely race for a seat.
+* **claim** — unowned seats this node may hold, while below its share. What
+  is paced is what a claim costs, not the claim: a seat with stdio MCP servers
+  forks one process tree per server (its **cost**), and at most ``spawns``
+  trees are forked per sweep window (a seat costing more than a whole window
+  counts as one whole window); a seat without servers is one KV write and is
+  claimed at once. Seats fewest nodes may hold go first (a seat only this
+  node may hold is claimed even above the share); otherwise each node tries
+  seats in its own order (a hash of seat and node), so nodes starting
+  together rarely race for a seat.
 
 Renewing every held seat is not a decision: the sweep always does it first.
 """
@@ -30,6 +34,12 @@ from dataclasses import dataclass, field
 class SeatView:
     name: str
     placement: dict[str, str] = field(default_factory=dict)
+    cost: int = 0  # process trees its claim forks: its stdio MCP servers
+
+
+def cost(seat: SeatView, limit: int) -> int:
+    """What claiming *seat* takes from a window of *limit* spawns."""
+    return min(seat.cost, limit)
 
 
 @dataclass(frozen=True)
@@ -64,11 +74,12 @@ def _order(seat: str, node: str) -> bytes:
 
 
 def plan(me: NodeView, seats: list[SeatView], nodes: list[NodeView], owners: dict[str, str],
-         held: set[str], *, claims: int, releases: int) -> Plan:
+         held: set[str], *, spawns: int, spawn_limit: int, releases: int) -> Plan:
     """Decide one sweep for node *me*.
 
     *nodes* are the live seats-nodes (including *me*); *owners* maps each held
-    seat to its holder's node id; *held* are the seats *me* holds.
+    seat to its holder's node id; *held* are the seats *me* holds; *spawns*
+    what is left of this window's *spawn_limit*.
     """
     if me.id not in {n.id for n in nodes}:
         nodes = [*nodes, me]
@@ -90,5 +101,16 @@ def plan(me: NodeView, seats: list[SeatView], nodes: list[NodeView], owners: dic
     # it would wait for a surplus release that never comes.
     only_here = [s for s in free if reach[s] == 1]
     room = max(0, share - len(keep) - len(only_here))
-    others = [s for s in free if reach[s] > 1][:room]
-    return Plan(share=share, claim=(only_here + others)[:claims], release=release)
+    others = [s for s in free if reach[s] > 1]
+    claim: list[str] = []
+    for seat in only_here + others:
+        if reach[seat] > 1 and room <= 0:
+            break
+        price = cost(by_name[seat], spawn_limit)
+        if price > spawns:
+            continue  # its trees wait for the next window; cheaper seats go on
+        spawns -= price
+        claim.append(seat)
+        if reach[seat] > 1:
+            room -= 1
+    return Plan(share=share, claim=claim, release=release)

@@ -190,9 +190,7 @@ async def follow_retention(ctx: RoleContext, applier: Applier) -> None:
 
 
 async def report_stats(ctx: RoleContext, applier: Applier) -> None:
-    while True:
-        await asyncio.sleep(STATS_EVERY)
-        await ctx.report("stats", stats=stats(applier))
+    await ctx.report_stats(lambda: stats(applier), STATS_EVERY)
 
 
 async def main(ctx: RoleContext) -> None:

@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import os
 import sys
+import uuid
 
 from crewlet import disk, log
 from crewlet.agent.janitor import kill_marked
@@ -63,21 +64,22 @@ async def _follow(ctx: RoleContext, sweeper: SeatSweeper, engine: TurnEngine) ->
 
 
 def _wake_on_change(sweeper: SeatSweeper):
-    """What the lease watch calls: wake the sweep when a seat or node lease
-    went away (released, expired) or a node appeared."""
+    """What the lease watch calls: wake the sweep when a seat, node or life
+    lease went away (released, expired; a seat also when its life did), or a
+    node or a life appeared (a life claimed anew is another token: its
+    seats went)."""
     def changed(key: str, was, now) -> None:
-        if not key.startswith(("node.", "seat.")):
+        if not key.startswith(("node.", "seat.", "life.")):
             return  # duties, conversations: not the sweep's business
-        if now is None or (was is None and key.startswith("node.")):
+        if now is None or (was is None and not key.startswith("seat.")) \
+                or (key.startswith("life.") and was.token != now.token):
             sweeper.wake()
     return changed
 
 
 async def _report(ctx: RoleContext, engine: TurnEngine) -> None:
     """Tell crewletd what the turns are doing (crewletctl status shows it)."""
-    while True:
-        await ctx.report("stats", stats=engine.stats())
-        await asyncio.sleep(STATS_EVERY)
+    await ctx.report_stats(engine.stats, STATS_EVERY)
 
 
 async def main(ctx: RoleContext) -> None:
@@ -98,8 +100,9 @@ async def main(ctx: RoleContext) -> None:
     leases = Leases(js, ctx.node_id, ctx.boot, fleet.lease_ttl)
     holders = Holders.of_bucket(js, heartbeat=fleet.heartbeat)
     sweeper = SeatSweeper(leases, holders, ctx.node_id, ctx.config.node.labels, boot=ctx.boot,
-                          sweep=fleet.sweep, heartbeat=fleet.heartbeat,
-                          claims=fleet.claims_per_sweep, releases=fleet.releases_per_sweep)
+                          proc=f"{os.getpid()}.{uuid.uuid4().hex[:8]}", sweep=fleet.sweep,
+                          heartbeat=fleet.heartbeat, grace=fleet.lease_ttl,
+                          spawns=fleet.claims_per_sweep, releases=fleet.releases_per_sweep)
     mailboxes = JetStreamMailboxes(js, ctx.nats)
     mailboxes.notices_to = list(ctx.config.smtp.notices_to)
     # The seats' tools reach the estate through the router: this node's own

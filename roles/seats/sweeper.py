@@ -1,28 +1,37 @@
 """The seat sweep (DESIGN §5): hold this node's fair share of the company's seats.
 
-Every ``fleet.sweep`` seconds, and early when the fleet changes (a seat or a
-node's lease deleted or expired, a node appearing, a new company revision):
+Every ``fleet.sweep`` seconds, and early when the fleet changes (a seat, a
+node or a seats process's life gone, a node appearing, a new company
+revision):
 
-1. **renew** every seat this node holds; a seat whose lease was lost (taken
-   after this node was paused past the TTL) is dropped at once; a renewal
-   whose outcome is unknown keeps the seat only while it is fresh by our own
-   clock. When every renewal succeeded, that time is the node's **last
-   renew**, which admission reads: a turn starts only if it is less than one
-   heartbeat old.
-2. **adopt** seats this node's own incarnation holds that this process does
-   not know of (the seats role restarted), and **take over** seats held under
-   this node's id by an earlier incarnation (crewletd restarted within the TTL).
+1. **renew the life** (a loop of its own, every sweep interval) — this process's ``life.<node>`` lease, to which every
+   seat it holds is bound (:mod:`crewlet.coord.life`): one write a sweep,
+   whatever the number of seats. A life lost (taken after this process was
+   paused past the TTL) drops every seat at once; a renewal whose outcome is
+   unknown keeps them only while the life is fresh by our own clock. The
+   time of the last renewal is the node's **last renew**, which admission
+   reads: a turn starts only if it is less than one heartbeat old.
+2. **begin the life** when this process has none — claimed, or adopted
+   from this crewletd's previous seats process with its token, so every
+   seat bound to it is this process's again at once (a role restart costs
+   one write, not one per seat); then **adopt** those seats.
 3. **decide** with :func:`crewlet.coord.sweep.plan` on the fleet as this
    process's one lease watch shows it (:class:`crewlet.coord.holders.Holders`:
-   live seats-nodes from presence, owners from seat leases — memory, not a
-   question to the broker per sweep), then release and claim. Claims and releases are limited per ``fleet.sweep`` window, counted
-   across early sweeps too: at most ``claims_per_sweep`` and
-   ``releases_per_sweep``.
+   seats-nodes from presence and life, owners from the live seat leases —
+   memory, not a question to the broker per sweep), then release and claim.
+
+What is paced is what costs: a seat's MCP servers, each a process tree
+forked when its work starts — at most ``fleet.claims_per_sweep`` trees per
+sweep window, counted across early sweeps too, for claims and adoptions
+alike (an adopted seat with servers waits its turn holding its lease). A
+seat without servers is one KV write and is claimed at once, as many as
+the fair share allows, several at a time. Releases stay paced
+(``releases_per_sweep``), since a release interrupts a live agent.
 
 Claiming and releasing call the hooks (``on_claim``, ``on_release``) that
-start and stop a seat's work — its MCP servers and mailbox in the turns issue.
-On stop every held seat is released, so peers take them within a sweep
-instead of after the TTL.
+start and stop a seat's work — its MCP servers and mailbox in
+:mod:`roles.seats.turns`. On stop the work is handed back and the life is
+deleted: every seat is free for the fleet in one write.
 """
 
 from __future__ import annotations
@@ -35,17 +44,21 @@ from typing import Any, Awaitable, Callable
 from crewlet import log
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Held, LeaseError, Leases
-from crewlet.coord.sweep import NodeView, SeatView, plan
+from crewlet.coord.life import Life
+from crewlet.coord.life import key as life_key
+from crewlet.coord.sweep import NodeView, SeatView, cost, plan
 
-Hook = Callable[[str, Held | None], Awaitable[None]]
-# Leases released at once when the node stops.
-RELEASE_PARALLEL = 32
+# on_claim(seat, held, fence): fence says a holder before us may still be writing.
+ClaimHook = Callable[[str, Held, bool], Awaitable[None]]
+ReleaseHook = Callable[[str, Held | None], Awaitable[None]]
+# Claims in flight at once (each one compare-and-set publish).
+CLAIM_PARALLEL = 128
 # Seconds a sweep cut short by a stop is given to unwind.
 SWEEP_UNWIND = 0.5
 
 
-async def _log_claim(seat: str, held: Held | None) -> None:
-    log.event("seat_claimed", seat=seat, token=held.token if held else None)
+async def _log_claim(seat: str, held: Held, fence: bool) -> None:
+    log.event("seat_claimed", seat=seat, token=held.token)
 
 
 async def _log_release(seat: str, held: Held | None) -> None:
@@ -53,19 +66,27 @@ async def _log_release(seat: str, held: Held | None) -> None:
 
 
 class SeatSweeper:
-    """Invariants: ``held`` is every seat this process acts for, with its lease;
-    ``_claims``/``_releases`` hold the monotonic times of recent ones."""
+    """Invariants: ``held`` is every seat this process holds, each bound to
+    ``life`` (cleared whenever the life is lost); ``started`` the ones whose
+    work was started (``on_claim``), the rest waiting for spawns in
+    ``_waiting`` order; ``_spawned``/``_releases`` the monotonic times of
+    recent process-tree spawns (one entry a tree) and releases."""
 
     def __init__(self, leases: Leases, holders: Holders, node_id: str, labels: dict[str, str], *,
-                 boot: str, sweep: float, heartbeat: float, claims: int, releases: int,
-                 on_claim: Hook = _log_claim, on_release: Hook = _log_release):
+                 boot: str, proc: str, sweep: float, heartbeat: float, grace: float, spawns: int,
+                 releases: int, on_claim: ClaimHook = _log_claim,
+                 on_release: ReleaseHook = _log_release):
         self.leases = leases
         self.holders = holders
+        self.life = Life(leases, node_id, proc)
         self.me = NodeView(node_id, dict(labels))
         self.boot = boot
         self.interval = sweep
         self.heartbeat = heartbeat
-        self.claims = claims
+        # How long a node whose presence is new counts as a seats-node before
+        # its seats process has begun its life.
+        self.grace = grace
+        self.spawns = spawns
         self.releases = releases
         self.on_claim = on_claim
         self.on_release = on_release
@@ -74,9 +95,12 @@ class SeatSweeper:
         # None until the first company revision arrives: before that the sweep
         # only renews (everything would look "not in the company" otherwise).
         self.seats: list[SeatView] | None = None
+        self._costs: dict[str, int] = {}
         self.held: dict[str, Held] = {}
+        self.started: set[str] = set()
+        self._waiting: dict[str, None] = {}  # held, work not started: an ordered set
         self.last_renew: float | None = None
-        self._claims: deque[float] = deque()
+        self._spawned: deque[float] = deque()
         self._releases: deque[float] = deque()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()  # replaced by run()'s
@@ -89,9 +113,18 @@ class SeatSweeper:
         now = time.monotonic() if now is None else now
         return self.last_renew is not None and now - self.last_renew < self.heartbeat
 
+    def holds(self, seat: str, token: int) -> bool:
+        """Does this process hold *seat* under *token*, by its own clock? A
+        life renewed at *t* lives on the server until at least *t* + TTL, and
+        nobody claims a seat bound to a live life: no round trip needed."""
+        held = self.held.get(seat)
+        return held is not None and held.token == token and self.life.fresh()
+
     def set_company(self, company: dict[str, Any]) -> None:
-        self.seats = [SeatView(s["name"], dict(s.get("placement", {}).get("labels", {})))
+        self.seats = [SeatView(s["name"], dict(s.get("placement", {}).get("labels", {})),
+                               cost=len(s.get("mcp") or ()))
                       for s in company.get("seats", [])]
+        self._costs = {s.name: s.cost for s in self.seats}
         self.wake()
 
     def wake(self) -> None:
@@ -100,14 +133,36 @@ class SeatSweeper:
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Sweep until *stopping*; the caller then gives the seats up
-        (:meth:`release_all`), within the time its stop has."""
+        (:meth:`release_all`), within the time its stop has. The life is
+        renewed by a loop of its own: a sweep that claims a thousand seats
+        must not hold up the renewal every one of them depends on."""
         self._stopping = stopping
+        pulse = asyncio.create_task(self._pulse(stopping), name="seats life")
+        try:
+            await self._sweep_until(stopping)
+        finally:
+            pulse.cancel()
+            await asyncio.gather(pulse, return_exceptions=True)
+
+    async def _pulse(self, stopping: asyncio.Event) -> None:
+        """Renew the life every sweep interval, until *stopping*."""
+        while not stopping.is_set():
+            try:
+                await self._renew()
+            except LeaseError as exc:
+                log.event("seats_life_renew_failed", "warning", error=str(exc))
+            try:
+                await asyncio.wait_for(stopping.wait(), self.interval)
+            except TimeoutError:
+                pass
+
+    async def _sweep_until(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             self._wake.clear()  # before: a change seen during the sweep wakes the next
             started = time.monotonic()
             # A stop does not wait for the sweep in progress: without quorum
             # its writes each wait out their patience. A claim cut short that
-            # did land is a lease nobody acts for, gone within a TTL.
+            # did land is bound to a life the stop deletes.
             sweeping = asyncio.ensure_future(self.sweep())
             halt = asyncio.ensure_future(stopping.wait())
             await asyncio.wait({sweeping, halt}, return_when=asyncio.FIRST_COMPLETED)
@@ -133,113 +188,178 @@ class SeatSweeper:
 
     async def sweep(self) -> None:
         self.sweeps += 1
-        await self._renew()
-        if self.seats is None or not self.holders.listed.is_set():
-            return  # no company, or no view of the fleet yet: hold what we hold, decide nothing
+        if not self.holders.listed.is_set():
+            return  # no view of the fleet yet: hold what we hold, decide nothing
         nodes = self.holders.of("node.")
         mine = nodes.get(f"node.{self.me.id}")
         if mine is None or mine.boot != self.boot:
             # Our node has not joined (yet), or another node holds our id:
             # never act on the fleet under an identity we do not own.
             return
-        owners = self.holders.of("seat.")
-        await self._recover(owners)
+        # Begun before the company is known: peers count this node among the
+        # seats-nodes from the first revision on, not after its first claims.
+        if self.life.held is None and not await self._begin():
+            return
+        if self.seats is None:
+            return  # no company yet: everything would look "not in the company"
+        self._adopt()
+        await self._start_waiting()
+        now = time.monotonic()
         live = [NodeView(k.removeprefix("node."), dict(o.info.get("labels", {})))
-                for k, o in nodes.items() if "seats" in o.info.get("roles", ())]
+                for k, o in nodes.items()
+                if "seats" in o.info.get("roles", ()) and self._seats_node(k, now)]
+        owners = {k.removeprefix("seat."): o.node for k, o in self.holders.of("seat.").items()}
         # What we hold is ours whether or not the watch has shown our claim yet.
-        seen = {k.removeprefix("seat."): o.node for k, o in owners.items()}
-        decision = plan(self.me, self.seats, live, {**seen, **dict.fromkeys(self.held, self.me.id)},
-                        set(self.held), claims=self._budget(self._claims, self.claims),
+        decision = plan(self.me, self.seats, live, {**owners, **dict.fromkeys(self.held, self.me.id)},
+                        set(self.held), spawns=self._budget(self._spawned, self.spawns),
+                        spawn_limit=self.spawns,
                         releases=self._budget(self._releases, self.releases))
         for seat in decision.release:
             await self._release(seat)
-        for seat in decision.claim:
-            held = await self.leases.claim(f"seat.{seat}")
-            self._claims.append(time.monotonic())
-            if held is not None:
-                self.held[seat] = held
-                await self.on_claim(seat, held)
+        if decision.claim:
+            started = time.monotonic()
+            claimed = await self._claim_all(decision.claim)
+            log.event("seats_claimed", tried=len(decision.claim), claimed=claimed,
+                      took_ms=round((time.monotonic() - started) * 1000, 1))
+
+    def _seats_node(self, presence: str, now: float) -> bool:
+        """Does the node of *presence* count toward the fair share? While its
+        seats process's life is live — or, for a node that just joined,
+        for ``grace`` while that process begins it."""
+        node = presence.removeprefix("node.")
+        if node == self.me.id or self.holders.get(life_key(node)) is not None:
+            return True
+        since = self.holders.since(presence)
+        return since is not None and now - since < self.grace
 
     async def _renew(self) -> None:
-        """Renew every held seat at once; drop the lost and the stale."""
+        """Renew the life; on losing it, drop every seat."""
+        if self.life.held is None:
+            return
         started = time.monotonic()
         # Stale by our own clock (we were paused): stop acting first, ask after.
-        for seat, held in list(self.held.items()):
-            if not held.fresh(started):
-                await self._drop(seat, "lease stale on waking")
-        seats = list(self.held)
-        results = await asyncio.gather(*(self.leases.renew(self.held[s]) for s in seats),
-                                       return_exceptions=True)
-        all_renewed = True
-        for seat, result in zip(seats, results):
-            if seat not in self.held:
-                continue
-            if isinstance(result, BaseException):
-                all_renewed = False
-                if not isinstance(result, LeaseError):
-                    raise result
-                if not self.held[seat].fresh():
-                    await self._drop(seat, f"renewal unknown and the lease is stale: {result}")
-            elif result is None:
-                all_renewed = False
-                await self._drop(seat, "lease lost")
-            else:
-                self.held[seat] = result
-        if all_renewed:
-            self.last_renew = started
+        if not self.life.fresh(started):
+            await self._drop_all("life stale on waking")
+            self.life.lose()
+            return
+        try:
+            renewed = await self.life.renew()
+        except LeaseError as exc:
+            if not self.life.fresh():
+                await self._drop_all(f"life renewal unknown and the life is stale: {exc}")
+                self.life.lose()
+            return
+        if renewed is None:
+            await self._drop_all("life lost")
+            return
+        self.last_renew = started
 
-    async def _recover(self, owners) -> None:
-        """Adopt our own incarnation's seats; take over an earlier incarnation's."""
-        for key, owner in owners.items():
+    async def _begin(self) -> bool:
+        """Begin this process's life (claimed, adopted or taken over)."""
+        started = time.monotonic()
+        held = await self.life.begin()
+        if held is None:
+            return False
+        self.last_renew = started
+        adopted = len(self.holders.bound_to(self.me.id, held.token))
+        log.event("seats_life_begun", token=held.token, adopted=adopted)
+        return True
+
+    def _adopt(self) -> None:
+        """Hold the seats bound to our life that this process does not know
+        of (the process before it held them): no write, their token kept.
+        Their work starts in :meth:`_start_waiting`, spawns paced."""
+        life = self.life.held
+        assert life is not None
+        for key, owner in self.holders.bound_to(self.me.id, life.token).items():
             seat = key.removeprefix("seat.")
-            if owner.node != self.me.id or seat in self.held:
+            if seat in self.held:
                 continue
-            if not self._budget(self._claims, self.claims):
-                return  # adopting spawns a seat's work too: it counts as a claim
-            if owner.boot == self.boot:
-                held = await self.leases.renew(
-                    Held(key, owner.token, owner.revision, renewed=0.0, ttl=self.leases.ttl))
-            else:
-                # An earlier incarnation of this node: our presence is ours
-                # (checked by the caller), so that process is gone.
-                held = await self.leases.take_over(owner, key)
-            self._claims.append(time.monotonic())
-            if held is not None:
-                self.held[seat] = held
-                await self.on_claim(seat, held)
+            self.held[seat] = Held(key, owner.token, owner.revision, renewed=life.renewed,
+                                   ttl=life.ttl)
+            self._waiting[seat] = None
+
+    async def _start_waiting(self) -> None:
+        """Start the work of held seats not started yet, while spawns allow."""
+        for seat in list(self._waiting):
+            if seat not in self.held:
+                del self._waiting[seat]
+                continue
+            if self._price(seat) > self._budget(self._spawned, self.spawns):
+                continue  # the next window; a seat without servers goes on now
+            del self._waiting[seat]
+            await self._start(seat, self.held[seat], fence=False)
+
+    async def _start(self, seat: str, held: Held, *, fence: bool) -> None:
+        self._spawned.extend([time.monotonic()] * self._price(seat))
+        self.started.add(seat)
+        await self.on_claim(seat, held, fence)
+
+    def _price(self, seat: str) -> int:
+        """What starting *seat*'s work takes from a window's spawns."""
+        return cost(SeatView(seat, cost=self._costs.get(seat, 0)), self.spawns)
+
+    async def _claim_all(self, seats: list[str]) -> int:
+        """Claim *seats*, several at a time; start each one's work as it
+        lands. How many were claimed."""
+        limit = asyncio.Semaphore(CLAIM_PARALLEL)
+        token = self.life.token
+
+        async def one(seat: str) -> bool:
+            async with limit:
+                if self.life.token != token or self._stopping.is_set():
+                    return False  # the life was lost meanwhile: a claim would be dead at birth
+                claim = await self.life.claim(f"seat.{seat}", self.holders.revision(f"seat.{seat}"))
+            if claim is None or self.life.token != token:
+                return False
+            self.held[seat] = claim.held
+            await self._start(seat, claim.held, fence=claim.successor)
+            return True
+        results = await asyncio.gather(*(one(s) for s in seats), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        for exc in failed:
+            if not isinstance(exc, LeaseError):
+                raise exc
+        if failed:
+            raise failed[0]
+        return sum(1 for r in results if r is True)
 
     async def _release(self, seat: str) -> None:
         held = self.held.pop(seat)
+        self._waiting.pop(seat, None)
         self._releases.append(time.monotonic())
-        await self.on_release(seat, held)
+        if seat in self.started:
+            self.started.discard(seat)
+            await self.on_release(seat, held)
         await self.leases.release(held)
 
-    async def _drop(self, seat: str, why: str) -> None:
-        held = self.held.pop(seat)
-        log.event("seat_lost", "warning", seat=seat, reason=why, token=held.token)
-        await self.on_release(seat, held)
+    async def _drop_all(self, why: str) -> None:
+        for seat in list(self.held):
+            held = self.held.pop(seat)
+            self._waiting.pop(seat, None)
+            log.event("seat_lost", "warning", seat=seat, reason=why, token=held.token)
+            if seat in self.started:
+                self.started.discard(seat)
+                await self.on_release(seat, held)
+        self.last_renew = None
 
     async def release_all(self) -> None:
         """Give every seat up: first ``on_stop`` (the turns hand back what they
-        hold, all at once), then the leases, several at a time. When the
-        fleet's state cannot be written, stop trying: the leases lapse by
-        themselves within a TTL."""
+        hold, all at once), then the life, one delete for every seat. When
+        the fleet's state cannot be written, the life lapses by itself
+        within a TTL."""
         if self.on_stop is not None:
             await self.on_stop()
-        limit = asyncio.Semaphore(RELEASE_PARALLEL)
-        failed: list[str] = []
-
-        async def one(seat: str) -> None:
-            async with limit:
-                if failed:
-                    return
-                try:
-                    await self._release(seat)
-                except LeaseError as exc:
-                    failed.append(seat)
-                    log.event("seat_release_failed", "warning", seat=seat, error=str(exc),
-                              left_to_lapse=len(self.held))
-        await asyncio.gather(*(one(seat) for seat in list(self.held)))
+        for seat in list(self.held):
+            held = self.held.pop(seat)
+            if seat in self.started:
+                self.started.discard(seat)
+                await self.on_release(seat, held)
+        self._waiting.clear()
+        try:
+            await self.life.end()
+        except LeaseError as exc:
+            log.event("seats_life_end_failed", "warning", error=str(exc))
 
     def _budget(self, times: deque[float], limit: int) -> int:
         """What is left of *limit* in the current sweep window."""

@@ -73,7 +73,9 @@ NAK's delay cut short, mail acked out of order skipped by the ledger.
 Mail wakes a seat: the node subscribes to ``agents.inbox.*`` (plain NATS, no
 JetStream state) and wakes the seat a message was published for. A seat also
 looks every :data:`POLL` seconds, for what a wake cannot announce: a delivery
-whose ack wait ran out.
+whose ack wait ran out — less often when the node holds so many seats that
+their looks together would pass :data:`POLLS_PER_S` (idle cost must not grow
+with seats; a delivery that waited out a 30-minute ack wait can wait minutes).
 """
 
 from __future__ import annotations
@@ -109,9 +111,11 @@ from roles.seats.sweeper import SeatSweeper
 
 # Seconds between a seat's own looks at its mailbox when no mail wakes it:
 # only a delivery whose ack wait (30 min) ran out arrives unannounced, so a
-# minute's delay on that is nothing, and 10,000 idle seats cost ~170 cheap
-# requests a second rather than a busy broker.
+# minute's delay on that is nothing. At most POLLS_PER_S looks a second for
+# the whole node, though: 10,000 idle seats look every ~8 minutes each,
+# not ~170 requests a second.
 POLL = 60.0
+POLLS_PER_S = 20.0
 # Pauses before looking again when a wake found the mailbox empty (see _run).
 WAKE_SETTLE = (0.02, 0.1, 0.5)
 # Earlier company revisions kept for conversation runs that pinned them.
@@ -321,8 +325,10 @@ class TurnEngine:
 
     # ------------------------------------------------------------ the hooks
 
-    async def on_claim(self, seat: str, held) -> None:
-        """The sweeper holds *seat* now: start its work (never blocks the sweep)."""
+    async def on_claim(self, seat: str, held, fence: bool = True) -> None:
+        """The sweeper holds *seat* now: start its work (never blocks the sweep).
+        *fence*: a holder before us may still be writing, so the seat's fence
+        is raised to our token on every copy at once."""
         log.event("seat_claimed", seat=seat, token=held.token if held else None)
         old = self.work.pop(seat, None)
         if old is not None:
@@ -331,7 +337,7 @@ class TurnEngine:
         self.work[seat] = work
         self._watch_budget(seat)
         work.start()
-        if self.estate is not None:
+        if self.estate is not None and fence:
             self._background(self._fence(seat, held.token))
 
     async def _fence(self, seat: str, token: int) -> None:
@@ -406,8 +412,7 @@ class TurnEngine:
         A lease renewed at *t* lives on the server until at least *t* + TTL,
         and nobody can claim a live key, so a fresh lease needs no round trip.
         """
-        held = self.sweeper.held.get(seat)
-        return held is not None and held.token == token and held.fresh()
+        return self.sweeper.holds(seat, token)
 
     def over_budget(self, seat: str) -> str | None:
         """Why *seat* may not start a turn now for its spend, or None."""
@@ -593,7 +598,8 @@ class SeatWork:
         self._wake.set()
         while not self.stopped:
             try:
-                await asyncio.wait_for(self._wake.wait(), POLL * random.uniform(0.8, 1.2))
+                poll = max(POLL, len(engine.work) / POLLS_PER_S)
+                await asyncio.wait_for(self._wake.wait(), poll * random.uniform(0.8, 1.2))
                 woken = True
             except asyncio.TimeoutError:
                 woken = False

@@ -96,11 +96,11 @@ def test_thirty_seats_over_three_nodes_held_once_and_evenly(natsd, make_node, sh
     # Every node sees the same: each seat held exactly once, by one node.
     wait_for(lambda: seats_of(nodes[0]) == seats_of(nodes[1]) == seats_of(nodes[2]), 10,
              what="every node seeing the same owners")
-    # Claims per node stayed within 4 per sweep window.
+    # The seats have no MCP servers: claims are not paced, yet nobody took
+    # more than its share (every node's life was counted from the start).
     for node in nodes:
-        claims = [e["ts"] for e in node.events() if e.get("event") == "seat_claimed"]
-        for i, t in enumerate(claims):
-            assert sum(1 for u in claims[i:] if u - t < FAST["sweep"]) <= 4, node.config["node"]
+        claims = [e for e in node.events() if e.get("event") == "seat_claimed"]
+        assert len(claims) <= 11, (node.config["node"], len(claims))
 
 
 def test_kill_9_of_a_node_moves_its_seats_within_ttl_and_two_sweeps(natsd, make_node, short_tmp):
@@ -115,10 +115,30 @@ def test_kill_9_of_a_node_moves_its_seats_within_ttl_and_two_sweeps(natsd, make_
     wait_for(lambda: (c := spread(nodes[0])) and set(c) == {"n0", "n1"}, 30,
              what="survivors holding all 30 seats")
     took = time.monotonic() - t0
-    # TTL + two sweeps, plus the slack of 10 orphans at 4 claims per sweep each.
-    assert took < FAST["lease_ttl"] + 4 * FAST["sweep"] + 3, took
+    # TTL + two sweeps (orphans without MCP servers are claimed all at once).
+    assert took < FAST["lease_ttl"] + 2 * FAST["sweep"] + 2, took
     wait_for(lambda: {d["name"]: d["node"] for d in nodes[0].status()["fleet"]["duties"]}
              .get("fleet_shape") in ("n0", "n1"), 15, what="fleet_shape held by a survivor")
+
+
+def test_three_thousand_seats_of_a_killed_node_are_held_again_within_ttl_and_two_sweeps(
+        natsd, make_node, short_tmp):
+    """No claim pace for seats without MCP servers: a dead node's thousand
+    seats move as fast as one did (issue 13)."""
+    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(3)]
+    t = time.monotonic()
+    apply(nodes[0], company(short_tmp, 3000))
+    print("applied", time.monotonic() - t)
+    wait_for(lambda: spread(nodes[0], 3000) == {"n0": 1000, "n1": 1000, "n2": 1000}, 120,
+             what="3,000 seats spread evenly")
+    print("spread", time.monotonic() - t)
+    nodes[2].kill_tree()
+    t0 = time.monotonic()
+    wait_for(lambda: (c := spread(nodes[0], 3000)) and set(c) == {"n0", "n1"}, 30,
+             what="survivors holding all 3,000 seats")
+    took = time.monotonic() - t0
+    assert took < FAST["lease_ttl"] + 2 * FAST["sweep"] + 2, took
+    wait_for(lambda: seats_of(nodes[0]) == seats_of(nodes[1]), 15, what="both survivors agreeing")
 
 
 def test_graceful_stop_hands_seats_over_before_the_ttl(natsd, make_node, short_tmp):
@@ -159,8 +179,13 @@ def test_placement_labels_are_honoured(natsd, make_node, short_tmp):
     assert Counter(held.values())["us"] > 0
 
 
+# crewletd must not end a child for the silence of a pause: what is tested is
+# that the paused process fences itself on waking, by its own clock.
+PATIENT = {"heartbeat_grace": 120, "wedge_after": 120}
+
+
 def test_a_paused_node_is_fenced_and_its_seats_taken(natsd, make_node, short_tmp):
-    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(2)]
+    nodes = [fleet_node(make_node, natsd, f"n{i}", supervisor=PATIENT).start() for i in range(2)]
     apply(nodes[0], company(short_tmp))
     wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="both holding")
     zombie = nodes[1]
@@ -186,6 +211,38 @@ def test_a_paused_node_is_fenced_and_its_seats_taken(natsd, make_node, short_tmp
     # Both views are a watch of the same bucket, each a moment behind it while
     # seats still move to the fair share (CI saw one claim a view apart).
     wait_for(lambda: seats_of(nodes[0]) == seats_of(zombie), 30, what="both nodes seeing the same holders")
+
+
+def test_a_seats_process_that_stops_renewing_loses_its_seats_and_holds_nothing_twice(
+        natsd, make_node, short_tmp):
+    """crewletd renews the node's presence; only its seats process is paused.
+    The node is no seats-node while its seats process is not renewing: its
+    peers take its seats within TTL + 2 sweeps, and on waking it drops them."""
+    nodes = [fleet_node(make_node, natsd, f"n{i}", supervisor=PATIENT).start() for i in range(2)]
+    apply(nodes[0], company(short_tmp))
+    # Settled first: seats still moving to the fair share would blur what it lost.
+    wait_for(lambda: spread(nodes[0]) == {"n0": 15, "n1": 15}
+             and seats_of(nodes[0]) == seats_of(nodes[1]), 60, what="15 seats each")
+    stuck = nodes[1]
+    before = {s for s, n in seats_of(nodes[0]).items() if n == "n1"}
+    seats = psutil.Process(stuck.process_pids()["seats"])
+    seats.suspend()
+    t0 = time.monotonic()
+    try:
+        wait_for(lambda: (c := spread(nodes[0])) and set(c) == {"n0"}, 30,
+                 what="the live node taking the stuck seats process's seats")
+        took = time.monotonic() - t0
+        # Its presence stayed live all along: only the life lapsed.
+        assert "n1" in {n["id"] for n in nodes[0].status()["fleet"]["nodes"]}
+    finally:
+        seats.resume()
+    assert took < FAST["lease_ttl"] + 2 * FAST["sweep"] + 2, took
+    stuck.wait_event("seat_lost", timeout=30)
+    lost = {e["seat"] for e in stuck.events() if e.get("event") == "seat_lost"}
+    assert lost == before
+    # Awake, it begins a new life and takes its share back: each seat once.
+    wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="resettled")
+    wait_for(lambda: seats_of(nodes[0]) == seats_of(stuck), 30, what="both nodes seeing the same holders")
 
 
 def test_a_revision_reaches_every_node_and_a_bad_one_is_refused(natsd, make_node, short_tmp):

@@ -91,7 +91,8 @@ def test_leases_keys_are_split_between_seats_workers_and_the_run_drivers():
     leases = {role: [s for s in _allowed(role)[0] if s.startswith("$KV.leases.")]
               for role in credentials.ROLE_USERS}
     assert leases == {"data_applier": [], "ingress": ["$KV.leases.conv.>"],
-                      "seats": ["$KV.leases.seat.>"], "workers": ["$KV.leases.duty.>"]}
+                      "seats": ["$KV.leases.seat.>", "$KV.leases.life.n1"],
+                      "workers": ["$KV.leases.duty.>"]}
     # From a leaf, through the domain, alike.
     assert "$JS.fleet.API.$KV.leases.conv.>" in _allowed("ingress", domain="fleet")[0]
 

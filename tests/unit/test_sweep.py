@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from crewlet.coord.sweep import NodeView, Plan, SeatView, fair_share, may_hold, plan
+from crewlet.coord.sweep import NodeView, Plan, SeatView, cost, fair_share, may_hold, plan
 
-LIMITS = {"claims": 4, "releases": 2}
+LIMITS = {"spawns": 4, "spawn_limit": 4, "releases": 2}
 
 
 def simulate(nodes: list[NodeView], seats: list[SeatView], owners: dict[str, str],
@@ -16,7 +16,8 @@ def simulate(nodes: list[NodeView], seats: list[SeatView], owners: dict[str, str
         for node in nodes:
             held = {s for s, n in owners.items() if n == node.id}
             p = plan(node, seats, nodes, owners, held, **LIMITS)
-            assert len(p.claim) <= LIMITS["claims"] and len(p.release) <= LIMITS["releases"]
+            spent = sum(cost(next(s for s in seats if s.name == c), 4) for c in p.claim)
+            assert spent <= LIMITS["spawns"] and len(p.release) <= LIMITS["releases"]
             for seat in p.release:
                 del owners[seat]
             for seat in p.claim:
@@ -92,6 +93,29 @@ def test_seats_a_node_may_no_longer_hold_are_released_first():
 def test_nodes_starting_together_try_different_seats_first():
     nodes = [NodeView(f"n{i}") for i in range(3)]
     seats = [SeatView(f"s{i:02d}") for i in range(30)]
-    first = [plan(n, seats, nodes, {}, set(), **LIMITS).claim for n in nodes]
+    first = [plan(n, seats, nodes, {}, set(), **LIMITS).claim[:4] for n in nodes]
     overlap = set(first[0]) & set(first[1]) | set(first[1]) & set(first[2])
     assert len(overlap) <= 2, first
+
+
+def test_seats_without_servers_are_claimed_at_once_and_spawns_are_paced():
+    me = NodeView("n0")
+    cheap = [SeatView(f"c{i:04d}") for i in range(2000)]
+    p = plan(me, cheap, [me], {}, set(), **LIMITS)
+    assert len(p.claim) == 2000  # one KV write each: nothing to pace
+    costly = [SeatView(f"m{i:02d}", cost=1) for i in range(20)]
+    p = plan(me, cheap + costly, [me], {}, set(), **LIMITS)
+    assert len(p.claim) == 2004 and sum(s.startswith("m") for s in p.claim) == 4
+    # A window already spent claims servers-free seats only.
+    p = plan(me, cheap + costly, [me], {}, set(), spawns=0, spawn_limit=4, releases=2)
+    assert len(p.claim) == 2000
+    # A seat with more servers than a window holds takes a whole window.
+    p = plan(me, [SeatView("big", cost=9), SeatView("two", cost=2)], [me], {}, set(), **LIMITS)
+    assert p.claim == ["big"] or p.claim == ["two"]
+
+
+def test_the_share_still_bounds_what_cheap_claims_take():
+    nodes = [NodeView(f"n{i}") for i in range(3)]
+    seats = [SeatView(f"s{i:04d}") for i in range(3000)]
+    p = plan(nodes[0], seats, nodes, {}, set(), **LIMITS)
+    assert len(p.claim) == 1000
