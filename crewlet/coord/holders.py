@@ -115,11 +115,19 @@ class Holders:
         seen = self._since.get(key)
         return seen[1] if owner is not None and seen and seen[0] == owner.token else None
 
-    def revision(self, key: str) -> int:
-        """The sequence a claim of *key* must expect, as the watch last saw
-        it: a bound lease whose life is gone is still there (0: no key)."""
+    def raw(self, key: str) -> Owner | None:
+        """The lease *key* holds as the watch last saw it, live or bound to a dead life."""
+        return self._live.get(key)
+
+    def free(self, key: str) -> int | None:
+        """The sequence a claim of *key* must expect, as the watch shows it
+        now: 0 for no key, a dead bound lease's revision (it is still
+        there); None while somebody holds *key* — never a live lease's
+        revision, which a compare-and-set would take from its holder."""
         owner = self._live.get(key)
-        return owner.revision if owner is not None else 0
+        if owner is None:
+            return 0
+        return None if _alive(owner, self._live) else owner.revision
 
     @contextlib.contextmanager
     def gone(self, key: str) -> Iterator[asyncio.Event]:

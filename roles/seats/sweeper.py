@@ -203,6 +203,7 @@ class SeatSweeper:
         if self.seats is None:
             return  # no company yet: everything would look "not in the company"
         self._adopt()
+        await self._drop_taken()
         await self._start_waiting()
         now = time.monotonic()
         live = [NodeView(k.removeprefix("node."), dict(o.info.get("labels", {})))
@@ -295,6 +296,21 @@ class SeatSweeper:
         self.started.add(seat)
         await self.on_claim(seat, held, fence)
 
+    async def _drop_taken(self) -> None:
+        """Drop a seat whose key the watch shows written by another claim
+        (another token): never by a claim of ours, so a holder that is
+        wrong about it stops acting at once rather than at its next fence."""
+        for seat, held in list(self.held.items()):
+            owner = self.holders.raw(held.key)
+            if owner is not None and owner.token != held.token and owner.revision > held.revision:
+                self.held.pop(seat)
+                self._waiting.pop(seat, None)
+                log.event("seat_lost", "warning", seat=seat, reason=f"taken by {owner.node}",
+                          token=held.token)
+                if seat in self.started:
+                    self.started.discard(seat)
+                    await self.on_release(seat, held)
+
     def _price(self, seat: str) -> int:
         """What starting *seat*'s work takes from a window's spawns."""
         return cost(SeatView(seat, cost=self._costs.get(seat, 0)), self.spawns)
@@ -309,7 +325,13 @@ class SeatSweeper:
             async with limit:
                 if self.life.token != token or self._stopping.is_set():
                     return False  # the life was lost meanwhile: a claim would be dead at birth
-                claim = await self.life.claim(f"seat.{seat}", self.holders.revision(f"seat.{seat}"))
+                # Read now, not when the sweep decided: a seat another node
+                # claimed since is not free, and expecting its revision
+                # would take it from its holder.
+                expected = self.holders.free(f"seat.{seat}")
+                if expected is None:
+                    return False
+                claim = await self.life.claim(f"seat.{seat}", expected)
             if claim is None or self.life.token != token:
                 return False
             self.held[seat] = claim.held

@@ -126,12 +126,12 @@ def test_three_thousand_seats_of_a_killed_node_are_held_again_within_ttl_and_two
     """No claim pace for seats without MCP servers: a dead node's thousand
     seats move as fast as one did (issue 13)."""
     nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(3)]
-    t = time.monotonic()
     apply(nodes[0], company(short_tmp, 3000))
-    print("applied", time.monotonic() - t)
-    wait_for(lambda: spread(nodes[0], 3000) == {"n0": 1000, "n1": 1000, "n2": 1000}, 120,
+    wait_for(lambda: spread(nodes[0], 3000) == {"n0": 1000, "n1": 1000, "n2": 1000}, 60,
              what="3,000 seats spread evenly")
-    print("spread", time.monotonic() - t)
+    # Every node sees the same owners: no seat was claimed over a live holder.
+    wait_for(lambda: seats_of(nodes[0]) == seats_of(nodes[1]) == seats_of(nodes[2]), 15,
+             what="every node seeing the same owners")
     nodes[2].kill_tree()
     t0 = time.monotonic()
     wait_for(lambda: (c := spread(nodes[0], 3000)) and set(c) == {"n0", "n1"}, 30,

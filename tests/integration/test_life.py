@@ -58,7 +58,8 @@ def test_seats_live_and_die_with_their_life_and_move_by_compare_and_set(natsd):
         await _until(lambda: len(holders.of("seat.")) == 50, what="50 seats seen held by a")
         # b cannot take a seat of a live life with a view that is behind it.
         assert await b.claim("seat.s0", 0) is None
-        assert await b.claim("seat.s0", holders.revision("seat.s0") - 1) is None
+        assert holders.free("seat.s0") is None  # held: no revision to expect
+        assert await b.claim("seat.s0", claims[0].held.token - 1) is None
         # Holding costs one write a renewal, not one a seat.
         before = await _last_seq(js)
         for _ in range(3):
@@ -69,9 +70,9 @@ def test_seats_live_and_die_with_their_life_and_move_by_compare_and_set(natsd):
         assert await a.end()
         await _until(lambda: not holders.of("seat."), what="a's seats gone with its life")
         assert {k for k, was, now in changes if was and not now} >= {f"seat.s{i}" for i in range(50)}
-        assert holders.get("seat.s0") is None and holders.revision("seat.s0") == claims[0].held.token
+        assert holders.get("seat.s0") is None and holders.free("seat.s0") == claims[0].held.token
         # b claims over the dead binding: a compare-and-set, the token grows.
-        taken = await b.claim("seat.s0", holders.revision("seat.s0"))
+        taken = await b.claim("seat.s0", holders.free("seat.s0"))
         assert taken is not None and taken.successor and taken.held.token > claims[0].held.token
         await _until(lambda: (o := holders.get("seat.s0")) is not None and o.node == "b",
                      what="s0 seen held by b")
@@ -116,6 +117,6 @@ def test_adoption_keeps_the_token_for_this_crewletd_and_not_for_an_earlier_one(n
         taken = await third.begin()
         assert taken is not None and taken.token > life.token
         await _until(lambda: holders.get("seat.s0") is None, what="the old boot's seat freed")
-        again = await third.claim("seat.s0", holders.revision("seat.s0"))
+        again = await third.claim("seat.s0", holders.free("seat.s0"))
         assert again is not None and again.held.token > seat.held.token
     _run(natsd, body)
