@@ -6,8 +6,8 @@ For each size N (``--sizes``, default 100,1000,10000 seats), in one run:
 * **crewlet** — a real node, ``crewletd start -c <temp config> --company
   <temp company>`` (embedded broker, everything on 127.0.0.1, a short temp
   data dir): N seats with the ``scripted`` provider (one rule, ``.*`` -> ok;
-  a short persona, as a company revision is one KV value that must fit the
-  broker's 1 MiB max payload), ``fleet: {claims_per_sweep: min(N, 1000),
+  a short persona by default, ``--persona`` for another; a company revision
+  is stored in parts, up to 64 MiB of JSON), ``fleet: {claims_per_sweep: min(N, 1000),
   sweep: 1, heartbeat: 5, lease_ttl: 15}`` so the seats are claimed in seconds
   (the design's 4 per 5 s would take hours at 10,000; all 10,000 in one sweep
   outlasts the TTL, see :data:`CLAIMS_CAP`), ``node.max_concurrent: 32``.
@@ -82,6 +82,7 @@ from nats.js.api import (AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPoli
 
 from bench.common import (BenchError, CpuMeter, Crewletd, NatsServer, emit,  # noqa: E402
                           find_nats_server, ratio, say, server_version, summary, wait_jetstream)
+from crewlet.company.model import REVISION_MAX  # noqa: E402
 
 NODE_ID = "bench"
 SEED = 20240611
@@ -100,11 +101,9 @@ TARGET_SCALE = 0.2                 # at more seats, within 20 % of the 100-seat 
 SETTLE = 1.0                       # s after the last round before the idle window opens
 ROLE_SHUTDOWN = 60.0               # s the node's supervisor gives a role (and its broker) to stop
 NOTE_EVERY = 10.0                  # s between progress notes while the seats are being claimed
-# A seat's persona. Short on purpose: a company revision is ONE value in the config bucket, so
-# it must fit the broker's max payload (1 MiB, not configurable in crewlet's broker config);
-# at ~110 bytes a seat (a 29-character persona) 10,000 seats did not fit (MaxPayloadError).
+# A seat's persona. Short, so that the figures are the turns' and not a big company's (a
+# revision is stored in parts: crewlet.coord.control_plane; REVISION_MAX bounds it).
 PERSONA = "bench"
-MAX_PAYLOAD = 1024 * 1024          # nats-server's default max_payload
 # Claims per sweep at most (the node's fleet.claims_per_sweep is min(seats, this)): one sweep's
 # claims must end well within the lease TTL, since the sweep renews nothing meanwhile. Measured
 # (2 cores): ~150 claims/s at 10,000 seats, so all 10,000 in one sweep took ~60 s > the 15 s TTL
@@ -300,12 +299,11 @@ def claims_per_sweep(seats: int, args: argparse.Namespace) -> int:
 
 
 def revision_bytes(company: dict[str, Any]) -> int:
-    """About the size of the company revision crewlet stores (one KV value; the model's
-    dump with its defaults, as ``ControlPlane.append`` writes it)."""
+    """The size of the company revision crewlet stores (its JSON before compression, as
+    ``ControlPlane.append`` measures it against ``REVISION_MAX``)."""
     from crewlet.company.model import Company
-    dump = Company.model_validate(company).model_dump(mode="json")
-    return len(json.dumps({"rev": 1, "company": dump, "digest": "0" * 16, "source": "/" * 40,
-                           "applied_by": "bench@bench", "at": time.time()}, separators=(",", ":")))
+    from crewlet.coord.control_plane import revision_size
+    return revision_size(Company.model_validate(company))
 
 
 class CrewletNode(Crewletd):
@@ -511,9 +509,9 @@ def run_size(binary: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     say(f"{n} seats: {args.rounds} rounds of {args.messages} messages per side "
         f"(crewletd broker :{node.stream_port}, bare :{server.port}, dir {base}; company revision "
         f"{node.revision_bytes / 1024:.0f} KiB)")
-    if node.revision_bytes > MAX_PAYLOAD:
-        say(f"  the company revision is over the broker's max payload ({MAX_PAYLOAD} bytes): "
-            "expect the node to fail applying it (shorten --persona)")
+    if node.revision_bytes > REVISION_MAX:
+        say(f"  the company revision is over REVISION_MAX ({REVISION_MAX} bytes): "
+            "expect the node to refuse it (shorten --persona)")
     try:
         asyncio.run(measure(server, node, seats, args, out))
     except Exception as exc:  # a size that broke is reported, and the next one runs
@@ -643,7 +641,7 @@ def print_text(rep: dict[str, Any]) -> None:
             print(f"   claiming: {len(r['progress'])} notes, the last at {last['t']} s: {last['held']} held, "
                   f"{last['working']} working, CPU % {_pcts(last['cpu'])}")
         print(f"   company revision {r['company_revision_bytes'] / 1024:.0f} KiB "
-              f"(one KV value: the broker's max payload is {MAX_PAYLOAD // 1024} KiB)")
+              f"(stored in parts; at most {REVISION_MAX // 2**20} MiB)")
         if r.get("bare_consumers_seconds") is not None:
             print(f"   bare consumers created in {r['bare_consumers_seconds']:.1f} s; stopped in: node "
                   f"{_f(r.get('node_stop_seconds'), '.1f')} s, "
@@ -683,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"seconds without a finished turn before a round counts as stalled "
                          f"(default {STALL:g})")
     ap.add_argument("--persona", default=PERSONA,
-                    help=f"every seat's persona (default {PERSONA!r}; the company must fit 1 MiB)")
+                    help=f"every seat's persona (default {PERSONA!r}; the company must fit 64 MiB)")
     ap.add_argument("--nats-server",
                     help="the nats-server binary for both sides (default: as crewlet finds it)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")

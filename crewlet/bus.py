@@ -28,9 +28,10 @@ def servers_of(stream) -> list[str]:
 
 
 # Bytes of one message, headers included: nats-server's default max_payload,
-# which crewlet's embedded broker keeps. What is bigger (a company revision,
-# a mail) is refused before it is sent, naming this limit; an external NATS
-# configured lower says so itself when it refuses.
+# which crewlet's embedded broker keeps. What is bigger (a mail) is refused
+# before it is sent, naming its own limit; a company revision is stored in
+# parts well under it (crewlet.coord.control_plane.PART_BYTES). An external
+# NATS configured lower says so itself when it refuses.
 MAX_PAYLOAD = 1024 * 1024
 
 FIRST_CONNECT_ATTEMPTS = 3  # per server, 0.1 s apart, before a first connect gives up

@@ -52,6 +52,9 @@ CONFIG_ERROR = "config_error"
 PARENT_GONE = signal.SIGUSR2
 # Seconds between a role's re-asks of the company in force (see companies()).
 COMPANY_RECHECK = 30.0
+# Seconds a role waits for crewletd's answer with the company in force (a
+# company of 10,000 seats is ~25 MB to pack, send and unpack).
+COMPANY_ASK = 15.0
 # Seconds the tasks still pending when a process's main coroutine ended get
 # to finish after their cancel (see run_loop).
 LEFTOVERS = 1.0
@@ -112,7 +115,10 @@ class RoleContext:
                 # A SUB's subscription may reach crewletd a moment after our
                 # request does, so a broadcast in between could be missed:
                 # besides listening, ask again every COMPANY_RECHECK seconds.
-                reply = await ipc.acall(self.zmq, self.run_dir, "company", timeout=5.0)
+                # Naming the epoch we have: the answer leaves the company out while
+                # it is still in force (10,000 seats are ~25 MB).
+                reply = await ipc.acall(self.zmq, self.run_dir, "company", timeout=COMPANY_ASK,
+                                        epoch=seen)
                 current = (reply.get("result") or {}).get("company")
                 if current is not None and current.get("epoch") != seen:
                     seen = current.get("epoch")

@@ -112,7 +112,7 @@ def start(config_path: str | None, company_path: str | None) -> None:
     if company_path is not None:
         try:
             seed = (load_company(company_path), os.path.abspath(company_path))
-            check_size(*seed)  # refused now, not as a node that cannot store it (nor stop)
+            check_size(seed[0])  # refused now, not as a node that cannot store it (nor stop)
         except RevisionTooLarge as exc:
             _fail_config(f"{company_path}: {exc}")
         except ConfigError as exc:

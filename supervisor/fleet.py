@@ -12,10 +12,15 @@ and before the roles, holding crewletd's one NATS connection:
 * it renews the presence every ``fleet.heartbeat``; a presence found lost
   (this node was paused past its TTL) is joined again;
 * it watches the control plane's activation epoch, loads the revision it
-  names, validates it, and hands it to the node's roles: on ``events``
-  (topic ``company``) and to any role asking ``control`` for ``company``. A
-  revision that does not validate is recorded with its error in ``status``
-  and the previous one stays in force;
+  names — whole, from its parts, checked against the sha256 its record
+  names (:mod:`crewlet.coord.control_plane`) — validates it (in a thread:
+  10,000 seats take a second or two), and hands it to the node's roles: on
+  ``events`` (topic ``company``) and to any role asking ``control`` for
+  ``company``. A revision that does not validate, or whose parts are
+  missing or damaged (read :data:`DAMAGED_READS` times), is recorded with
+  its error in ``status`` and the previous one stays in force;
+  ``company_applied`` says how long the read, the validation and the whole
+  apply (mailboxes included) took;
 * before it hands a revision to the roles it creates every seat's mailbox
   that does not exist yet (DESIGN §5: before anything publishes), and sizes
   the mailbox stream for the company; the estate's log, ``ESTATE``, is
@@ -41,7 +46,7 @@ from crewlet.company.load import from_revision
 from crewlet.config import ConfigError, NodeConfig
 from crewlet.conversations import runs
 from crewlet.coord import buckets, duty_reports
-from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionNotFound
+from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionDamaged, RevisionNotFound
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import LeaseError, Leases
 from crewlet.coord.presence import DuplicateNode, Presence
@@ -73,6 +78,10 @@ def mailbox_capacity(seats: int) -> int:
 
 # Seconds between samples of the streams while a replica catches up.
 CATCH_UP_SAMPLE = 1.0
+# Reads of a revision found damaged (a part missing, its bytes not what its
+# record names) before it is refused: its parts are immutable, so a second
+# look only rules out a read that went wrong on the way.
+DAMAGED_READS = 3
 
 
 def _stream_row(info) -> dict[str, Any]:
@@ -95,6 +104,17 @@ def _cancelled() -> bool:
     node's stop (``task_stop_overdue``) — but the request stays counted."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+def _validated(doc: Any, rev: int) -> tuple[Company, dict[str, Any]]:
+    """The company of revision *rev*'s document, validated, and its dump as
+    the roles are handed it; :class:`ConfigError` naming the revision."""
+    company = from_revision(doc, f"revision {rev}")
+    return company, company.model_dump(mode="json")
 
 
 def _going_on() -> bool:
@@ -129,6 +149,7 @@ class Fleet:
         self.presence: Presence | None = None
         self.control: ControlPlane | None = None
         self.company: dict[str, Any] | None = None
+        self.model: Company | None = None  # the same company, validated (crewletctl send asks it)
         self.applied: dict[str, Any] | None = None
         self.error: str | None = None
         self._js = None  # set once the fleet's JetStream answered
@@ -316,38 +337,57 @@ class Fleet:
                 await self._apply(active)
 
     async def _apply(self, active: dict[str, Any]) -> None:
-        """Apply the revision *active* names, or record why not."""
+        """Apply the revision *active* names, or record why not.
+
+        A revision is read whole or not at all (its parts checked against its
+        record, :meth:`ControlPlane.revision`): one found damaged is read
+        again, then refused like an invalid one — the previous revision
+        stays in force, and status says why."""
         assert self.control is not None
         rev, epoch = active["rev"], active.get("epoch")
-        pause = 0.2
+        pause, damaged = 0.2, 0
+        problem: str | None = None
+        started = time.monotonic()
         while _going_on():  # a read that got no answer is tried again, not taken for a bad revision
             try:
                 doc = await self.control.revision(rev)
                 break
             except RevisionNotFound:
-                doc = None
+                doc, problem = None, "named active, but there is no such revision"
                 break
+            except RevisionDamaged as exc:
+                damaged += 1
+                if damaged >= DAMAGED_READS:
+                    doc, problem = None, str(exc).removeprefix(f"revision {rev}: ")
+                    break
+                log.event("company_read_failed", "warning", rev=rev, error=str(exc))
             except ControlPlaneError as exc:
                 log.event("company_read_failed", "warning", rev=rev, error=str(exc))
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 5.0)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
+        read = time.monotonic()
         try:
             if doc is None:
-                raise RevisionNotFound(f"revision {rev} is named active but does not exist")
-            company = from_revision(doc.get("company"), f"revision {rev}")
-        except ConfigError as exc:  # invalid: keep what we run; the line names the key
+                raise ConfigError(f"revision {rev}", None, problem or "unread")
+            # Validated again (this node may know rules the writer did not), in a
+            # thread: at 10,000 seats the loop keeps turning meanwhile.
+            company, dump = await asyncio.to_thread(_validated, doc.get("company"), rev)
+        except ConfigError as exc:  # invalid or unreadable: keep what we run; the line names the key
             self.error = str(exc)
             self.publish("company_refused", "error", rev=rev, epoch=epoch, error=self.error)
-        except Exception as exc:  # missing: keep what we run
+        except Exception as exc:  # keep what we run
             self.error = f"revision {rev}: {type(exc).__name__}: {exc}"
             self.publish("company_refused", "error", rev=rev, epoch=epoch, error=self.error)
         else:
+            validated = time.monotonic()
             await self._ensure_mailboxes(company)
             self.error = None
-            self.company = {"rev": rev, "epoch": epoch, "digest": doc.get("digest"),
-                            "company": company.model_dump(mode="json")}
+            self.company = {"rev": rev, "epoch": epoch, "digest": doc.get("digest"), "company": dump}
+            self.model = company
             self.applied = {"rev": rev, "epoch": epoch, "at": time.time()}
-            self.publish("company_applied", rev=rev, epoch=epoch, seats=len(company.seats))
+            self.publish("company_applied", rev=rev, epoch=epoch, seats=len(company.seats),
+                         read_ms=_ms(read - started), validated_ms=_ms(validated - read),
+                         took_ms=_ms(time.monotonic() - started))
             self.broadcast("company", self.company)
         await self._record_status()
 

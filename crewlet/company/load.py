@@ -9,7 +9,8 @@ validated :class:`~crewlet.company.model.Company` or raise
 company file.
 
 The rules are Tier A's (:mod:`crewlet.config.load`): YAML with duplicate
-keys rejected, a file over ``YAML_MAX_BYTES`` or aliases expanding past
+keys rejected, a file over ``FILE_MAX`` (128 MiB: twice what a stored
+revision may measure, ``REVISION_MAX``) or aliases expanding past
 ``ALIAS_NODES_MAX`` nodes refused; in every string *value* (never a key) ``${VAR}`` is the
 environment variable (unset is an error), ``${VAR:-default}`` falls back
 when VAR is unset or empty, ``$$`` is a literal ``$``; an empty file is an
@@ -23,21 +24,28 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
-from crewlet.company.model import At, Company
+from crewlet.company.model import REVISION_MAX, At, Company
 from crewlet.config import ConfigError
 from crewlet.config.load import _problem, _show, dotted, expand_tree, parse_yaml, read_text  # Tier A's rules, shared on purpose
+
+
+# Bytes of a company file: twice what its stored revision may measure
+# (REVISION_MAX), for comments and YAML's own spelling. Read with libyaml
+# (crewlet.config.load.parse_yaml), a 25 MB file of 10,000 seats takes
+# seconds, not the ~25 s of the pure-Python parser.
+FILE_MAX = 2 * REVISION_MAX
 
 
 def load_company(path: str | os.PathLike) -> Company:
     """Read, expand and validate the company file at *path*."""
     file = os.fspath(path)
-    text = read_text(file, "a company file")
+    text = read_text(file, "a company file", limit=FILE_MAX)
     return parse_company(text, file)
 
 
 def parse_company(text: str, source: str = "<company>", env: Mapping[str, str] | None = None) -> Company:
     """Parse, expand (from *env*, default ``os.environ``) and validate *text*."""
-    data = parse_yaml(text, source)
+    data = parse_yaml(text, source, limit=FILE_MAX)
     if data is None:
         data = {}
     if not isinstance(data, dict):

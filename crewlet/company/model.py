@@ -55,6 +55,12 @@ CRON_FIELDS = 5
 HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 # Company.digest(): hex characters kept of the sha256.
 DIGEST_LENGTH = 16
+# Bytes a company may measure as compact JSON -- its stored revision before
+# compression (crewlet.coord.control_plane stores it in parts): past it,
+# crewletctl apply, crewletd start --company and POST /v1/company refuse it
+# (RevisionTooLarge, exit 78 / 413), naming the size and this limit. 10,000
+# seats with 2 KiB personas measure ~25 MB. The one place this limit lives.
+REVISION_MAX = 64 * 1024 * 1024
 
 CatchUp = Literal[CATCH_UP]
 ProviderKind = Literal["scripted", "openai", "anthropic", "cli"]

@@ -47,8 +47,8 @@ Role = Literal["data", "ingress", "seats", "workers"]
 # Ceilings of durations, in seconds.
 HOUR = 3600.0
 DAY = 86400.0
-# Ceiling of per-node counts (turn slots, claims and releases a sweep): more than the
-# ~10,000 seats a company revision holds within the broker's 1 MiB message.
+# Ceiling of per-node counts (turn slots, claims and releases a sweep): ten times the
+# 10,000 seats crewlet is sized for (their revision ~25 MB of the 64 MiB one may hold).
 COUNT_MAX = 100_000
 MIB = 1 << 20
 

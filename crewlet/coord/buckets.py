@@ -28,7 +28,9 @@ server's 1,000 consumers in 90 s, and every sweep failed from then on). So:
 bucket     keys                                            answers
 =========  ==============================================  =========================
 leases     node.<id>, seat.<id>, duty.<name>, conv.<id>    who is alive, who runs what
-config     rev.<n>, active                                 company revisions, the epoch
+config     rev.<n>, active, part.<upload>.<i>              company revisions, the epoch, a
+                                                           revision's company in parts
+                                                           (crewlet/coord/control_plane.py)
 status     node.<id>, estate.<id>, evicted.<id>,           revision reached, estate copy, eviction,
            schedule.<name>,                                a schedule's last fire (crewlet.coord.fired),
            duty.<name>                                     a duty's last pass (crewlet.coord.duty_reports)

@@ -2,8 +2,10 @@
 
 The file is validated first; a bad one is one line on stderr naming the
 file, the key and the problem, exit 78, and nothing is sent. So is a company
-whose stored revision would exceed the broker's message limit (1 MiB), with
-``--check`` too: the line names the size and the limit. Then crewletctl
+whose stored revision would exceed the limit of a company revision
+(``REVISION_MAX``, 64 MiB of JSON), with ``--check`` too: the line names the
+size and the limit. A company of any size within it is stored in parts
+(:mod:`crewlet.coord.control_plane`). Then crewletctl
 dials the node's NATS (the ``stream`` section of its Tier A config: see
 ``crewletctl --help`` for how the config is found), appends the company as
 revision n+1 in the ``config`` bucket and bumps the activation epoch, which
@@ -109,7 +111,7 @@ def loadable(file: str) -> Company:
     try:
         company = load_company(file)
         try:
-            check_size(company, os.path.abspath(file))
+            check_size(company)
         except RevisionTooLarge as exc:
             raise ConfigError(file, None, str(exc)) from None
     except ConfigError as exc:
@@ -126,7 +128,7 @@ def apply(ctl: Ctl, file: str, check: bool) -> None:
 
     Every node of the fleet then applies the new revision. Exits 0 when
     stored and activated, 78 when FILE is invalid or its revision would be
-    over the broker's 1 MiB (nothing is sent), 69 when the node's NATS cannot
+    over 64 MiB of JSON (nothing is sent), 69 when the node's NATS cannot
     be reached or its disk is below node.disk_floor ("no space on PATH").
     """
     company = loadable(file)

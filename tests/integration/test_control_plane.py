@@ -1,4 +1,7 @@
-"""The control plane against a real nats-server: revisions, the epoch, watch, crewletctl."""
+"""The control plane against a real nats-server: revisions, the epoch, watch,
+crewletctl; a revision's company in parts (written before its record, read
+back whole, refused when a part is missing or altered), also on an R3 cluster
+with a member down."""
 
 from __future__ import annotations
 
@@ -6,13 +9,18 @@ import asyncio
 import json
 import os
 import subprocess
+import time
+
+import random
 
 import nats
 import pytest
 from nats.js.errors import KeyWrongLastSequenceError
 
-from crewlet.company import load_company, parse_company
-from crewlet.coord.control_plane import JS_TIMEOUT, ControlPlane, RevisionNotFound
+from crewlet.company import Company, load_company, parse_company
+from crewlet.coord.buckets import last, subjects
+from crewlet.coord.control_plane import (JS_TIMEOUT, PART_BYTES, PART_PREFIX, ControlPlane, RevisionDamaged,
+                                         RevisionNotFound, part_key)
 from tests.conftest import CREWLETCTL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -197,3 +205,96 @@ def test_crewletctl_apply_with_nats_down_exits_69(natsd, tier_a):
     done = ctl(tier_a, "apply", "etc/company.yaml")
     assert done.returncode == 69
     assert natsd.url in done.stderr and "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------------ a company in parts
+
+def noisy(seats: int = 2000, seed: int = 3) -> Company:
+    """A company whose JSON does not compress much (hex personas): several parts."""
+    rng = random.Random(seed)
+    return Company.model_validate({
+        "company": {"name": "Noise"}, "providers": {"p": {"kind": "scripted"}},
+        "seats": [{"name": f"s{i:04d}", "persona": rng.randbytes(800).hex(), "provider": "p"}
+                  for i in range(seats)]})
+
+
+def test_a_company_in_parts_is_written_before_its_record_and_read_back_whole(natsd):
+    big, small = noisy(), parse_company(SMALL, "small.yaml")
+
+    async def scenario(plane, js):
+        assert await plane.apply(big, "big.yaml", by="ann@box") == (1, 1)
+        assert await plane.apply(small, "small.yaml") == (2, 2)
+        record = await plane.record(1)
+        body = record["body"]
+        seqs = [(await last(js, "config", part_key(body["upload"], i), leader=True))[0]
+                for i in range(body["parts"])]
+        rev_seq = (await last(js, "config", "rev.1", leader=True))[0]
+        return (record, seqs, rev_seq, await plane.revision(1), await plane.revision(2),
+                await plane.history(), await subjects(js, "config", PART_PREFIX + ">"))
+
+    record, seqs, rev_seq, full, second, history, parts = run(natsd, scenario)
+    assert "company" not in record and record["seats"] == 2000 and record["digest"] == big.digest()
+    body = record["body"]
+    assert body["parts"] >= 3 and body["bytes"] > 2 * PART_BYTES and body["encoding"] == "zlib"
+    assert all(seqs) and max(seqs) < rev_seq  # every part stored before the record naming it
+    assert Company.model_validate(full["company"]) == big and full["body"] == body
+    assert Company.model_validate(second["company"]) == small and second["body"]["parts"] == 1
+    assert [(h["rev"], h["seats"], h["active"]) for h in history] == [(1, 2000, False), (2, 1, True)]
+    assert len(parts) == body["parts"] + 1  # the small one's single part
+
+
+def test_a_missing_or_altered_part_is_refused_and_nothing_of_the_company_is_read(natsd):
+    big = noisy(1500)
+
+    async def scenario(plane, js):
+        await plane.apply(big, "big.yaml")
+        await plane.apply(big, "big.yaml")
+        one, two = (await plane.record(1))["body"], (await plane.record(2))["body"]
+        await plane.kv.purge(part_key(one["upload"], 1))           # a part gone
+        await plane.kv.put(part_key(two["upload"], 0), b"x" * PART_BYTES)  # a part overwritten
+        refused = []
+        for n in (1, 2):
+            with pytest.raises(RevisionDamaged) as info:
+                await plane.revision(n)
+            refused.append(str(info.value))
+        # A record with its company inline (an older crewlet's, or a hand's) is read as it is.
+        await plane.kv.create("rev.3", json.dumps({"rev": 3, "company": small.model_dump(mode="json"),
+                                                   "digest": small.digest()}).encode())
+        inline = await plane.revision(3)
+        return one, refused, inline, await plane.history()
+
+    small = parse_company(SMALL, "small.yaml")
+    one, refused, inline, history = run(natsd, scenario)
+    assert refused[0] == (f"revision 1: part 1 of {one['parts']} (config/{part_key(one['upload'], 1)}) "
+                          "is missing")
+    assert refused[1] == "revision 2: its parts do not match the sha256 its record names"
+    assert Company.model_validate(inline["company"]) == small
+    assert [h["seats"] for h in history] == [1500, 1500, 1]  # history reads records only
+
+
+def test_a_company_in_parts_is_stored_and_read_with_a_member_of_an_r3_cluster_down(nats_cluster):
+    big = noisy(1500)
+
+    async def main():
+        ncs = [await nats.connect(s.url, connect_timeout=2) for s in nats_cluster]
+        try:
+            planes = [await ControlPlane.open(nc.jetstream(timeout=JS_TIMEOUT), 3) for nc in ncs]
+            await planes[0].apply(parse_company(SMALL, "small.yaml"), "small.yaml")  # the bucket, R3
+            # The bucket's leader goes: the parts are written through an election.
+            leader = (await planes[0].js.stream_info("KV_config")).cluster.leader
+            down = next(i for i, s in enumerate(nats_cluster) if s.name == leader)
+            writer, reader = (i for i in range(3) if i != down)
+            await ncs[down].close()
+            nats_cluster[down].kill()
+            began = time.monotonic()
+            rev, epoch = await asyncio.wait_for(planes[writer].apply(big, "big.yaml"), 60)
+            took = time.monotonic() - began
+            return rev, epoch, took, await asyncio.wait_for(planes[reader].revision(rev), 30)
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    rev, epoch, took, full = asyncio.run(main())
+    assert (rev, epoch) == (2, 2) and full["body"]["parts"] >= 2
+    assert took < 30, took  # an election (~6 s) waited out, not a failure
+    assert Company.model_validate(full["company"]) == big

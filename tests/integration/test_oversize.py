@@ -1,13 +1,14 @@
 """Everything too big is refused before it is sent, naming the limit (issue 16).
 
-A company revision is one broker message (1 MiB, headers included): the
-size :func:`~crewlet.coord.control_plane.revision_size` measures is checked
-against a real nats-server on both sides of the limit, and a company over it
-is refused by ``crewletctl apply --check``, ``crewletctl apply`` and
-``crewletd start --company`` with exit 78, nothing stored. Mail holds at most
-``MAIL_MAX`` characters, the most of them (4-byte characters included) fits
-the real broker, and ``crewletctl send`` refuses more, bad UTF-8 and a
-``dlq requeue`` number past a stream sequence as one line, never a traceback.
+A company revision is stored in parts (crewlet.coord.control_plane), up to
+``REVISION_MAX`` (64 MiB) of JSON: a company of exactly that size is stored
+and read back from a real nats-server, one byte more is refused before a
+part is written, and a company over it is refused by ``crewletctl apply
+--check``, ``crewletctl apply`` and ``crewletd start --company`` with exit
+78, nothing stored. Mail holds at most ``MAIL_MAX`` characters, the most of
+them (4-byte characters included) fits the real broker, and ``crewletctl
+send`` refuses more, bad UTF-8 and a ``dlq requeue`` number past a stream
+sequence as one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -18,29 +19,37 @@ import subprocess
 
 import nats
 import pytest
-import yaml
 
-from crewlet.bus import MAX_PAYLOAD
-from crewlet.company import parse_company
+from crewlet.company import Company
+from crewlet.company.model import REVISION_MAX
+from crewlet.coord.buckets import subjects
 from crewlet.coord.control_plane import JS_TIMEOUT, ControlPlane, RevisionTooLarge, revision_size
 from crewlet.queue.base import MAIL_MAX, SEQ_MAX
 from tests.conftest import CREWLETCTL, wait_for
 
 SOURCE = "/srv/company.yaml"
-LIMIT_TEXT = f"over the broker's limit of {MAX_PAYLOAD:,} bytes (1 MiB) a message"
+LIMIT_TEXT = f"over the limit of {REVISION_MAX:,} bytes (64 MiB) a company revision may have"
+
+
+def company_doc(persona: int) -> dict:
+    return {"company": {"name": "Big"},
+            "providers": {"local": {"kind": "scripted", "rules": [{"match": "hello", "reply": "hi"}]}},
+            "seats": [{"name": "solo", "provider": "local", "persona": "p" * persona}]}
 
 
 def company_text(persona: int) -> str:
-    return yaml.safe_dump({"company": {"name": "Big"},
-                           "providers": {"local": {"kind": "scripted", "rules": [{"match": "hello", "reply": "hi"}]}},
-                           "seats": [{"name": "solo", "provider": "local", "persona": "p" * persona}]})
+    """The YAML of :func:`company_doc`, written by hand: PyYAML's emitter
+    takes a minute over a 64 MB scalar."""
+    return ("company: {name: Big}\n"
+            "providers: {local: {kind: scripted, rules: [{match: hello, reply: hi}]}}\n"
+            f"seats:\n- name: solo\n  provider: local\n  persona: {'p' * persona}\n")
 
 
-def sized(bytes_: int):
-    """A company whose revision measures *bytes_* (a persona of ASCII is a byte a character)."""
-    base = revision_size(parse_company(company_text(1), "c.yaml", env={}), SOURCE, "op@host")
-    company = parse_company(company_text(1 + bytes_ - base), "c.yaml", env={})
-    assert abs(revision_size(company, SOURCE, "op@host") - bytes_) <= 2  # `at` may print a digit more or less
+def sized(bytes_: int) -> Company:
+    """A company whose revision measures exactly *bytes_* (an ASCII persona is a byte a character)."""
+    base = revision_size(Company.model_validate(company_doc(1)))
+    company = Company.model_validate(company_doc(1 + bytes_ - base))
+    assert revision_size(company) == bytes_
     return company
 
 
@@ -48,33 +57,34 @@ def on(natsd, scenario):
     async def main():
         nc = await nats.connect(natsd.url, connect_timeout=2)
         try:
-            return await scenario(await ControlPlane.open(nc.jetstream(timeout=JS_TIMEOUT), 1))
+            return await scenario(await ControlPlane.open(nc.jetstream(timeout=JS_TIMEOUT), 1), nc)
         finally:
             await nc.close()
     return asyncio.run(main())
 
 
-def test_a_revision_just_within_the_limit_is_stored_and_just_over_is_refused_unsent(natsd):
-    within, over = sized(MAX_PAYLOAD - 4), sized(MAX_PAYLOAD + 64)
+def test_a_company_at_the_limit_is_stored_and_one_byte_over_is_refused_unsent(natsd):
+    within = sized(REVISION_MAX)
 
-    async def scenario(plane):
-        assert await plane.append(within, SOURCE, by="op@host") == 1  # the real broker takes it
+    async def scenario(plane, nc):
+        assert await plane.append(within, SOURCE, by="op@host") == 1  # the real broker takes it, in parts
         stored = await plane.revision(1)
+        parts = await subjects(plane.js, "config", "part.>")
         with pytest.raises(RevisionTooLarge) as info:
-            await plane.append(over, SOURCE, by="op@host")
-        return stored, info.value, await plane.highest()
+            await plane.append(sized(REVISION_MAX + 1), SOURCE, by="op@host")
+        return stored, parts, info.value, await plane.highest(), await subjects(plane.js, "config", "part.>")
 
-    stored, refused, highest = on(natsd, scenario)
-    assert stored["digest"] == within.digest()
-    assert refused.limit == MAX_PAYLOAD and refused.size > MAX_PAYLOAD
-    assert highest == 1  # nothing of the refused one was written
+    stored, parts, refused, highest, parts_after = on(natsd, scenario)
+    assert stored["digest"] == within.digest() and len(stored["company"]["seats"][0]["persona"]) > 60_000_000
+    assert refused.limit == REVISION_MAX and refused.size == REVISION_MAX + 1
+    assert highest == 1 and parts_after == parts  # nothing of the refused one was written
 
 
 @pytest.fixture
 def big_company(short_tmp):
     path = os.path.join(short_tmp, "big.yaml")
     with open(path, "w") as f:
-        f.write(company_text(MAX_PAYLOAD + 1000))
+        f.write(company_text(REVISION_MAX + 1000))
     return path
 
 
@@ -85,14 +95,14 @@ def test_crewletctl_apply_refuses_a_company_over_the_limit(natsd, tier_a, big_co
         assert done.stderr.startswith(f"crewletctl: {big_company}: the company's stored revision would be ")
         assert LIMIT_TEXT in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
 
-    async def highest(plane):
-        return await plane.highest()
-    assert on(natsd, highest) == 0  # nothing was sent
+    async def written(plane, nc):
+        return await plane.highest(), await subjects(plane.js, "config", ">")
+    assert on(natsd, written) == (0, [])  # nothing was sent
 
 
 def test_crewletd_start_refuses_a_company_over_the_limit(make_node, big_company):
     node = make_node().start(wait_ready=False, args=("--company", big_company))
-    assert node.proc.wait(30) == 78
+    assert node.proc.wait(60) == 78
     log = node.read_log()
     assert f"{big_company}: the company's stored revision would be " in log and LIMIT_TEXT in log, log
     assert "Traceback" not in log

@@ -15,6 +15,7 @@ from collections import Counter
 
 
 from crewlet.coord import buckets
+from crewlet.coord.control_plane import ControlPlane
 from crewlet.schedules import tick_of
 from tests.conftest import wait_for
 from tests.seats import ctl, ctl_json, read_nats, turn_records, write_company
@@ -88,9 +89,10 @@ def test_schedules_fire_follow_revisions_and_refuse_a_bad_one(natsd, make_node):
     # the node, naming the revision and the key; revision 2 stays in force.
     async def sneak(nc, js):
         kv = await js.key_value(buckets.CONFIG.name)
-        rev2 = json.loads((await kv.get("rev.2")).value)
+        rev2 = await ControlPlane(js, kv).revision(2)  # its record, and its company read from its parts
         rev2["company"]["schedules"] = [{"name": "x", "seat": "pm", "cron": "0 9 * * *",
                                          "tz": "Mars/Olympus", "message": "x"}]
+        rev2.pop("body")  # a record with its company inline, as a hand (or an older crewlet) writes it
         await kv.create("rev.3", json.dumps({**rev2, "rev": 3}).encode())
         active = await kv.get("active")
         await kv.update("active", json.dumps({"rev": 3, "epoch": 3}).encode(), last=active.revision)

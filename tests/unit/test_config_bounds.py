@@ -19,6 +19,7 @@ import pytest
 from pydantic import BaseModel
 
 from crewlet.config import ConfigError, NodeConfig, load_node_config
+from crewlet.company.load import FILE_MAX
 from crewlet.config.load import ALIAS_NODES_MAX, YAML_MAX_BYTES
 from tests.unit.test_config import with_fleet_secret
 
@@ -204,7 +205,12 @@ def test_a_yaml_bomb_is_refused_by_check_config(tmp_path, bomb):
 def test_a_yaml_bomb_is_refused_as_a_company(tmp_path, bomb):
     text, problem = BOMBS[bomb]
     path = tmp_path / "company.yaml"
-    path.write_text(text)
+    if bomb == "too_big":  # a company file's limit is its own: a sparse file one byte past it
+        with open(path, "wb") as f:
+            f.truncate(FILE_MAX + 1)
+        problem = f"over the limit of {FILE_MAX} bytes"
+    else:
+        path.write_text(text)
     refused([str(BIN / "crewletctl"), "--data-dir", str(tmp_path), "apply", "--check", str(path)], path, problem,
             bomb)
 

@@ -213,3 +213,17 @@ def test_a_start_abandoned_by_a_stop_leaves_nothing_running_even_if_it_swallowed
         return list(ran)  # before the loop's own end cancels whatever is left
 
     assert run_loop(main(), leftovers=0.2) == ["run", "cancelled"]
+
+
+def test_the_company_is_answered_without_its_seats_to_a_role_that_has_its_epoch():
+    """Roles re-ask every COMPANY_RECHECK seconds; 10,000 seats are ~25 MB each time."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from supervisor import control
+    current = {"rev": 3, "epoch": 5, "digest": "d", "company": {"seats": ["…"]}}
+    node = SimpleNamespace(fleet=SimpleNamespace(company=current))
+    ask = lambda **args: asyncio.run(control.company(node, args))["company"]  # noqa: E731
+    assert ask() == current and ask(epoch=None) == current and ask(epoch=4) == current
+    assert ask(epoch=5) == {"rev": 3, "epoch": 5, "digest": "d"}
+    assert asyncio.run(control.company(SimpleNamespace(fleet=None), {"epoch": 5})) == {"company": None}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -11,8 +12,7 @@ from pydantic import BaseModel, Field
 
 from crewlet.company import parse_company
 from crewlet.config import ConfigError
-from crewlet.bus import MAX_PAYLOAD
-from crewlet.coord.control_plane import ControlPlaneError, RevisionTooLarge, revision_size
+from crewlet.coord.control_plane import ControlPlaneError, RevisionTooLarge, check_size
 from roles.ingress.auth import ADMIN, READ
 from roles.ingress.front import front
 from roles.ingress.problems import Problem, responses
@@ -81,12 +81,16 @@ async def apply_company(request: Request, grant=Depends(ADMIN)) -> Applied:
         raise Problem(415, "unsupported_media_type", f"send the company as application/json or "
                                                      f"application/yaml, not {kind}")
     try:
-        company = parse_company(text, source, env={})  # no ${VAR} of this node's environment
+        # In a thread: a company of 10,000 seats takes seconds to parse and validate.
+        # env={}: no ${VAR} of this node's environment.
+        company = await asyncio.to_thread(parse_company, text, source, env={})
     except ConfigError as exc:
         raise Problem(422, "invalid_company", str(exc), key=exc.key) from None
-    size = revision_size(company, source, grant.name)
-    if size > MAX_PAYLOAD:  # what the control plane would refuse: said before anything is sent
-        raise Problem(413, "company_too_large", str(RevisionTooLarge(size, MAX_PAYLOAD)))
+    try:
+        # What the control plane would refuse, said before anything is sent.
+        await asyncio.to_thread(check_size, company)
+    except RevisionTooLarge as exc:
+        raise Problem(413, "company_too_large", str(exc)) from None
     f.need_space("nothing was applied")
     if f.control_plane is None:
         raise Problem(503, "unavailable", "the control plane is not open yet", headers={"Retry-After": "2"})
@@ -95,7 +99,7 @@ async def apply_company(request: Request, grant=Depends(ADMIN)) -> Applied:
         # or a deploy that changed nothing. Answered as it stands: no new revision.
         active = await f.control_plane.active()
         if active is not None:
-            current = await f.control_plane.revision(active["rev"])
+            current = await f.control_plane.record(active["rev"])  # its digest: no company read
             if current.get("digest") == company.digest():
                 return JSONResponse(Applied(rev=active["rev"], epoch=active["epoch"], digest=company.digest(),
                                             seats=len(company.seats), changed=False).model_dump())
