@@ -137,12 +137,10 @@ class SeatSweeper:
         renewed by a loop of its own: a sweep that claims a thousand seats
         must not hold up the renewal every one of them depends on."""
         self._stopping = stopping
-        pulse = asyncio.create_task(self._pulse(stopping), name="seats life")
-        try:
-            await self._sweep_until(stopping)
-        finally:
-            pulse.cancel()
-            await asyncio.gather(pulse, return_exceptions=True)
+        # Either ending by a failure ends both (and the role, which is restarted).
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._pulse(stopping), name="seats life")
+            group.create_task(self._sweep_until(stopping), name="seat sweep")
 
     async def _pulse(self, stopping: asyncio.Event) -> None:
         """Renew the life every sweep interval, until *stopping*."""
@@ -240,15 +238,15 @@ class SeatSweeper:
         started = time.monotonic()
         # Stale by our own clock (we were paused): stop acting first, ask after.
         if not self.life.fresh(started):
+            self.life.lose()  # first: a sweep meanwhile claims under a new life, never this one
             await self._drop_all("life stale on waking")
-            self.life.lose()
             return
         try:
             renewed = await self.life.renew()
         except LeaseError as exc:
             if not self.life.fresh():
-                await self._drop_all(f"life renewal unknown and the life is stale: {exc}")
                 self.life.lose()
+                await self._drop_all(f"life renewal unknown and the life is stale: {exc}")
             return
         if renewed is None:
             await self._drop_all("life lost")
@@ -303,13 +301,19 @@ class SeatSweeper:
         for seat, held in list(self.held.items()):
             owner = self.holders.raw(held.key)
             if owner is not None and owner.token != held.token and owner.revision > held.revision:
-                self.held.pop(seat)
-                self._waiting.pop(seat, None)
-                log.event("seat_lost", "warning", seat=seat, reason=f"taken by {owner.node}",
-                          token=held.token)
-                if seat in self.started:
-                    self.started.discard(seat)
-                    await self.on_release(seat, held)
+                await self._drop(seat, f"taken by {owner.node}")
+
+    async def _drop(self, seat: str, why: str) -> None:
+        """Stop acting for *seat* (no write: it is not ours any more). The
+        pulse and the sweep both drop: whichever comes second finds it gone."""
+        held = self.held.pop(seat, None)
+        if held is None:
+            return
+        self._waiting.pop(seat, None)
+        log.event("seat_lost", "warning", seat=seat, reason=why, token=held.token)
+        if seat in self.started:
+            self.started.discard(seat)
+            await self.on_release(seat, held)
 
     def _price(self, seat: str) -> int:
         """What starting *seat*'s work takes from a window's spawns."""
@@ -347,7 +351,9 @@ class SeatSweeper:
         return sum(1 for r in results if r is True)
 
     async def _release(self, seat: str) -> None:
-        held = self.held.pop(seat)
+        held = self.held.pop(seat, None)
+        if held is None:
+            return  # dropped meanwhile (the life was lost): nothing of ours to delete
         self._waiting.pop(seat, None)
         self._releases.append(time.monotonic())
         if seat in self.started:
@@ -356,14 +362,9 @@ class SeatSweeper:
         await self.leases.release(held)
 
     async def _drop_all(self, why: str) -> None:
+        self.last_renew = None  # first: no turn starts while the seats are dropped
         for seat in list(self.held):
-            held = self.held.pop(seat)
-            self._waiting.pop(seat, None)
-            log.event("seat_lost", "warning", seat=seat, reason=why, token=held.token)
-            if seat in self.started:
-                self.started.discard(seat)
-                await self.on_release(seat, held)
-        self.last_renew = None
+            await self._drop(seat, why)
 
     async def release_all(self) -> None:
         """Give every seat up: first ``on_stop`` (the turns hand back what they
@@ -373,8 +374,8 @@ class SeatSweeper:
         if self.on_stop is not None:
             await self.on_stop()
         for seat in list(self.held):
-            held = self.held.pop(seat)
-            if seat in self.started:
+            held = self.held.pop(seat, None)
+            if held is not None and seat in self.started:
                 self.started.discard(seat)
                 await self.on_release(seat, held)
         self._waiting.clear()

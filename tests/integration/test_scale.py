@@ -93,7 +93,7 @@ def test_two_thousand_seats_are_served_within_seconds_of_a_start_and_of_a_crash(
     pid = node.process_pids()["seats"]
     os.kill(pid, signal.SIGKILL)
     t1 = time.monotonic()
-    wait_for(lambda: (n := node.process_pids().get("seats")) not in (None, pid)
+    wait_for(lambda: node.process_pids().get("seats") not in (None, pid)
              and seats_stats(node).get("held") == SEATS, 10, interval=0.05,
              what="every seat at work in the next seats child")
     took = time.monotonic() - t1
