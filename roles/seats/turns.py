@@ -445,38 +445,46 @@ class TurnEngine:
         await estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT, deadline=deadline)
 
     async def record_done_again(self, seat: str, trigger: str, worked: dict[str, Any]) -> None:
-        """Write again the durable ``done`` record of a trigger the ledger says
-        was worked, from its ledger entry (*worked*), under this seat's token.
-        A no-op when the record landed (the usual case); the record the turn's
-        own process did not live to write otherwise."""
-        if self.estate is None or worked.get("seat") != seat:
+        """Publish again the ``done`` record of a trigger the ledger says was
+        worked, from its ledger entry (*worked*): on the live feed and as the
+        durable row, under this seat's token. Each lands once (the feed's
+        dedupe and the row's op id), so this is a no-op when the record landed
+        (the usual case); it is the record the turn's own process did not
+        live to publish otherwise."""
+        if worked.get("seat") != seat:
             return  # the ledger is by trigger: another seat's turn is that seat's to record
         try:
             record = TurnRecord(seat, trigger, str(worked.get("node") or ""), int(worked.get("token") or 0),
                                 0, outcome="done", rounds=int(worked.get("rounds") or 0),
                                 started_at=float(worked.get("at") or time.time()))
-            held = self.sweeper.held.get(seat)
-            await self._durable_record(record, record.as_dict(), time.monotonic() + SETTLE_PATIENCE,
-                                       token=held.token if held is not None else record.token)
-        except Exception as exc:
+        except (TypeError, ValueError) as exc:
             self.records_failed += 1
             log.event("turn_record_failed", "error", seat=seat, trigger=trigger,
-                      error=f"{type(exc).__name__}: {exc}")
+                      error=f"the ledger entry is not a turn: {type(exc).__name__}: {exc}")
+            return
+        held = self.sweeper.held.get(seat)
+        await self.publish_record(record, token=held.token if held is not None else None)
 
-    async def publish_record(self, record: TurnRecord, patience: float = SETTLE_PATIENCE) -> None:
-        """The live feed and the durable row, at once, each sent again through a
-        stream leader election for *patience* seconds. A record that still did
-        not land is counted (``records_failed`` in the stats) and said: the
-        turn itself is settled by then, its ledger entry written.
+    async def publish_record(self, record: TurnRecord, patience: float = SETTLE_PATIENCE,
+                             token: int | None = None) -> None:
+        """The live feed and the durable row (under *token*, else the
+        record's), at once, each sent again through a stream leader election
+        for *patience* seconds. A record that still did not land is counted
+        (``records_failed`` in the stats) and said: the turn itself is settled
+        by then, its ledger entry written. A trigger's ``done`` record has one
+        message id, so published again (:meth:`record_done_again`) it lands
+        on the feed once within the stream's dedupe window.
 
         A seat that is stopping gives its last record only a moment: its stop
         must end within the role's shutdown time, quorum or not."""
         body = record.as_dict()
         deadline = time.monotonic() + patience
+        msg_id = (f"turn:{record.seat}:{record.trigger}:done" if record.outcome == "done" and record.trigger
+                  else f"turn:{uuid.uuid4().hex}")
         published = [publish_until(self.js, f"events.turn.{record.seat}", json.dumps(body).encode(),
-                                   msg_id=f"turn:{uuid.uuid4().hex}", deadline=deadline)]
+                                   msg_id=msg_id, deadline=deadline)]
         if self.estate is not None and record.trigger:  # a deferral is news, not a turn worked
-            published.append(self._durable_record(record, body, deadline))
+            published.append(self._durable_record(record, body, deadline, token))
         for result in await asyncio.gather(*published, return_exceptions=True):
             if isinstance(result, BaseException):
                 self.records_failed += 1

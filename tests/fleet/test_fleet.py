@@ -137,7 +137,9 @@ def test_three_thousand_seats_of_a_killed_node_are_held_again_within_ttl_and_two
     wait_for(lambda: (c := spread(nodes[0], 3000)) and set(c) == {"n0", "n1"}, 30,
              what="survivors holding all 3,000 seats")
     took = time.monotonic() - t0
-    assert took < FAST["lease_ttl"] + 2 * FAST["sweep"] + 2, took
+    # TTL + two sweeps, and the time two nodes take to claim 1,000 seats
+    # between them (~1 s quiet, more beside other tests).
+    assert took < FAST["lease_ttl"] + 2 * FAST["sweep"] + 5, took
     wait_for(lambda: seats_of(nodes[0]) == seats_of(nodes[1]), 15, what="both survivors agreeing")
 
 

@@ -111,6 +111,8 @@ def api():
         wait_for(lambda: {"ceo", "clerk"} <= set(held(node)), 30, what="ceo and clerk held")
         client = Api(node)
         wait_for(lambda: client.http.get("/v1/company").json().get("rev"), 20, what="the company in ingress")
+        # Seats are held within a sweep now; conversations also need the estate in service.
+        wait_for(lambda: client.http.get("/readyz").status_code == 200, 30, what="the node ready")
         yield client
         client.http.close()
     finally:

@@ -12,14 +12,8 @@ import nats
 from crewlet.coord import buckets
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Leases
+from tests.estate import until
 
-
-async def _until(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def _consumers(js) -> int:
@@ -47,9 +41,9 @@ def test_holders_list_live_leases_and_see_them_go(natsd):
             assert set(holders.of("node.")) == {"node.a"}
             # A lease taken after the listing appears; one left to lapse goes.
             later = await a.claim("seat.s3")
-            await _until(lambda: "seat.s3" in holders.of("seat."), what="s3 seen")
+            await until(lambda: "seat.s3" in holders.of("seat."), what="s3 seen")
             assert holders.get("seat.s3").token == later.token
-            await _until(lambda: not holders.of("seat."), 10, "every seat lease lapsed (TTL 1 s)")
+            await until(lambda: not holders.of("seat."), 10, "every seat lease lapsed (TTL 1 s)")
             assert ("seat.s3", False, True) in changes and ("seat.s3", True, False) in changes
             # Reading costs nothing on the broker: one consumer, however often.
             for _ in range(1000):
@@ -59,7 +53,7 @@ def test_holders_list_live_leases_and_see_them_go(natsd):
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
         # Stopped: its consumer is deleted, not left for the inactive threshold.
-        await _until(lambda: True)
+        await until(lambda: True)
         assert await _consumers(js) == 0
         await nc.close()
     asyncio.run(main())
@@ -127,7 +121,7 @@ def test_a_watch_whose_consumer_was_lost_is_listed_anew_within_two_heartbeats(na
                 await js.delete_consumer(stream, info.name)
             await a.claim("seat.late")
             started = time.monotonic()
-            await _until(lambda: "seat.late" in holders.of("seat."), 8, "the lease claimed after the loss")
+            await until(lambda: "seat.late" in holders.of("seat."), 8, "the lease claimed after the loss")
             assert time.monotonic() - started < 5
         finally:
             watching.cancel()

@@ -14,14 +14,8 @@ from crewlet.coord import buckets
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Leases
 from crewlet.coord.life import Life
+from tests.estate import until
 
-
-async def _until(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def _last_seq(js) -> int:
@@ -55,7 +49,7 @@ def test_seats_live_and_die_with_their_life_and_move_by_compare_and_set(natsd):
         await b.begin()
         claims = [await a.claim(f"seat.s{i}") for i in range(50)]
         assert all(c is not None and not c.successor for c in claims)
-        await _until(lambda: len(holders.of("seat.")) == 50, what="50 seats seen held by a")
+        await until(lambda: len(holders.of("seat.")) == 50, what="50 seats seen held by a")
         # b cannot take a seat of a live life with a view that is behind it.
         assert await b.claim("seat.s0", 0) is None
         assert holders.free("seat.s0") is None  # held: no revision to expect
@@ -68,13 +62,13 @@ def test_seats_live_and_die_with_their_life_and_move_by_compare_and_set(natsd):
         # a's life goes: every seat bound to it goes with it, for every reader.
         changes.clear()
         assert await a.end()
-        await _until(lambda: not holders.of("seat."), what="a's seats gone with its life")
+        await until(lambda: not holders.of("seat."), what="a's seats gone with its life")
         assert {k for k, was, now in changes if was and not now} >= {f"seat.s{i}" for i in range(50)}
         assert holders.get("seat.s0") is None and holders.free("seat.s0") == claims[0].held.token
         # b claims over the dead binding: a compare-and-set, the token grows.
         taken = await b.claim("seat.s0", holders.free("seat.s0"))
         assert taken is not None and taken.successor and taken.held.token > claims[0].held.token
-        await _until(lambda: (o := holders.get("seat.s0")) is not None and o.node == "b",
+        await until(lambda: (o := holders.get("seat.s0")) is not None and o.node == "b",
                      what="s0 seen held by b")
         # A stale view's claim still lands over a dead one (it reads, then writes).
         late = await b.claim("seat.s1", 0)
@@ -88,9 +82,9 @@ def test_a_lapsed_life_frees_its_seats_at_its_ttl(natsd):
         await a.begin()
         for i in range(5):
             await a.claim(f"seat.s{i}")
-        await _until(lambda: len(holders.of("seat.")) == 5, what="seats held")
+        await until(lambda: len(holders.of("seat.")) == 5, what="seats held")
         t0 = time.monotonic()
-        await _until(lambda: not holders.of("seat."), 10, "seats freed by the life's TTL")
+        await until(lambda: not holders.of("seat."), 10, "seats freed by the life's TTL")
         assert time.monotonic() - t0 < 5
         assert not a.fresh()  # its own clock says so too
     _run(natsd, body)
@@ -105,7 +99,7 @@ def test_adoption_keeps_the_token_for_this_crewletd_and_not_for_an_earlier_one(n
         second = Life(Leases(js, "a", "boot-1", ttl=30), "a", "p2")
         adopted = await second.begin()
         assert adopted is not None and adopted.token == life.token
-        await _until(lambda: holders.get("life.a") is not None
+        await until(lambda: holders.get("life.a") is not None
                      and holders.get("life.a").info.get("proc") == "p2", what="p2's life seen")
         assert set(holders.bound_to("a", life.token)) == {"seat.s0"}
         assert holders.get("seat.s0").token == seat.held.token  # still live, same token
@@ -116,7 +110,7 @@ def test_adoption_keeps_the_token_for_this_crewletd_and_not_for_an_earlier_one(n
         third = Life(Leases(js, "a", "boot-2", ttl=30), "a", "p3")
         taken = await third.begin()
         assert taken is not None and taken.token > life.token
-        await _until(lambda: holders.get("seat.s0") is None, what="the old boot's seat freed")
+        await until(lambda: holders.get("seat.s0") is None, what="the old boot's seat freed")
         again = await third.claim("seat.s0", holders.free("seat.s0"))
         assert again is not None and again.held.token > seat.held.token
     _run(natsd, body)

@@ -20,6 +20,11 @@ from tests.conftest import wait_for
 from tests.seats import MCP_SERVER, held, node_url, seats_stats, write_company
 
 SEATS = 2000
+# Seconds from crewletd start, and from the seats child's kill, until every
+# seat is served: the 10 s and 2 s on a quiet machine, with room for
+# a CI machine busy with other tests.
+BOOT_BOUND = 30.0
+CRASH_BOUND = 8.0
 
 
 def _company(dir: str, seats: int, *, mcp: int = 0) -> str:
@@ -88,7 +93,10 @@ def test_two_thousand_seats_are_served_within_seconds_of_a_start_and_of_a_crash(
     wait_for(lambda: _mailboxes_ready(node), 30, what="the mailboxes")
     took = time.monotonic() - t0 + asyncio.run(_serve_all(node_url(node), seats, "boot", 60))
     print(f"start -> {SEATS} seats served: {took:.1f}s")
-    assert took < 10, took
+    # Quiet, this is ~7 s (bench/turns.py measures it against the 10 s);
+    # the bound is for a CI machine running other tests beside it. Paced at
+    # the design's 4 claims per 5 s sweep it would take 40 minutes.
+    assert took < BOOT_BOUND, took
     # kill -9 of the seats child: the next one adopts the life, every seat at once.
     pid = node.process_pids()["seats"]
     os.kill(pid, signal.SIGKILL)
@@ -100,7 +108,9 @@ def test_two_thousand_seats_are_served_within_seconds_of_a_start_and_of_a_crash(
     print(f"seats child killed -> {SEATS} seats at work again: {took:.1f}s")
     events = [e for e in node.events() if e.get("event") == "seats_life_begun"]
     assert events[-1]["adopted"] == SEATS, events  # no seat claimed anew
-    assert took < 2.5, took  # + the 1 s stats cadence the test reads through
+    # Quiet, ~1.3 s with the 1 s stats cadence the test reads through; paced,
+    # 40 minutes again.
+    assert took < CRASH_BOUND, took
     again = asyncio.run(_serve_all(node_url(node), seats, "crash", 60))
     print(f"then a mail to each worked in {again:.1f}s")
     assert len(held(node)) == SEATS
