@@ -81,7 +81,10 @@ and <= 50 ms added at p99.
 
 ``--profile S`` (default 20; 0: off) adds, at the largest size, one more
 crewlet round of S s, not counted, with py-spy recording the seats process
-(``py-spy record --nonblocking --function --format raw``); the report lists
+(``py-spy record --function --format raw``, 100 samples/s; blocking: each
+sample pauses the process a moment, ~20 % fewer turns/s meanwhile, while
+``--profile-nonblocking`` reads stacks as it runs and put a visible share of
+samples on frames that were not running); the report lists
 its hot spots by function (file:line of the def) as % of the samples: self
 (the function on top; and the self samples by package) and total (anywhere
 in the stack, the loop's own roots left out). The collapsed
@@ -140,7 +143,8 @@ TARGET_PER_S = 400.0               # turns/s at 1,000 in flight (issue 13)
 TARGET_ADDED_P99 = 50.0            # ms added at p99 (issue 13)
 PROFILE_RATE = 100                 # py-spy samples/s
 PROFILE_TOP = 15                   # hot spots listed
-ROOT_SHARE = 0.9                   # a frame in more of the samples is the loop's root, not a hot spot
+OTHER_THREAD = "Thread._bootstrap"  # the root frame of a thread that is not the main one
+ROOT_SHARE = 0.9                   # a frame this near the commonest is the loop's root, not a hot spot
 LOG_EVERY = 5.0                    # s between progress notes in a round
 OUTSIDE_NODE = ("provider", "bench")   # metered processes that are not crewletd's
 SIDES = ("crewlet", "bare", "bare httpx2", "bare stream")
@@ -633,13 +637,15 @@ def _package(frame: str) -> str:
 
 def hot_spots(path: str, top: int = PROFILE_TOP) -> dict[str, Any]:
     """py-spy's collapsed stacks (``--format raw``: ``frame;frame;... count`` a line, the
-    leaf last) as the *top* functions by self and by total, % of the samples, and the
+    leaf last) of the main thread (the loop; other threads' samples are only counted)
+    as the *top* functions by self and by total, % of the samples, and the
     self samples by package. The total list leaves out the frames nearly every sample
-    has (the loop and the role's start: above :data:`ROOT_SHARE`)."""
+    of the loop's thread has (the loop and the role's start: in :data:`ROOT_SHARE` of the
+    most common frame's samples or more)."""
     self_n: collections.Counter = collections.Counter()
     total_n: collections.Counter = collections.Counter()
     by_package: collections.Counter = collections.Counter()
-    samples = 0
+    samples = others = 0
     with open(path) as f:
         for line in f:
             stack, _, count = line.rstrip("\n").rpartition(" ")
@@ -647,19 +653,23 @@ def hot_spots(path: str, top: int = PROFILE_TOP) -> dict[str, Any]:
                 continue
             n = int(count)
             frames = stack.split(";")
+            if frames[0].startswith(OTHER_THREAD):
+                others += n   # the watchdog's thread, to_thread's workers: not the loop
+                continue
             samples += n
             self_n[frames[-1]] += n
             by_package[_package(frames[-1])] += n
             for frame in set(frames):
                 total_n[frame] += n
     if not samples:
-        return {"samples": 0, "self": [], "total": [], "packages": []}
+        return {"samples": 0, "other_threads": others, "self": [], "total": [], "packages": []}
 
     def pct(c: int) -> float:
         return round(100.0 * c / samples, 1)
 
-    below_roots = [(f, c) for f, c in total_n.most_common() if c <= ROOT_SHARE * samples]
-    return {"samples": samples,
+    roots = ROOT_SHARE * total_n.most_common(1)[0][1]
+    below_roots = [(f, c) for f, c in total_n.most_common() if c < roots]
+    return {"samples": samples, "other_threads": others,
             "self": [{"function": f, "pct": pct(c)} for f, c in self_n.most_common(top)],
             "total": [{"function": f, "pct": pct(c)} for f, c in below_roots[:top]],
             "packages": [{"package": k, "pct": pct(c)} for k, c in by_package.most_common(top)]}
@@ -675,7 +685,7 @@ async def profile_round(node: SlowNode, seats: list[str], mail: Mail, procs: dic
         return
     path = os.path.join(args.profile_dir, f"slow_turns-seats-{len(seats)}-{os.getpid()}.collapsed")
     argv = [py_spy, "record", "-p", str(seats_proc.pid), "-d", str(int(args.profile)), "-r", str(PROFILE_RATE),
-            "--nonblocking", "--function", "--format", "raw", "-o", path]
+            "--function", "--format", "raw", "-o", path] + (["--nonblocking"] if args.profile_nonblocking else [])
     rnd = Round("crewlet (profiled)", len(seats), args, procs)
     spy: subprocess.Popen | None = None
 
@@ -701,6 +711,7 @@ async def profile_round(node: SlowNode, seats: list[str], mail: Mail, procs: dic
         out["profile"] = {"error": f"py-spy exited with {spy.returncode if spy else None}: {said}"}
         return
     out["profile"] = {"path": path, "seconds": args.profile, "rate": PROFILE_RATE,
+                      "nonblocking": args.profile_nonblocking,
                       "per_s": r["per_s"], "cpu_pct": r["cpu_pct"], "py_spy": said[-300:],
                       **hot_spots(path)}
 
@@ -913,7 +924,8 @@ def print_text(rep: dict[str, Any]) -> None:
                 print(f"   profile: {prof['error']}")
             else:
                 print(f"   py-spy on the seats process, {prof['seconds']:g} s at {prof['rate']}/s "
-                      f"({prof['samples']} samples; {prof['per_s']:.0f} turns/s meanwhile; {prof['path']}):")
+                      f"({prof['samples']} samples of the loop's thread, {prof['other_threads']} of others; "
+                      f"{prof['per_s']:.0f} turns/s meanwhile; {prof['path']}):")
                 for kind in ("self", "total"):
                     print(f"     {kind}:")
                     for h in prof[kind]:
@@ -953,6 +965,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bare-stream", action="store_true", help="also a bare client asking for streams")
     ap.add_argument("--profile", type=float, help="s of py-spy on the seats process at the largest size "
                                                   "(default 20; quick 0: off)")
+    ap.add_argument("--profile-nonblocking", action="store_true",
+                    help="py-spy --nonblocking: no pauses of the seats process, but stacks read while it "
+                         "runs (some land on the wrong frame)")
     ap.add_argument("--profile-dir", default=tempfile.gettempdir(), help="where the collapsed stacks go")
     ap.add_argument("--sweep", type=float, default=1.0, help="the node's fleet.sweep (default 1)")
     ap.add_argument("--heartbeat", type=float, default=5.0, help="the node's fleet.heartbeat (default 5)")
