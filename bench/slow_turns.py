@@ -91,7 +91,7 @@ in the stack, the loop's own roots left out). The collapsed
 stacks are kept in ``--profile-dir`` (default /tmp) for a flame graph.
 
 ``--quick`` (100 in flight, one round of 6 s, no profile) takes ~1.5 minutes;
-the default (100 and 1,000, two rounds of 20 s, the profile) ~8 minutes.
+the default (100 and 1,000, two rounds of 20 s, the profile) ~10 minutes.
 Everything started is stopped by its pid, on failure and on Ctrl-C too.
 Exit status: 0 unless the benchmark itself broke.
 
