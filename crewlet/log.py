@@ -157,3 +157,7 @@ def _route_stdlib_logging() -> None:
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    # A line per provider request ("HTTP Request: POST ... 200") is a log line
+    # per turn that says nothing the turn's own event does not.
+    for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(name).setLevel(logging.WARNING)

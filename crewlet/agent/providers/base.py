@@ -47,13 +47,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import email.utils
 import hashlib
 import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -287,7 +288,7 @@ class HttpProvider(Provider):
         self._env = env
         # What this instance itself learnt from a 429, for when the fleet's bucket cannot answer.
         self._local_until = 0.0
-        self._client: httpx2.AsyncClient | None = None
+        self._clients = _Clients()
 
     # ------------------------------------------------------------ subclass surface
 
@@ -418,16 +419,12 @@ class HttpProvider(Provider):
                                   f"past the deadline", until=until, key=kid, provider=self.name)
             await asyncio.sleep(wait)
 
-    def _http(self) -> httpx2.AsyncClient:
-        if self._client is None:
-            self._client = httpx2.AsyncClient()
-        return self._client
-
     async def _attempt(self, headers: dict[str, str], body: dict[str, Any], timeout: float) -> Reply:
         """One request answered in one JSON body."""
         # httpx2's timeout bounds each phase; the outer one bounds the whole attempt.
-        response = await asyncio.wait_for(
-            self._http().post(self._url(), headers=headers, json=body, timeout=timeout), timeout)
+        with self._clients.one() as client:
+            response = await asyncio.wait_for(
+                client.post(self._url(), headers=headers, json=body, timeout=timeout), timeout)
         if not 200 <= response.status_code < 300:
             raise _refused(response)
         return self._parsed(lambda: self._reply(response.json()), response.text)
@@ -440,18 +437,19 @@ class HttpProvider(Provider):
         seen = ""  # the event being read: quoted if it is malformed
         try:
             # The outer timeout bounds the whole attempt, as _attempt's does.
-            async with asyncio.timeout(timeout), self._http().stream(
-                    "POST", self._url(), headers=headers, json=body, timeout=timeout) as response:
-                if not 200 <= response.status_code < 300:
-                    await response.aread()
-                    raise _refused(response)
-                async for event, seen in sse_events(response.aiter_lines()):
-                    text = self._parsed(lambda: assembly.feed(event, seen), seen)
-                    if text:
-                        streamed = True
-                        await sink.delta(text)
-                    if assembly.done:
-                        break
+            with self._clients.one() as client:
+                async with asyncio.timeout(timeout), client.stream(
+                        "POST", self._url(), headers=headers, json=body, timeout=timeout) as response:
+                    if not 200 <= response.status_code < 300:
+                        await response.aread()
+                        raise _refused(response)
+                    async for event, seen in sse_events(response.aiter_lines()):
+                        text = self._parsed(lambda: assembly.feed(event, seen), seen)
+                        if text:
+                            streamed = True
+                            await sink.delta(text)
+                        if assembly.done:
+                            break
             if not assembly.done:
                 raise StreamCut("the stream ended before its end marker")
             return self._parsed(lambda: self._reply(assembly.body()), seen)
@@ -471,9 +469,43 @@ class HttpProvider(Provider):
                 f"{quoted[:_ERROR_QUOTE]}"), retryable=False) from exc
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self._clients.close()
+
+
+# Requests one HTTP client carries at once. httpx2's pool looks at every one of
+# its connections on each request: one client of 1,000 connections cost 2-3 ms
+# of CPU a request, and at its default limit of 100 the 101st turn waited for
+# a connection (bench/slow_turns.py). Clients of this many stay cheap, and a
+# provider has as many as its requests in flight need.
+CLIENT_REQUESTS = 100
+
+
+class _Clients:
+    """A provider's HTTP clients. Invariant: each entry is ``[client, requests
+    it carries now]``, that count never above :data:`CLIENT_REQUESTS`."""
+
+    def __init__(self) -> None:
+        self._clients: list[list[Any]] = []
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[httpx2.AsyncClient]:
+        """A client with room for one more request, for the length of the block."""
+        entry = next((e for e in self._clients if e[1] < CLIENT_REQUESTS), None)
+        if entry is None:
+            limits = httpx2.Limits(max_connections=CLIENT_REQUESTS,
+                                   max_keepalive_connections=CLIENT_REQUESTS)
+            entry = [httpx2.AsyncClient(limits=limits), 0]
+            self._clients.append(entry)
+        entry[1] += 1
+        try:
+            yield entry[0]
+        finally:
+            entry[1] -= 1
+
+    async def close(self) -> None:
+        clients, self._clients = self._clients, []
+        for client, _ in clients:
+            await client.aclose()
 
 
 def _refused(response: httpx2.Response) -> Refused:
