@@ -197,7 +197,7 @@ def grants(node: str) -> dict[str, Grant]:
                 kv(buckets.STATUS): WATCH,   # the estate copies' state (the router)
                 kv(buckets.LEDGER): LOOK,
                 kv(buckets.BUDGETS): WATCH,
-                kv(buckets.COOLDOWNS): LOOK,
+                kv(buckets.COOLDOWNS): WATCH,  # read before every provider request: watched
                 runs.STREAM: LOOK,           # a request to stop a run (runs.request_cancel)
                 kv(buckets.CONFIG): LOOK,    # the company revision a conversation run pinned
             },

@@ -30,14 +30,14 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from crewlet import log
 from crewlet.bus import kv_subject, publish_until
-from crewlet.coord.buckets import BUDGETS, COOLDOWNS, LEDGER, last
+from crewlet.coord.buckets import BUDGETS, COOLDOWNS, LEDGER, follow, last
 from crewlet.bus import EXPECTED_LAST as _EXPECTED_LAST
 from crewlet.bus import WRONG_LAST_SEQUENCE as _WRONG_LAST_SEQUENCE
 
@@ -105,21 +105,49 @@ class Cooldowns:
     def __init__(self, js: JetStreamContext):
         self.js = js
         self._put = kv_subject(js, COOLDOWNS.name)
+        # Kept by :meth:`run`, the process's one watch of the bucket: key ->
+        # until, for every cooldown the watch shows (put in force once listed).
+        self._until: dict[str, float] = {}
+        self._next: dict[str, float] | None = None
+        self._listed = False
 
     @staticmethod
     def key(provider: str, key_id: str) -> str:
         return f"{provider}.{key_id}"
 
     async def until(self, provider: str, key_id: str) -> float | None:
-        """When the key stops cooling (``time.time()``); None if it is not cooling."""
-        _, data = await _read(self.js, COOLDOWNS.name, self.key(provider, key_id))
-        if not data:
-            return None
+        """When the key stops cooling (``time.time()``); None if it is not cooling.
+        From memory while :meth:`run` watches the bucket (a turn asks before
+        each request: two round trips a turn, otherwise); read when it does not."""
+        key = self.key(provider, key_id)
+        if self._listed:
+            until = self._until.get(key)
+        else:
+            _, data = await _read(self.js, COOLDOWNS.name, key)
+            until = _until_of(data)
+        return until if until is not None and until > time.time() else None
+
+    async def run(self, stopping: Callable[[], bool] = lambda: False) -> None:
+        """Watch the bucket for the life of the process (until cancelled)."""
+        def opened() -> None:
+            self._next = {}
+
+        def listed() -> None:
+            self._until, self._next = self._next or {}, None
+            self._listed = True
+
+        def seen(entry) -> None:
+            target = self._next if self._next is not None else self._until
+            until = _until_of(entry.value) if entry.operation is None else None
+            if until is None:
+                target.pop(entry.key, None)
+            else:
+                target[entry.key] = until
         try:
-            until = float(json.loads(data)["until"])
-        except (ValueError, KeyError, TypeError):
-            return None
-        return until if until > time.time() else None
+            await follow(lambda: self.js.key_value(COOLDOWNS.name), ">", seen, opened=opened,
+                         listed=listed, name=COOLDOWNS.name, stopping=stopping)
+        finally:
+            self._listed = False
 
     async def cool(self, provider: str, key_id: str, until: float, reason: str = "") -> None:
         """The key cools until *until*; a later cooldown already written stays."""
@@ -221,6 +249,16 @@ class Budgets:
                 await self.flush()
             except CounterError as exc:
                 log.event("budget_flush_failed", "warning", error=str(exc))
+
+
+def _until_of(data: bytes | None) -> float | None:
+    """The ``until`` of a cooldown's value; None for nothing or not a cooldown."""
+    if not data:
+        return None
+    try:
+        return float(json.loads(data)["until"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 async def _cas(js: JetStreamContext, subject: str, value: bytes, expected: int,

@@ -129,6 +129,7 @@ async def main(ctx: RoleContext) -> None:
     helpers = [asyncio.create_task(_follow(ctx, sweeper, engine)),
                asyncio.create_task(holders.run()),
                asyncio.create_task(engine.budgets.run(ctx.stopping)),
+               asyncio.create_task(engine.cooldowns.run()),
                asyncio.create_task(_report(ctx, engine))]
     for task in helpers:
         # These must run as long as the role does: one that fails ends the

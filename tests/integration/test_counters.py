@@ -12,6 +12,7 @@ import nats
 
 from crewlet.coord import buckets
 from crewlet.coord.counters import Budgets, Cooldowns, Ledger
+from tests.estate import until
 
 
 async def _connections(natsd, n: int = 2):
@@ -32,6 +33,32 @@ def test_ledger_records_once_per_trigger_and_every_node_reads_it(natsd):
             assert (await lb.done("t-1"))["node"] == "a"
             assert await lb.done("t-2") is None
         finally:
+            await a.close()
+            await b.close()
+    asyncio.run(main())
+
+
+def test_a_watched_cooldown_is_answered_from_memory_and_follows_every_write(natsd):
+    """A seats process watches the bucket: a turn's two cooldown looks cost no round trip."""
+    async def main():
+        a, b = await _connections(natsd)
+        ca, cb = Cooldowns(a.jetstream()), Cooldowns(b.jetstream())
+        await ca.cool("gpt", "k0", time.time() + 30)  # the bucket exists before the watch
+        watching = asyncio.create_task(cb.run())
+        try:
+            await until(lambda: cb._listed, 10, "the cooldowns listed")
+            assert abs(await cb.until("gpt", "k0") - time.time() - 30) < 2
+            later = time.time() + 60
+            await ca.cool("gpt", "k1", later, reason="429")
+            await until(lambda: cb._until.get("gpt.k1") == later, 5, "k1 seen by the watch")
+            requests = b.stats["out_msgs"]
+            for _ in range(100):
+                assert abs(await cb.until("gpt", "k1") - later) < 0.01
+                assert await cb.until("gpt", "k2") is None
+            assert b.stats["out_msgs"] == requests  # asked nobody
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
             await a.close()
             await b.close()
     asyncio.run(main())
