@@ -92,6 +92,19 @@ def call(node, method: str, path: str, body: Any = None, token: str | None = Non
         return exc.code, json.loads(exc.read() or b"null")
 
 
+def ready(node, timeout: float = 30.0) -> None:
+    """Wait until the node says it is ready (``/readyz``: its estate answers too)."""
+    from tests.conftest import wait_for
+
+    def answered() -> bool:
+        try:
+            with urllib.request.urlopen(base_url(node) + "/readyz", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+    wait_for(answered, timeout, interval=0.1, what="the node ready (/readyz)")
+
+
 def ok(node, method: str, path: str, body: Any = None) -> Any:
     status, answer = call(node, method, path, body)
     assert 200 <= status < 300, (method, path, status, answer)

@@ -17,7 +17,7 @@ import httpx2
 import pytest
 import yaml
 
-from tests.browser.conftest import base_url, call, dashboard, ok, token_of
+from tests.browser.conftest import base_url, call, dashboard, ok, ready, token_of
 from tests.conftest import wait_for
 from tests.seats import SAMPLE, held, write_company
 
@@ -189,6 +189,7 @@ def test_requeue_from_the_page_puts_the_dead_letter_back_in_its_mailbox(make_nod
 
 def test_sign_in_refuses_a_wrong_token_and_every_text_is_escaped(make_node, page):
     node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    ready(node)  # a task is written below: the estate must answer
     from playwright.sync_api import expect
 
     # No token: the sign-in box, saying where the token is.

@@ -25,6 +25,7 @@ from crewlet.config import NodeConfig
 from crewlet.conversations import runs
 from crewlet.conversations.lease import Drivers
 from crewlet.coord import buckets
+from tests.conftest import wait_for
 from tests.seats import node_url, read_nats
 
 NODE = "perm"
@@ -39,6 +40,10 @@ def node():
     try:
         n = nodes(node={"id": NODE})
         n.start()
+        # Ready means the children run; crewletd makes the buckets and the
+        # estate's log as it joins, which may still be under way.
+        wait_for(lambda: _streams(n) >= {"KV_grants", "KV_leases", "ESTATE"}, 30,
+                 what="crewlet's streams made")
         yield n
     finally:
         nodes.close()
@@ -97,6 +102,15 @@ async def _said(errors: list[str], before: int, what: str) -> bool:
         if asyncio.get_running_loop().time() > deadline:
             return False
         await asyncio.sleep(0.01)
+
+
+def _streams(node) -> set[str]:
+    async def read(nc, js):
+        return {s.config.name for s in await js.streams_info()}
+    try:
+        return read_nats(node_url(node), read)
+    except Exception:
+        return set()
 
 
 def _state(node) -> dict:
