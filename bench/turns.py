@@ -54,6 +54,13 @@ each figure beside a same-run baseline where one makes sense:
    size) measured first in the same run: started, its seats served, a round
    of ``--messages`` turns, then a few seconds idle. Target: <= 2x at 10,000.
 
+After 1, the bench waits (``--sweep-wait``, up to 600 s) for the node's first
+maintenance sweep to end — it trims every mailbox (a filtered purge of
+``AGENTS`` each) once the company is known, and then hourly — so that the
+bare side, the rounds and the idle window do not measure it; when it ended,
+and every request the broker logged it "took too long" over (with its
+subject and time since the start), are reported.
+
 CPU figures are psutil CPU times over wall time (100 % = one core). A size
 that fails is reported with the stage it reached, the node's warnings and
 errors (from its log, before the stop and during it), the CPU figures and its
@@ -140,9 +147,18 @@ REASON_KEPT = 60                   # characters of a log record's reason that te
 MB = 1024 * 1024
 # Log events that tell where a start's or a recovery's time went (crewletd's and the roles').
 TIMELINE = ("child_started", "child_exited", "company_applied", "mailboxes_ready", "seats_company",
-            "seats_life_begun", "seats_claimed")
+            "seats_life_begun", "seats_claimed", "mailboxes_trimmed", "maintenance_swept")
 TIMELINE_FIELDS = ("child", "child_pid", "seats", "created", "took_ms", "adopted", "tried", "claimed",
-                   "signal")
+                   "signal", "purged", "failed", "errors")
+# The first maintenance sweep (roles/workers/duties/maintenance.py) trims every mailbox once the node
+# has its company, and again every hour: at 10,000 seats that is ~10,000 filtered purges of AGENTS,
+# each stalling the broker now and then for seconds. The rounds wait for it to end (at most this
+# long) so that they measure turns, not the trim; when it ended is reported.
+SWEPT = "maintenance_swept"
+SWEEP_WAIT = 600.0
+# The broker's own warning of a request it took long over (nats-server: 'Internal subscription on
+# "<subject>" took too long: <duration>'), forwarded by crewletd as the broker's child_output.
+STALL_MARK = "took too long"
 PROFILE_TOP = 12                   # frames a profile's summary keeps
 
 
@@ -495,6 +511,36 @@ class CrewletNode(Crewletd):
                 out.append(rec)
         return out
 
+    def wait_event(self, name: str, start: int, timeout: float) -> dict[str, Any] | None:
+        """The first record of event *name* in its log from byte *start*, waited for up to
+        *timeout* s (None: not within it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.events(start, (name,))
+            if found:
+                return found[0]
+            self.check_alive()
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
+
+    def broker_stalls(self, wall0: float) -> list[dict[str, Any]]:
+        """The broker's warnings of requests it took long over: when (s after *wall0*), the
+        subject, how long (s)."""
+        out = []
+        for rec in self.events(0, ("child_output",)):
+            line = str(rec.get("line", ""))
+            if rec.get("role") != "broker" or STALL_MARK not in line:
+                continue
+            subject = line.split('"')[1] if line.count('"') >= 2 else "?"
+            took = line.rpartition(":")[2].strip()
+            try:
+                secs = float(took[:-2]) / 1000 if took.endswith("ms") else float(took.rstrip("s"))
+            except ValueError:
+                secs = None
+            out.append({"t": round(float(rec.get("ts", wall0)) - wall0, 1), "subject": subject, "s": secs})
+        return out
+
     def timeline(self, start: int, wall0: float) -> list[dict[str, Any]]:
         """What happened after *wall0* (a ``time.time()``), from the log's bytes from *start*:
         the :data:`TIMELINE` events, each with its time since *wall0* and its telling fields."""
@@ -662,6 +708,7 @@ async def node_start(node: CrewletNode, turns: Turns, seats: list[str], args: ar
     res.update({k: r[k] for k in ("seconds", "published_s", "first_done_s", "longest_gap_s",
                                   "redelivered", "turn_took_ms", "last_done")})
     res["served_s"] = r["seconds"]
+    res["wall0"] = wall0
     # Every process began after t0: its CPU time so far is the start's.
     res["cpu_s"] = {k: round(v, 2) for k, v in cpu_seconds(node.all_processes()).items()}
     say(f"  crewlet: start -> {len(seats)} seats served in {res['served_s']:.1f}s "
@@ -841,6 +888,16 @@ async def measure(server: NatsServer, node: CrewletNode, seats: list[str], args:
             if "broker" not in procs:
                 raise BenchError("no nats-server among crewletd's descendants")
             out["pids"] = {k: p.pid for k, p in procs.items()}
+            out["stage"] = "waiting for the first maintenance sweep (mailbox trim) to end"
+            t = time.perf_counter()
+            swept = await asyncio.to_thread(node.wait_event, SWEPT, 0, args.sweep_wait)
+            out["maintenance"] = {"waited_s": time.perf_counter() - t, "done": swept is not None,
+                                  **({"at_s": swept["ts"] - out["start"]["wall0"],
+                                      "errors": swept.get("errors"), "removed": swept.get("removed")}
+                                     if swept else {})}
+            say("  the first maintenance sweep " + (f"ended {out['maintenance']['at_s']:.1f}s after the start"
+                                                     if swept else f"not over after {args.sweep_wait:g}s")
+                + f" (waited {out['maintenance']['waited_s']:.1f}s)")
         await bare_start(server, bare, seats, args, out)
         await rounds(node_ok, bare, turns, procs, psutil.Process(server.pid), seats, args, out, profiles)
         if node_ok:
@@ -892,6 +949,9 @@ def wind_up(node: CrewletNode, server: NatsServer | None, base: str, args: argpa
             out: dict[str, Any]) -> None:
     stop_at = node.log_size()
     out["log"] = node.problems(0, stop_at)
+    wall0 = _get(out, "start", "wall0")
+    if wall0:
+        out["broker_stalls"] = node.broker_stalls(wall0)
     say("  stopping crewletd" + (" and the bare server" if server else ""))
     out["node_stop_seconds"] = node.stop()
     out["stop_log"] = node.problems(stop_at)["counts"]
@@ -1090,7 +1150,10 @@ def _timeline(rows: list[dict[str, Any]]) -> str:
                 "company_applied": lambda: f"company applied ({e.get('seats')} seats, {e.get('took_ms')} ms)",
                 "mailboxes_ready": lambda: f"mailboxes ({e.get('created')} made, {e.get('took_ms')} ms)",
                 "seats_company": lambda: "seats has the company",
-                "seats_life_begun": lambda: f"life begun (adopted {e.get('adopted')})"}[ev]()
+                "seats_life_begun": lambda: f"life begun (adopted {e.get('adopted')})",
+                "mailboxes_trimmed": lambda: f"mailboxes trimmed ({e.get('purged')} purged, "
+                                             f"{e.get('failed')} failed)",
+                "maintenance_swept": lambda: "maintenance sweep done"}[ev]()
         parts.append(f"{what} {e['t']:.2f}s")
     return "; ".join(parts)
 
@@ -1174,6 +1237,20 @@ def print_text(rep: dict[str, Any]) -> None:
                   + _timeline(s["timeline"]))
         if s.get("cpu_s"):
             print(f"   start: CPU s by process until served: {_pcts(s['cpu_s'], 1)}")
+        m = r.get("maintenance") or {}
+        if m:
+            print("   the first maintenance sweep (every mailbox trimmed) "
+                  + (f"ended {m['at_s']:.1f}s after the start; errors: {m.get('errors') or 'none'}"
+                     if m.get("done") else f"had not ended after {m['waited_s']:.0f}s more")
+                  + f"; the bare side and the rounds waited {m['waited_s']:.1f}s for it")
+        stalls = r.get("broker_stalls") or []
+        if stalls:
+            by: collections.Counter = collections.Counter(x["subject"] for x in stalls)
+            worst = max((x for x in stalls if x["s"] is not None), key=lambda x: x["s"], default=None)
+            print(f"   the broker took too long over {len(stalls)} requests ("
+                  + ", ".join(f"{k} x{v}" for k, v in by.most_common(4))
+                  + (f"; the longest {worst['s']:.1f}s at {worst['t']:.0f}s" if worst else "")
+                  + "; at " + ", ".join(f"{x['t']:.0f}" for x in stalls[:12]) + " s after the start)")
         bs = r.get("bare_start") or {}
         if bs.get("served_s") is not None:
             print(f"   bare start: server up {bs['up_s']:.2f}s, {n} consumers {bs['consumers_s']:.1f}s, "
@@ -1241,6 +1318,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seats of the reference node for PSS (default 30, the sample company; 0: none)")
     ap.add_argument("--hold-timeout", type=float, default=300.0,
                     help="seconds a start or a recovery may take to serve every seat (default 300)")
+    ap.add_argument("--sweep-wait", type=float, default=SWEEP_WAIT,
+                    help=f"seconds the rounds wait for the node's first maintenance sweep to end "
+                         f"(default {SWEEP_WAIT:g}; 0: do not wait)")
     ap.add_argument("--status-every", type=float, default=0.2,
                     help="seconds between status reads after the kill (default 0.2)")
     ap.add_argument("--stall", type=float, default=STALL,
