@@ -160,6 +160,7 @@ SWEEP_WAIT = 600.0
 # "<subject>" took too long: <duration>'), forwarded by crewletd as the broker's child_output.
 STALL_MARK = "took too long"
 PROFILE_TOP = 12                   # frames a profile's summary keeps
+LOOP_STEPS = ("Handle._run ", "Task.__step ", "Task.__step_run_and_handle_result ")  # asyncio's step frames
 
 
 # --------------------------------------------------------------------------
@@ -609,9 +610,11 @@ class Profiler:
 
 
 def top_frames(path: str, k: int = PROFILE_TOP) -> dict[str, Any] | None:
-    """From a py-spy raw file: samples, and the *k* frames with the most samples as the
-    innermost frame (self) and anywhere on the stack (total), as shares of all samples."""
+    """From a py-spy raw file: samples, and the *k* frames with the most samples as the innermost
+    frame (``self``: the line; ``self_fn``: the function, any line) and anywhere on the stack
+    below the event loop's step (``total_fn``, by function), as shares of all samples."""
     selfs: collections.Counter = collections.Counter()
+    self_fn: collections.Counter = collections.Counter()
     total: collections.Counter = collections.Counter()
     n = 0
     try:
@@ -626,7 +629,11 @@ def top_frames(path: str, k: int = PROFILE_TOP) -> dict[str, Any] | None:
                     continue
                 n += c
                 selfs[frames[-1]] += c
-                for fr in set(frames):
+                self_fn[_function(frames[-1])] += c
+                # Below the event loop's step (a task's or a callback's frames): the loop's own
+                # frames are on every stack and say nothing.
+                steps = [i for i, fr in enumerate(frames) if fr.startswith(LOOP_STEPS)]
+                for fr in {_function(fr) for fr in frames[steps[-1] + 1 if steps else 0:]}:
                     total[fr] += c
     except OSError:
         return None
@@ -634,32 +641,54 @@ def top_frames(path: str, k: int = PROFILE_TOP) -> dict[str, Any] | None:
         return {"samples": 0, "file": path}
     return {"samples": n, "file": path,
             "self": [(fr, round(c / n, 3)) for fr, c in selfs.most_common(k)],
-            "total": [(fr, round(c / n, 3)) for fr, c in total.most_common(k)]}
+            "self_fn": [(fr, round(c / n, 3)) for fr, c in self_fn.most_common(k)],
+            "total_fn": [(fr, round(c / n, 3)) for fr, c in total.most_common(k)]}
+
+
+def _function(frame: str) -> str:
+    """A py-spy frame ``name (file:line)`` without its line."""
+    head, sep, tail = frame.rpartition(":")
+    return f"{head})" if sep and tail.rstrip(")").isdigit() else frame
 
 
 class Profiles:
-    """The profiles of one size: one file per stage, when ``--profile`` asks for them."""
+    """The profiles of one size, when ``--profile`` asks for them: per stage, one file per
+    python process profiled (``turns-<seats>-<stage>-<process>.txt``)."""
+
+    # The node's python processes each stage profiles (the seats child always).
+    STAGES = {"start": ("seats", "crewletd"), "rounds": ("seats", "data_applier"),
+              "kill": ("seats", "crewletd"),
+              "idle": ("crewletd", "ingress", "seats", "workers", "data_applier")}
 
     def __init__(self, args: argparse.Namespace, n: int, out: dict[str, Any]):
         self.dir = args.profile
         self.binary = (shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")) \
             if self.dir else None
         self.n, self.out = n, out
-        self.current: Profiler | None = None
+        self.current: dict[str, Profiler] = {}
         self.stage = ""
 
-    def start(self, stage: str, pid: int | None) -> None:
+    def start(self, stage: str, pids: dict[str, int | None]) -> None:
+        """Profile the processes of *pids* (name -> pid) that :data:`STAGES` names for *stage*."""
         self.stop()
-        if self.binary and pid:
-            os.makedirs(self.dir, exist_ok=True)
-            self.stage = stage
-            self.current = Profiler(self.binary, os.path.join(self.dir, f"turns-{self.n}-{stage}.txt")).start(pid)
-            say(f"  py-spy on pid {pid} ({stage})")
+        if not self.binary:
+            return
+        os.makedirs(self.dir, exist_ok=True)
+        self.stage = stage
+        for name in self.STAGES[stage]:
+            if pids.get(name):
+                path = os.path.join(self.dir, f"turns-{self.n}-{stage}-{name}.txt")
+                self.current[name] = Profiler(self.binary, path).start(pids[name])
+        say(f"  py-spy on {', '.join(f'{k} {pids[k]}' for k in self.current)} ({stage})")
 
     def stop(self) -> None:
-        if self.current is not None:
-            self.out.setdefault("profiles", {})[self.stage] = self.current.stop()
-            self.current = None
+        for name, prof in self.current.items():
+            self.out.setdefault("profiles", {})[f"{self.stage} {name}"] = prof.stop()
+        self.current = {}
+
+
+def pids_of(procs: dict[str, psutil.Process]) -> dict[str, int | None]:
+    return {k: p.pid for k, p in procs.items()}
 
 
 def watch_seats_pid(node: CrewletNode, until: threading.Event, not_pid: int | None,
@@ -687,7 +716,8 @@ async def node_start(node: CrewletNode, turns: Turns, seats: list[str], args: ar
     deadline = t0 + args.hold_timeout
     found = threading.Event()
     watcher = threading.Thread(target=watch_seats_pid, daemon=True,
-                               args=(node, found, None, lambda pid: profiles.start("start", pid)))
+                               args=(node, found, None, lambda pid: profiles.start(
+                                   "start", {"seats": pid, "crewletd": node.proc.pid})))
     if profiles.binary:
         watcher.start()
     try:
@@ -745,7 +775,8 @@ async def rounds(node_ok: bool, bare: Bare, turns: Turns, procs: dict[str, psuti
         if node_ok:
             await turns.round(plan(seats, args.warmup, "warm"), args.window, args.stall)
     if node_ok and "seats" in procs:
-        profiles.start("rounds", procs["seats"].pid)
+        profiles.start("rounds", pids_of(procs))
+    seq0 = await turns.stream_seqs() if node_ok else {}
     try:
         for i in range(args.rounds):
             for side in ("bare", "crewlet") if i % 2 == 0 else ("crewlet", "bare"):
@@ -766,6 +797,11 @@ async def rounds(node_ok: bool, bare: Bare, turns: Turns, procs: dict[str, psuti
                 + f"bare {out['bare']['rounds'][-1]['per_s']:.0f} msgs/s")
     finally:
         profiles.stop()
+    if node_ok:
+        # What a turn writes, by stream: the stores the rounds made on the node's broker.
+        seq1, worked = await turns.stream_seqs(), args.rounds * args.messages
+        out["writes_per_turn"] = {k: round((v - seq0.get(k, 0)) / worked, 3) for k, v in seq1.items()
+                                  if v != seq0.get(k, 0)}
 
 
 async def kill_seats(node: CrewletNode, turns: Turns, seats: list[str], args: argparse.Namespace,
@@ -797,7 +833,7 @@ async def kill_seats(node: CrewletNode, turns: Turns, seats: list[str], args: ar
                 if t_pid is None:
                     t_pid = held["new_pid_s"] = now - t1
                     held["pid"] = pid
-                    profiles.start("kill", pid)
+                    profiles.start("kill", {"seats": pid, "crewletd": node.proc.pid})
                 if node.working(st) >= n:
                     held["held_s"] = now - t1
                     return
@@ -846,7 +882,7 @@ async def idle(node: CrewletNode, turns: Turns, procs: dict[str, psutil.Process]
     seq0 = await turns.stream_seqs()
     meter = CpuMeter({**procs, **({"bare broker": bare_broker} if bare_broker else {})}).start()
     if "seats" in procs:
-        profiles.start("idle", procs["seats"].pid)
+        profiles.start("idle", pids_of(procs))
     t0 = time.perf_counter()
     await asyncio.sleep(args.idle)
     cpu = meter.read()
@@ -1162,9 +1198,9 @@ def _profile(name: str, prof: dict[str, Any] | None) -> list[str]:
     if not prof:
         return []
     lines = [f"   py-spy, {name}: {prof.get('samples')} samples ({prof.get('file')})"]
-    for kind in ("self", "total"):
+    for kind in ("self", "self_fn", "total_fn"):
         for fr, share in (prof.get(kind) or [])[:8]:
-            lines.append(f"      {kind:5} {share:6.1%}  {fr}")
+            lines.append(f"      {kind:8} {share:6.1%}  {fr}")
     return lines
 
 
@@ -1266,6 +1302,9 @@ def print_text(rep: dict[str, Any]) -> None:
                   f"turns, s: {gaps}; turns of a redelivered message: {again}")
             print(f"   CPU % while the turns ran: {_pcts(row['busy_cpu']['crewlet'])}; "
                   f"bare side: {_pcts(row['busy_cpu']['bare'])}")
+            if r.get("writes_per_turn"):
+                print("   stream writes per turn (the rounds' stores on the node's broker / turns): "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in r["writes_per_turn"].items()))
         k = r.get("kill") or {}
         if k.get("timeline"):
             print(f"   kill: new seats pid seen {_f(k.get('new_pid_s'), '.2f')}s, first done "
