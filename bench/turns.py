@@ -83,6 +83,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -199,6 +200,13 @@ async def publish_all(js, mail: list[tuple[str, str]], window: int, patience: fl
                     await asyncio.sleep(PUBLISH_RETRY)
 
     await asyncio.gather(*(pump() for _ in range(min(window, len(mail)))))
+
+
+def listening(port: int) -> bool:
+    """Does something accept connections on 127.0.0.1:*port*?"""
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def per_s(count: int, seconds: float) -> float | None:
@@ -323,6 +331,12 @@ class Turns:
         last: Exception | None = None
         while True:
             self.node.check_alive()
+            # Not before it listens: nats-py's first connect to a closed port blocks for seconds.
+            if not listening(self.node.stream_port):
+                if time.perf_counter() > deadline:
+                    raise BenchError("the node's broker never listened")
+                await asyncio.sleep(LOOK_EVERY / 5)
+                continue
             try:
                 self.nc = await nats.connect(self.node.url, name="bench-turns", connect_timeout=1,
                                              allow_reconnect=False, max_reconnect_attempts=0,
@@ -542,6 +556,15 @@ class CrewletNode(Crewletd):
             out.append({"t": round(float(rec.get("ts", wall0)) - wall0, 1), "subject": subject, "s": secs})
         return out
 
+    def works_started(self, start: int, wall0: float, pid: int | None = None) -> dict[str, Any]:
+        """The seats whose work a seats process started (its ``seat_claimed`` records, one a
+        seat, from the log's byte *start*; of *pid* only when given): how many, and when the
+        last one was, s after *wall0*."""
+        recs = [r for r in self.events(start, ("seat_claimed",))
+                if r.get("role") == "seats" and (pid is None or r.get("pid") == pid)]
+        last = max((float(r.get("ts", wall0)) for r in recs), default=None)
+        return {"count": len(recs), "last_s": None if last is None else round(last - wall0, 3)}
+
     def timeline(self, start: int, wall0: float) -> list[dict[str, Any]]:
         """What happened after *wall0* (a ``time.time()``), from the log's bytes from *start*:
         the :data:`TIMELINE` events, each with its time since *wall0* and its telling fields."""
@@ -735,6 +758,7 @@ async def node_start(node: CrewletNode, turns: Turns, seats: list[str], args: ar
             await asyncio.to_thread(watcher.join, 2 * CrewletNode.STATUS_TIMEOUT)
         profiles.stop()
         res["timeline"] = node.timeline(0, wall0)
+        res["works_started"] = node.works_started(0, wall0)
     res.update({k: r[k] for k in ("seconds", "published_s", "first_done_s", "longest_gap_s",
                                   "redelivered", "turn_took_ms", "last_done")})
     res["served_s"] = r["seconds"]
@@ -820,6 +844,9 @@ async def kill_seats(node: CrewletNode, turns: Turns, seats: list[str], args: ar
     log_at = node.log_size()
     done = threading.Event()
     held: dict[str, Any] = {}
+    # A status of 10,000 seats is a megabyte that crewletd builds (~0.1 s of its CPU): read it
+    # less often on a big node, where it would take CPU from the seats child being measured.
+    every = args.status_every or (0.2 if n <= 1000 else 1.0)
 
     def look() -> None:
         """Until a new seats child says every seat is held (its stats, sent at most once a second)."""
@@ -837,7 +864,7 @@ async def kill_seats(node: CrewletNode, turns: Turns, seats: list[str], args: ar
                 if node.working(st) >= n:
                     held["held_s"] = now - t1
                     return
-            done.wait(args.status_every)
+            done.wait(every)
 
     out["stage"] = "kill: waiting for every seat held and served"
     wall1, t1 = time.time(), time.perf_counter()
@@ -856,6 +883,7 @@ async def kill_seats(node: CrewletNode, turns: Turns, seats: list[str], args: ar
         await asyncio.wait({watcher}, timeout=30)
         profiles.stop()
         res["timeline"] = node.timeline(log_at, wall1)
+        res["works_started"] = node.works_started(log_at, wall1, held.get("pid"))
     res.update(held)
     res["served_s"] = r["seconds"]
     res.update({k: r[k] for k in ("published_s", "first_done_s", "longest_gap_s", "redelivered", "last_done")})
@@ -1102,6 +1130,7 @@ def build_report(results: list[dict[str, Any]], ref_node: dict[str, Any] | None,
             "start_ratio": ratio(_get(r, "start", "served_s"), _get(r, "bare_start", "served_s")),
             "kill_held_s": _get(r, "kill", "held_s"), "kill_life_begun_s": _get(r, "kill", "life_begun_s"),
             "kill_adopted": _get(r, "kill", "adopted"),
+            "kill_started_s": _get(r, "kill", "works_started", "last_s"),
             "kill_served_s": _get(r, "kill", "served_s"),
             "kill_at_turns_rate_s": _get(r, "kill", "at_turns_rate_s"),
             "kill_served_ratio": ratio(_get(r, "kill", "served_s"), _get(r, "kill", "at_turns_rate_s")),
@@ -1215,11 +1244,12 @@ def print_text(rep: dict[str, Any]) -> None:
     print()
     print("1. start -> all seats served; 2. seats child kill -9 -> all held / all served")
     print(f"{'seats':>6} {'start s':>8} {'bare s':>7} {'x':>6}   {'kill->held s':>12} {'(life)':>7} "
-          f"{'adopted':>7} {'->served s':>10} {'N/turns s':>9} {'x':>5}")
+          f"{'adopted':>7} {'(work)':>7} {'->served s':>10} {'N/turns s':>9} {'x':>5}")
     for row in rep["rows"]:
         print(f"{row['seats']:6d} {_f(row['start_served_s'], '8.1f')} {_f(row['bare_start_served_s'], '7.1f')} "
               f"{_f(row['start_ratio'], '6.2f')}   {_f(row['kill_held_s'], '12.2f')} "
               f"{_f(row['kill_life_begun_s'], '7.2f')} {_f(row['kill_adopted'], '7.0f')} "
+              f"{_f(row['kill_started_s'], '7.2f')} "
               f"{_f(row['kill_served_s'], '10.1f')} {_f(row['kill_at_turns_rate_s'], '9.1f')} "
               f"{_f(row['kill_served_ratio'], '5.2f')}")
     print()
@@ -1269,7 +1299,9 @@ def print_text(rep: dict[str, Any]) -> None:
         s = r.get("start") or {}
         if s.get("timeline"):
             print(f"   start: broker answered {_f(s.get('broker_s'), '.2f')}s, AGENTS {_f(s.get('stream_s'), '.2f')}s, "
-                  f"mail published by {_f(s.get('published_s'), '.1f')}s, first done {_f(s.get('first_done_s'), '.1f')}s; "
+                  f"mail published by {_f(s.get('published_s'), '.1f')}s, first done {_f(s.get('first_done_s'), '.1f')}s, "
+                  f"work started for {_get(s, 'works_started', 'count')} seats by "
+                  f"{_f(_get(s, 'works_started', 'last_s'), '.1f')}s; "
                   + _timeline(s["timeline"]))
         if s.get("cpu_s"):
             print(f"   start: CPU s by process until served: {_pcts(s['cpu_s'], 1)}")
@@ -1307,7 +1339,9 @@ def print_text(rep: dict[str, Any]) -> None:
                       + ", ".join(f"{k} {v:.2f}" for k, v in r["writes_per_turn"].items()))
         k = r.get("kill") or {}
         if k.get("timeline"):
-            print(f"   kill: new seats pid seen {_f(k.get('new_pid_s'), '.2f')}s, first done "
+            ws = k.get("works_started") or {}
+            print(f"   kill: new seats pid seen {_f(k.get('new_pid_s'), '.2f')}s, work started for "
+                  f"{ws.get('count')} seats by {_f(ws.get('last_s'), '.2f')}s (log), first done "
                   f"{_f(k.get('first_done_s'), '.2f')}s; " + _timeline(k["timeline"]))
         if k.get("cpu_s"):
             print(f"   kill: CPU s by process until served: {_pcts(k['cpu_s'], 1)}")
@@ -1338,7 +1372,8 @@ def print_text(rep: dict[str, Any]) -> None:
         mark = "n/a " if t["met"] is None else ("met " if t["met"] else "MISS")
         print(f"   {mark} {t['what']}: {_f(t['value'], '.2f')} ({'>=' if t['at_least'] else '<='} {t['bound']:g})")
     print("Bare acks are fire-and-forget, crewlet's confirmed. The seats stats reach the status at most "
-          "once a second: 'life' is the log's moment the next seats child adopted its predecessor's seats.")
+          "once a second: 'life' is the log's moment the next seats child adopted its predecessor's seats, "
+          "'work' the last of its seat_claimed records (every seat's work started).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1360,8 +1395,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-wait", type=float, default=SWEEP_WAIT,
                     help=f"seconds the rounds wait for the node's first maintenance sweep to end "
                          f"(default {SWEEP_WAIT:g}; 0: do not wait)")
-    ap.add_argument("--status-every", type=float, default=0.2,
-                    help="seconds between status reads after the kill (default 0.2)")
+    ap.add_argument("--status-every", type=float,
+                    help="seconds between status reads after the kill (default 0.2; 1 above 1,000 seats)")
     ap.add_argument("--stall", type=float, default=STALL,
                     help=f"seconds without a finished turn before a round counts as stalled "
                          f"(default {STALL:g})")
