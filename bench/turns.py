@@ -927,7 +927,9 @@ async def idle(node: CrewletNode, turns: Turns, procs: dict[str, psutil.Process]
         "node_cpu": sum(node_cpu) if node_cpu else None}
     mem = pss(procs)
     out["pss"] = {"procs": mem, "all": sum(mem.values()),
-                  "without_broker": sum(v for k, v in mem.items() if k != "broker")}
+                  "without_broker": sum(v for k, v in mem.items() if k != "broker"),
+                  # The bare server holds as many consumers: what a broker of N mailboxes costs anyway.
+                  "bare_broker": pss({"bare": bare_broker}).get("bare") if bare_broker else None}
     say(f"  idle {wall:.0f}s: leases {out['idle']['leases_writes_per_s']:.2f} writes/s, all streams "
         f"{out['idle']['all_writes_per_s']:.2f}/s; CPU % broker {_f(cpu.get('broker'), '.1f')}, node "
         f"{_f(out['idle']['node_cpu'], '.1f')}; PSS {out['pss']['all'] / MB:.0f} MB "
@@ -1146,6 +1148,7 @@ def build_report(results: list[dict[str, Any]], ref_node: dict[str, Any] | None,
             "idle_broker_vs_ref": ratio(idle.get("broker_cpu"), ridle.get("broker_cpu")),
             "idle_node_vs_ref": ratio(idle.get("node_cpu"), ridle.get("node_cpu")),
             "pss_bytes": _get(r, "pss", "all"), "pss_without_broker_bytes": _get(r, "pss", "without_broker"),
+            "pss_broker_bytes": _get(r, "pss", "procs", "broker"), "pss_bare_broker_bytes": _get(r, "pss", "bare_broker"),
             "pss_vs_ref": ratio(_get(r, "pss", "all"), _get(ref_pss, "all")),
             "pss_without_broker_vs_ref": ratio(_get(r, "pss", "without_broker"), _get(ref_pss, "without_broker")),
             "busy_cpu": {"crewlet": mean_cpu(c["rounds"]), "bare": mean_cpu(b["rounds"])},
@@ -1275,10 +1278,11 @@ def print_text(rep: dict[str, Any]) -> None:
     print(f"5. PSS, MB (crewletd and every descendant; x = the {rn.get('seats', '?')}-seat reference node: "
           f"{_mb(_get(rn, 'pss', 'all'), 0).strip()} MB, {_mb(_get(rn, 'pss', 'without_broker'), 0).strip()} "
           f"without the broker)")
-    print(f"{'seats':>6} {'all':>7} {'x':>5} {'no broker':>10} {'x':>5}")
+    print(f"{'seats':>6} {'all':>7} {'x':>5} {'no broker':>10} {'x':>5} {'broker':>7} {'bare server':>12}")
     for row in rep["rows"]:
         print(f"{row['seats']:6d} {_mb(row['pss_bytes'], 7)} {_f(row['pss_vs_ref'], '5.2f')} "
-              f"{_mb(row['pss_without_broker_bytes'], 10)} {_f(row['pss_without_broker_vs_ref'], '5.2f')}")
+              f"{_mb(row['pss_without_broker_bytes'], 10)} {_f(row['pss_without_broker_vs_ref'], '5.2f')} "
+              f"{_mb(row['pss_broker_bytes'], 7)} {_mb(row['pss_bare_broker_bytes'], 12)}")
     print()
     if rn:
         if rn.get("error"):
