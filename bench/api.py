@@ -96,7 +96,7 @@ import psutil  # noqa: E402
 from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
 from crewlet import log  # noqa: E402
-from bench.common import (BenchError, CpuMeter, Crewletd, NatsServer, child_env, emit,  # noqa: E402
+from bench.common import (stop_process, BenchError, CpuMeter, Crewletd, NatsServer, child_env, emit,  # noqa: E402
                           find_nats_server, free_ports, ratio, say, server_version, summary, tail,
                           wait_jetstream)
 
@@ -224,15 +224,7 @@ class BareApp:
             await asyncio.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            say(f"the bare app (pid {self.proc.pid}) did not stop in {STOP_GRACE:g}s: SIGKILL")
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc, "the bare app", STOP_GRACE)
 
 
 # --------------------------------------------------------------------------

@@ -114,6 +114,19 @@ def server_version(binary: str) -> str:
         return "?"
 
 
+def stop_process(proc: "subprocess.Popen | None", what: str, grace: float) -> None:
+    """SIGTERM *proc* (a baseline server the bench started), SIGKILL after *grace* s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        say(f"{what} (pid {proc.pid}) did not stop in {grace:g}s: SIGKILL")
+        proc.kill()
+        proc.wait(10)
+
+
 def tail(path: str, n: int) -> str:
     """The last *n* lines of the file at *path* ("" when it cannot be read)."""
     try:

@@ -108,7 +108,7 @@ from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
 from crewlet import log  # noqa: E402
 from bench.api import Conn, _header, http_request, wind_up  # noqa: E402  (the bench's HTTP/1.1 client)
-from bench.common import (BenchError, CpuMeter, Crewletd, NatsServer, child_env, emit,  # noqa: E402
+from bench.common import (stop_process, BenchError, CpuMeter, Crewletd, NatsServer, child_env, emit,  # noqa: E402
                           find_nats_server, free_ports, ratio, say, server_version, summary, tail,
                           wait_jetstream)
 from bench.turns import Turns, plan as turns_plan  # noqa: E402  (bench/turns.py's measurement)
@@ -207,15 +207,7 @@ class BareSse:
             await asyncio.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            say(f"the bare SSE app (pid {self.proc.pid}) did not stop in {STOP_GRACE:g}s: SIGKILL")
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc, "the bare SSE app", STOP_GRACE)
 
 
 # --------------------------------------------------------------------------

@@ -107,7 +107,9 @@ from crewlet.estate import apply as estate_apply  # noqa: E402
 from crewlet.estate import log as estate_log  # noqa: E402
 from crewlet.estate import store as estate_store  # noqa: E402
 from crewlet.estate import wire  # noqa: E402
-from crewlet.estate.local import LocalCopy, estate_path, search_path  # noqa: E402
+from crewlet.estate.local import LocalCopy  # noqa: E402
+from crewlet.estate.search import index_path  # noqa: E402
+from crewlet.estate.store import copy_path  # noqa: E402
 from crewlet.estate.ops import Op, make_op  # noqa: E402
 from crewlet.estate.router import Router  # noqa: E402
 from crewlet.estate.search import SearchIndex, fts_query  # noqa: E402
@@ -575,14 +577,14 @@ def build_search(data_dir: str, args: argparse.Namespace, words: Words, out: dic
     entries = page_ops(args.pages, words)
     out["pages"] = args.pages
     out["page_bytes_mean"] = statistics.mean(len(d) for _, d in entries)
-    store = estate_store.open_env(estate_path(data_dir))
+    store = estate_store.open_env(copy_path(data_dir))
     try:
         t0 = time.perf_counter()
         for batch in batches(entries, args.batch):
             estate_apply.apply_batch(store, batch)
         out["apply_s"] = time.perf_counter() - t0
         del entries
-        index = SearchIndex(search_path(data_dir))
+        index = SearchIndex(index_path(data_dir))
         try:
             t0 = time.perf_counter()
             indexed = index.catch_up(store)
@@ -601,8 +603,8 @@ async def part_search(data_dir: str, local: LocalCopy | None, args: argparse.Nam
                       out: dict[str, Any]) -> None:
     rng = random.Random(SEED + 5)
     queries = [words.query(rng) for _ in range(args.queries)]
-    index = SearchIndex(search_path(data_dir), readonly=True)
-    raw = sqlite3.connect(Path(search_path(data_dir)).as_uri() + "?mode=ro", uri=True,
+    index = SearchIndex(index_path(data_dir), readonly=True)
+    raw = sqlite3.connect(Path(index_path(data_dir)).as_uri() + "?mode=ro", uri=True,
                           isolation_level=None, check_same_thread=False)
     try:
         matched = [raw.execute("SELECT count(*) FROM pages_fts WHERE pages_fts MATCH ?",
@@ -713,7 +715,7 @@ async def with_node(node: Node, base: str, args: argparse.Namespace, words: Word
         await js.add_stream(StreamConfig(name=RAW_STREAM, subjects=[RAW_SUBJECT],
                                          retention=RetentionPolicy.LIMITS, storage=StorageType.FILE,
                                          num_replicas=1, duplicate_window=estate_log.DUPLICATE_WINDOW))
-        copy = estate_store.open_env(estate_path(node.data_dir), readonly=True)
+        copy = estate_store.open_env(copy_path(node.data_dir), readonly=True)
         routers = {"router_nats": Router(nc, node_id=ASKER_ID, view=view),
                    "router_local": Router(nc, node_id=NODE_ID, view=view, local=local)}
         tags = itertools.count()

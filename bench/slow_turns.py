@@ -28,9 +28,8 @@ default 100,1000 turns in flight), in one run, on 127.0.0.1 only:
   server (no key, ``model: bench-slow``); ``--providers K`` spreads the seats
   over K identical providers (each a client of its own in the seats
   process); ``node.max_concurrent`` ``--max-concurrent`` (default 1000);
-  ``fleet: {claims_per_sweep: min(N, 1000), sweep: 1, heartbeat: 5,
-  lease_ttl: 15}`` as bench/turns.py (the design's 4 claims per 5 s would
-  take minutes). Every seat is driven in a **closed loop**: the bench
+  ``fleet: {sweep: 1, heartbeat: 5, lease_ttl: 15}`` (seats without MCP
+  servers are claimed at once, whatever ``claims_per_sweep``). Every seat is driven in a **closed loop**: the bench
   publishes one mail to ``agents.inbox.<seat>`` (headers ``Crewlet-Trigger``
   and ``Nats-Msg-Id``, the text is the trigger, so the provider's note names
   the turn) and, once that turn's ``done`` record arrives on
@@ -124,10 +123,10 @@ import psutil  # noqa: E402
 from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
 from bench.api import Conn, http_request  # noqa: E402  (the bench's HTTP/1.1 client)
-from bench.common import (BenchError, CpuMeter, Crewletd, child_env, emit, find_nats_server,  # noqa: E402
+from bench.common import (stop_process, BenchError, CpuMeter, Crewletd, child_env, emit, find_nats_server,  # noqa: E402
                           free_ports, ratio, say, server_version, summary, tail)
-from bench.turns import (JS_TIMEOUT, MAX_PAYLOAD, NODE_ID, ROLE_SHUTDOWN, SUBJECT, TRIGGER_HEADER,  # noqa: E402
-                         CrewletNode, claims_per_sweep, revision_bytes, seat_names)
+from bench.turns import (JS_TIMEOUT, NODE_ID, ROLE_SHUTDOWN, SUBJECT, TRIGGER_HEADER,  # noqa: E402
+                         CrewletNode, revision_bytes, seat_names)
 
 HOST = "127.0.0.1"
 MODEL = "bench-slow"
@@ -301,15 +300,7 @@ class Provider:
         return {tag: (ms, streamed, size) for tag, ms, streamed, size in r.json()}
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            say(f"the provider (pid {self.proc.pid}) did not stop in {STOP_GRACE:g}s: SIGKILL")
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc, "the provider", STOP_GRACE)
 
 
 # --------------------------------------------------------------------------
@@ -595,8 +586,7 @@ class SlowNode(CrewletNode):
         Crewletd.__init__(self, base, {
             "node": {"id": NODE_ID, "max_concurrent": args.max_concurrent},
             "supervisor": {"shutdown_timeout": ROLE_SHUTDOWN, "broker_shutdown_timeout": ROLE_SHUTDOWN},
-            "fleet": {"claims_per_sweep": claims_per_sweep(len(seats), args), "sweep": args.sweep,
-                      "heartbeat": args.heartbeat, "lease_ttl": args.lease_ttl},
+            "fleet": {"sweep": args.sweep, "heartbeat": args.heartbeat, "lease_ttl": args.lease_ttl},
         }, binary=binary)
         providers = [f"p{i}" for i in range(args.providers)]
         company = {
@@ -788,8 +778,6 @@ def run_size(binary: str, n: int, args: argparse.Namespace, profile: bool) -> di
     out: dict[str, Any] = {"in_flight": n, "stage": "", "progress": []}
     say(f"{n} in flight: {args.rounds} rounds of {args.seconds:g} s per side (provider :{provider.port}, "
         f"crewletd broker :{node.stream_port}, {args.providers} provider(s), dir {base})")
-    if node.revision_bytes > MAX_PAYLOAD:
-        say(f"  the company revision is over the broker's max payload ({MAX_PAYLOAD} bytes)")
     try:
         asyncio.run(measure(provider, node, seats, args, out, profile))
     except Exception as exc:  # a size that broke is reported, and the next one runs
@@ -850,8 +838,7 @@ def build_report(results: list[dict[str, Any]], args: argparse.Namespace, binary
             "config": {"sizes": args.sizes, "rounds": args.rounds, "seconds": args.seconds, "ramp": args.ramp,
                        "tokens": args.tokens, "rate": args.rate, "answer_s": args.tokens / args.rate,
                        "providers": args.providers, "max_concurrent": args.max_concurrent,
-                       "fleet": {"sweep": args.sweep, "heartbeat": args.heartbeat, "lease_ttl": args.lease_ttl,
-                                 "claims_per_sweep": args.claims or "seats"},
+                       "fleet": {"sweep": args.sweep, "heartbeat": args.heartbeat, "lease_ttl": args.lease_ttl},
                        "nats_server": server_version(binary), "nats_py": NATS_PY_VERSION,
                        "httpx2": httpx2.__version__, "python": sys.version.split()[0],
                        "cpus": os.cpu_count()}}
@@ -972,7 +959,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", type=float, default=1.0, help="the node's fleet.sweep (default 1)")
     ap.add_argument("--heartbeat", type=float, default=5.0, help="the node's fleet.heartbeat (default 5)")
     ap.add_argument("--lease-ttl", type=float, default=15.0, help="the node's fleet.lease_ttl (default 15)")
-    ap.add_argument("--claims", type=int, default=1000, help="cap on fleet.claims_per_sweep (default 1000)")
     ap.add_argument("--hold-timeout", type=float, default=300.0,
                     help="s the node may take to hold and work every seat (default 300)")
     ap.add_argument("--nats-server", help="the nats-server binary (default: as crewlet finds it)")
