@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 
 import pytest
 
@@ -139,16 +140,22 @@ def test_a_429_on_one_node_cools_the_key_on_every_node(natsd, make_node, monkeyp
 def test_killing_the_node_mid_turn_loses_no_message(natsd, make_node):
     """kill -9 of the whole node that runs a seat mid-turn: the successor gets
     the mail after the ack wait (3 s here, 30 min by default), redoes the turn
-    once, and its side effect lands once."""
+    once, and its side effect lands once.
+
+    The turn naps 10 s so that the kill lands mid-turn even on a loaded
+    machine (the running turn is seen through two processes' polls)."""
     nodes = [fleet_node(make_node, natsd, f"n{i}", fleet={"ack_wait": 3}).start() for i in range(3)]
     apply(nodes[0], write(nodes[0].dir, "company.yaml",
-                          worker_company(nap=3)))
+                          worker_company(nap=10)))
     owner_id = wait_for(lambda: held(nodes[0]).get("w"), 20, what="w held")
     owner = next(n for n in nodes if n.config["node"]["id"] == owner_id)
+    sent = time.monotonic()
     ctl_json(nodes[0], "send", "w", "job 7", "--trigger", "job-7")
     wait_for(lambda: any(c["name"] == "seats" and (c.get("stats") or {}).get("running")
                          for c in owner.status()["children"]), 20, what="the turn running")
     owner.kill_tree()
+    # The turn began after the send did: a kill within its nap is mid-turn.
+    assert time.monotonic() - sent < 10, "the machine is too slow: the kill may have come after the turn"
     survivor = next(n for n in nodes if n is not owner)
 
     async def landed(nc, js):
@@ -160,7 +167,7 @@ def test_killing_the_node_mid_turn_loses_no_message(natsd, make_node):
         sink = await js.stream_info("AGENTS", subjects_filter="agents.inbox.sink")
         return json.loads(entry.value), (sink.state.subjects or {}).get("agents.inbox.sink", 0)
 
-    entry, sunk = wait_for(lambda: read_nats(natsd.url, landed), 45, what="the turn redone by a successor")
+    entry, sunk = wait_for(lambda: read_nats(natsd.url, landed), 60, what="the turn redone by a successor")
     assert entry["node"] != owner_id and entry["node"] in {n.config["node"]["id"] for n in nodes}
     assert sunk == 1
     assert held(survivor)["w"] != owner_id
