@@ -217,7 +217,9 @@ class Mailboxes(ABC):
 
     @abstractmethod
     async def trim(self, seat: str) -> int:
-        """Drop *seat*'s worked mail (acked, below the ack floor); how many messages went."""
+        """Drop *seat*'s worked mail (acked, below the ack floor); how many
+        messages went. Nothing while any of its mail is in flight (a delivery
+        NAKed to come back later included): that waits for the next trim."""
 
     @abstractmethod
     async def dead_letters(self, seat: str | None = None, limit: int = 100, after: int = 0) -> list[DeadLetter]:

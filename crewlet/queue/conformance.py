@@ -36,6 +36,7 @@ Factory = Callable[..., AbstractAsyncContextManager[tuple[Mailboxes, Mailboxes]]
 SHORT_ACK_WAIT = 1.0        # s: for the checks where a predecessor vanishes without a word
 AT_ONCE = 5.0               # s: the most a fetch may wait for a NAKed message (ack wait: 30 min)
 REDELIVERY_WAIT = 15.0      # s: deadline for a message to come back after SHORT_ACK_WAIT
+REDELIVERY_DELAY = 1.0      # s: a NAK's delay in the checks that wait it out
 NOTHING_WAIT = 0.5          # s: how long a fetch that must find nothing waits to be sure
 PAGE_PAST = 300             # mailboxes: more than one 256-entry page of a consumer listing
 
@@ -268,19 +269,34 @@ async def check_remove_and_trim(factory: Factory) -> None:
         box = a.attach(kept)
         for _ in range(2):
             await box.ack(await _one(box))
-        third = await _one(box)                              # in flight, not worked
-        assert await b.trim(kept) == 2
+        assert await b.trim(kept) == 2                       # k0, k1: worked, nothing in flight
         info = await b.info(kept)
-        assert (info["pending"], info["in_flight"]) == (1, 1), info
+        assert (info["pending"], info["in_flight"]) == (2, 0), info
+        third = await _one(box)
+        assert third.data == b"k2"
+        assert await b.trim(kept) == 0, "trim purged while mail was in flight"
         await box.nak(third)
         again = await _one(box)
-        assert (again.seq, again.data) == (third.seq, b"k2")
+        assert (again.seq, again.data) == (third.seq, b"k2"), "trim dropped unworked mail"
         await box.ack(again)
+        assert await b.trim(kept) == 1                       # k2
+        assert await b.trim(kept) == 0                       # nothing below the floor left
         fourth = await _one(box)
-        assert fourth.data == b"k3"
-        assert await b.trim(kept) == 1                       # k2; k3 is in flight
-        await box.nak(fourth)
-        assert (await _one(box)).data == b"k3", "trim dropped unworked mail"
+        assert fourth.data == b"k3", "trim dropped unworked mail"
+
+        await box.ack(fourth)
+
+        # A delivery NAKed to come back later is in flight until then: a trim
+        # meanwhile leaves the mailbox alone, and the delivery comes back on time.
+        await _send_all(a, kept, 2, "n")
+        await box.ack(await _one(box))
+        later = await _one(box)
+        await box.nak(later, delay=REDELIVERY_DELAY)
+        assert await b.trim(kept) == 0, "trim purged while mail was in flight"
+        back = await _one(box, wait=REDELIVERY_DELAY + AT_ONCE)
+        assert (back.seq, back.data) == (later.seq, b"n1"), "trim held back a NAKed delivery"
+        await box.ack(back)
+        assert await b.trim(kept) == 3                       # k3, n0, n1
 
 
 # --------------------------------------------------------------------------- 9

@@ -450,8 +450,25 @@ class JetStreamMailboxes(Mailboxes):
         log.event("mailbox_removed", seat=seat)
 
     async def trim(self, seat: str) -> int:
-        floor = (await self.info(seat))["ack_floor"]
-        if floor <= 0:
+        info = await self.info(seat)
+        floor = info["ack_floor"]
+        if floor <= 0 or info["in_flight"]:
+            # Not while mail is in anybody's hands (a delivery NAKed to come
+            # back later included): a purge also rewrites the consumer's
+            # delivery state (its pending set, its redelivery queue), and
+            # mail in flight must answer to its ack or NAK alone. Worked mail
+            # waits for the next sweep.
+            return 0
+        # Only when there is something to drop. A purge takes the stream's lock
+        # while it walks the stream's blocks (seconds on a big AGENTS), where this
+        # look is one indexed read.
+        try:
+            first = await self._api(f"STREAM.MSG.GET.{STREAM}", {"seq": 1, "next_by_subj": SUBJECT + seat})
+        except _Refused as exc:
+            if exc.err_code == _ERR_NO_MESSAGE:
+                return 0
+            raise
+        if int(first["message"]["seq"]) > floor:
             return 0
         # Everything of this seat's subject at or below the ack floor was acked (or
         # dead-lettered): the consumer hands out a subject's messages in sequence order.

@@ -9,8 +9,8 @@ anybody's hands) or once it has been seen dropped for the company's
 more is not kept forever either — and never before the seat has been seen
 dropped for :data:`GRACE_INTERVALS` intervals.
 
-A seat the company keeps loses only its **worked** mail (:func:`trim_worked`:
-what lies below its mailbox's ack floor). Nothing ages out a kept seat's
+A seat the company keeps loses only its **worked** mail (:class:`Trimmer`:
+what lies below its mailbox's ack floor, paced for the broker). Nothing ages out a kept seat's
 unworked mail: an unowned seat's mailbox holds it until somebody claims the
 seat.
 """
@@ -24,8 +24,9 @@ from crewlet import log
 from crewlet.company import Company
 from crewlet.queue.jetstream import JetStreamMailboxes
 
-# Mailboxes trimmed at once.
-TRIM_PARALLEL = 16
+# After a purge, the trimmer rests this many times what the purge took: the
+# AGENTS stream is locked during a purge at most 1/(1+PURGE_REST) of the time.
+PURGE_REST = 4.0
 # Intervals a seat must have been seen dropped before its mailbox goes, drained or
 # not: this node may still be on an older revision than a node that just created
 # the mailbox of a seat the newer revision adds.
@@ -66,16 +67,51 @@ class Retirement:
         return retired, existing & current
 
 
-async def trim_worked(mailboxes: JetStreamMailboxes, seats: list[str]) -> tuple[int, int]:
-    """Drop the worked mail of *seats*' mailboxes: ``(messages purged, mailboxes failed)``."""
-    limit = asyncio.Semaphore(TRIM_PARALLEL)
+class Trimmer:
+    """Worked-mail trims, paced for the broker: one mailbox at a time, and
+    after each purge a rest of :data:`PURGE_REST` times what it took. A
+    purge holds the ``AGENTS`` stream's lock while the broker walks the
+    stream's blocks for the seat's subject (seconds, on a stream of 10,000
+    busy mailboxes), and every seat's mail waits behind that lock: the pace
+    keeps the stream answering. A sweep stops after *budget* seconds; the
+    next one goes on from the seat after the last one looked at, so every
+    mailbox has its turn however many there are."""
 
-    async def one(seat: str) -> int:
-        async with limit:
-            return await mailboxes.trim(seat)
+    def __init__(self, mailboxes: JetStreamMailboxes, budget: float):
+        self.mailboxes = mailboxes
+        self.budget = budget
+        self.after = ""  # the last seat looked at ("" : start from the first)
+        self.rested = 0.0  # seconds rested after purges, all sweeps together
 
-    purged = await asyncio.gather(*(one(s) for s in seats), return_exceptions=True)
-    failed = [s for s, n in zip(seats, purged) if isinstance(n, BaseException)]
-    total = sum(n for n in purged if isinstance(n, int))
-    log.event("mailboxes_trimmed", seats=len(seats), purged=total, failed=len(failed))
-    return total, len(failed)
+    async def sweep(self, seats: list[str]) -> tuple[int, int]:
+        """Trim *seats*' worked mail, in name order from where the last sweep
+        stopped: ``(messages purged, mailboxes failed)``."""
+        order = sorted(seats)
+        start = next((i for i, s in enumerate(order) if s > self.after), 0)
+        order = order[start:] + order[:start]
+        deadline = time.monotonic() + self.budget
+        total = looked = 0
+        failed: list[str] = []
+        for seat in order:
+            if time.monotonic() >= deadline:
+                break
+            began = time.monotonic()
+            try:
+                purged = await self.mailboxes.trim(seat)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failed.append(seat)
+                log.event("mailbox_trim_failed", "warning", seat=seat,
+                          error=f"{type(exc).__name__}: {exc}")
+                purged = 0
+            looked += 1
+            self.after = seat
+            total += purged
+            if purged:
+                rest = (time.monotonic() - began) * PURGE_REST
+                self.rested += rest
+                await asyncio.sleep(rest)
+        log.event("mailboxes_trimmed", seats=len(order), looked=looked, purged=total,
+                  failed=len(failed))
+        return total, len(failed)

@@ -53,7 +53,7 @@ from crewlet.coord import duty_reports
 from crewlet.estate.ops import TURN_TRIM_DEFAULT, make_op, op_id
 from crewlet.queue.jetstream import JetStreamMailboxes
 from roles.workers.duties import Duty, going_on
-from roles.workers.duties.mailbox_retirement import Retirement, trim_worked
+from roles.workers.duties.mailbox_retirement import Retirement, Trimmer
 
 NAME = "maintenance"
 # Seconds between sweeps: a trim costs a request per seat, and worked mail
@@ -65,6 +65,9 @@ CUTOFF_GRAIN = 3600
 # turn.trim ops one sweep sends at most (TRIM_OPS x TURN_TRIM_DEFAULT records):
 # a backlog bigger than that is worked off over the next sweeps.
 TRIM_OPS = 200
+# Seconds a sweep spends trimming worked mail at most; the next sweep goes on
+# from where it stopped.
+TRIM_BUDGET = SWEEP_EVERY / 4
 # Seconds one turn.trim may take through the router (it waits per data node).
 TRIM_TIMEOUT = 60.0
 # What a sweep counts, in the order a report shows them.
@@ -106,6 +109,7 @@ class Maintenance:
         self.mailboxes = mailboxes
         self.js = ctx.role.jetstream()
         self.retirement = Retirement(mailboxes, ctx.interval)
+        self.trimmer = Trimmer(mailboxes, TRIM_BUDGET)
         self.totals = {what: 0 for what in COUNTED}
         self.retired = 0  # mailboxes retired since the last report
 
@@ -125,7 +129,7 @@ class Maintenance:
         started = time.monotonic()
         removed = {what: 0 for what in COUNTED}
         errors: list[str] = []
-        mail, failed = await trim_worked(self.mailboxes, sorted(kept))
+        mail, failed = await self.trimmer.sweep(sorted(kept))
         removed["mail"] = mail
         if failed:
             errors.append(f"worked mail: {failed} mailboxes could not be trimmed")

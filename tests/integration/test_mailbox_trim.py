@@ -1,0 +1,83 @@
+"""The maintenance duty's worked-mail trimmer against a real nats-server:
+which mailboxes it trims, its rest after each purge, its budget, and where
+the next sweep goes on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+
+from crewlet.queue import JetStreamMailboxes
+from roles.workers.duties.mailbox_retirement import Trimmer
+
+DEADLINE = 60.0
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, DEADLINE))
+
+
+async def _work(boxes: JetStreamMailboxes, seat: str, sent: int, acked: int):
+    """*sent* mails to *seat*, the first *acked* of them worked; the mailbox."""
+    for i in range(sent):
+        await boxes.put(seat, f"m{i}", trigger=f"{seat}-{i}")
+    box = boxes.attach(seat)
+    for _ in range(acked):
+        await box.ack(await box.next(wait=5))
+    return box
+
+
+def test_a_sweep_trims_worked_mail_leaves_busy_mailboxes_and_goes_on_where_it_stopped(natsd):
+    async def main():
+        nc = await nats.connect(natsd.url, connect_timeout=2, allow_reconnect=False)
+        try:
+            boxes = JetStreamMailboxes(nc.jetstream(timeout=2), nc)
+            await boxes.ensure_streams(replicas=1, max_consumers=100)
+            seats = ["a", "b", "c", "d"]
+            await boxes.ensure(seats)
+            await _work(boxes, "a", 3, 2)
+            busy = await _work(boxes, "b", 3, 1)
+            in_hand = await busy.next(wait=5)           # b's second mail is in flight
+            await _work(boxes, "c", 2, 2)
+            # d: nothing sent, nothing to trim
+
+            trimmer = Trimmer(boxes, budget=60)
+            assert await trimmer.sweep(seats) == (4, 0)  # a's 2, c's 2; b is busy
+            assert trimmer.after == "d"
+            assert (await boxes.info("b"))["in_flight"] == 1
+            await busy.ack(in_hand)
+            assert await trimmer.sweep(seats) == (2, 0)  # b's 2 now
+            assert await trimmer.sweep(seats) == (0, 0)  # nothing below any floor
+
+            # Out of budget, a sweep looks at nothing and keeps its place.
+            await _work(boxes, "a", 0, 1)                 # a's third mail worked
+            spent = Trimmer(boxes, budget=0)
+            spent.after = "b"
+            assert await spent.sweep(seats) == (0, 0) and spent.after == "b"
+            # The next sweep starts after "b": c, d, a, b.
+            spent.budget = 60
+            assert await spent.sweep(seats) == (1, 0) and spent.after == "b"
+            assert (await boxes.info("a"))["pending"] == 0
+        finally:
+            await nc.close()
+    run(main())
+
+
+def test_a_purge_is_followed_by_a_rest_in_proportion(natsd):
+    async def main():
+        nc = await nats.connect(natsd.url, connect_timeout=2, allow_reconnect=False)
+        try:
+            boxes = JetStreamMailboxes(nc.jetstream(timeout=2), nc)
+            await boxes.ensure_streams(replicas=1, max_consumers=100)
+            await boxes.ensure(["x", "y"])
+            trimmer = Trimmer(boxes, budget=60)
+            await _work(boxes, "y", 1, 0)
+            assert await trimmer.sweep(["x", "y"]) == (0, 0)
+            assert trimmer.rested == 0                  # no purge, no rest
+            await _work(boxes, "x", 2, 2)
+            assert await trimmer.sweep(["x", "y"]) == (2, 0)
+            assert trimmer.rested > 0                   # after x's purge
+        finally:
+            await nc.close()
+    run(main())
