@@ -41,6 +41,13 @@ async def status(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+async def children(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """This node's children as their supervisors have them (name, state, pid,
+    restarts, last exit): what ``status`` says of them without their stats or
+    the fleet, for a caller that asks every second (ingress)."""
+    return {"children": node.children_rows()}
+
+
 async def company(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     """The company revision in force on this node (``null`` before one is applied).
     ``epoch``: the one the asker has already — while it is still in force the
@@ -280,6 +287,7 @@ SEATS_PARALLEL = 32
 
 COMMANDS: dict[str, Callable[["Node", dict[str, Any]], Awaitable[dict[str, Any]]]] = {
     "status": status,
+    "children": children,
     "company": company,
     "restart": restart,
     "stop": stop,

@@ -13,12 +13,14 @@ copies      the estate view (``status`` ``estate.*``)        a watch, looked
                                                              at every second
 turns       ``events.turn.>``: every turn record as the      a subscription:
             seat publishes it                                ~1 ms
-mailboxes,  the ``AGENTS`` consumers and ``DLQ`` subjects,   sampled every
-dead        sampled                                          :data:`SAMPLE` s
-letters
+mailboxes,  the ``AGENTS`` consumers and ``DLQ`` subjects,   a busy seat's:
+dead        sampled: a seat whose turn was seen at the next  every :data:`SAMPLE`
+letters     sample, all of them in a listing paced by its    s; the rest: that
+            cost (:data:`LIST_REST`)                         or slower
 reports     each duty's last pass (``status`` ``duty.*``)    sampled every
                                                              :data:`SAMPLE` s
-children    this node's from crewletd (``control``); the     every second;
+children    this node's from crewletd (``control``           every second;
+            ``children``); the
             others' from their presence                      every heartbeat
 ==========  ===============================================  =================
 
@@ -50,11 +52,18 @@ from typing import Any, Callable
 from crewlet import ipc, log
 from crewlet.coord import duty_reports
 from crewlet.coord.holders import Holders
-from crewlet.queue.jetstream import CONSUMER, DLQ_STREAM, DLQ_SUBJECT, STREAM, api_prefix, jetstream_api
+from crewlet.queue.base import MailboxError
+from crewlet.queue.jetstream import (CONSUMER, DLQ_STREAM, DLQ_SUBJECT, STREAM, JetStreamMailboxes,
+                                    api_prefix, jetstream_api)
 from roles.ingress.feed import Feed
 
 # Seconds between samples of the mailboxes and dead letters.
 SAMPLE = 2.0
+# A whole listing of the mailboxes waits this many times what the last one
+# took (and at least SAMPLE s); the busy seats' mailboxes are looked at between.
+LIST_REST = 20
+# Mailboxes of busy seats looked at one by one in a sample at most.
+TOUCHED_MAX = 256
 # Seconds between asks of crewletd for this node's children.
 CHILDREN_EVERY = 1.0
 # Turn records kept: the newest overall, and the newest per seat.
@@ -97,6 +106,8 @@ class Projection:
         self.copies: dict[str, dict[str, Any] | None] = {}
         self.reports: dict[str, dict[str, Any]] = {}     # duty -> its last pass (metrics)
         self.sampled_at: float | None = None
+        self._touched: set[str] = set()  # seats whose turns were seen since the last sample
+        self._boxes = JetStreamMailboxes(js, nc, timeout=SAMPLE_TIMEOUT)
         self._seen_turns: collections.OrderedDict[tuple, None] = collections.OrderedDict()
         self._shown: dict[str, dict[str, Any]] = {}      # node key -> the row the feed last told
         self.on_turn: Callable[[dict[str, Any]], None] = lambda record: None  # each new record seen live
@@ -183,15 +194,29 @@ class Projection:
             self.turns.appendleft(record)
             self.by_seat.setdefault(record["seat"], collections.deque(maxlen=TURNS_PER_SEAT)
                                     ).appendleft(record)
+        self._touched.add(record["seat"])  # its mailbox changed: the next sample looks
         if publish:
             self.on_turn(record)
             self.feed.publish("turn", record)
 
     async def _sample_mailboxes(self) -> None:
+        """Every :data:`SAMPLE` s: the mailboxes of the seats whose turns were
+        seen since the last look, one consumer each, and every
+        :data:`SAMPLE` s or more the whole listing. A listing costs the broker
+        a consumer's state per seat (40 pages at 10,000 seats), so the next
+        one waits :data:`LIST_REST` times what this one took: with many idle
+        seats, their rows are a little older and the broker is left alone."""
         failing = False
+        next_listing = 0.0  # monotonic
         while True:
             try:
-                pending = await self._consumers()
+                if time.monotonic() >= next_listing:
+                    began = time.monotonic()
+                    self._touched.clear()
+                    pending = await self._consumers()
+                    next_listing = time.monotonic() + max(SAMPLE, (time.monotonic() - began) * LIST_REST)
+                else:
+                    pending = await self._touched_consumers()
                 dead = await self._dead_letters()
                 changed = [s for s in set(pending) | set(self.mailboxes)
                            if pending.get(s) != self.mailboxes.get(s)]
@@ -237,6 +262,22 @@ class Projection:
             if not infos or offset >= int(page.get("total") or 0):
                 return out
 
+    async def _touched_consumers(self) -> dict[str, dict[str, int]]:
+        """The last sample with the mailboxes of the seats whose turns were seen
+        since (at most :data:`TOUCHED_MAX` of them; the rest wait their turn)."""
+        out = dict(self.mailboxes)
+        touched = sorted(self._touched)[:TOUCHED_MAX]
+        self._touched.difference_update(touched)
+        async def one(seat: str) -> None:
+            try:
+                info = await self._boxes.info(seat)
+            except MailboxError:
+                return  # gone, or the broker busy: the next listing says
+            out[seat] = {"pending": info["pending"], "in_flight": info["in_flight"]}
+
+        await asyncio.gather(*(one(seat) for seat in touched))
+        return out
+
     async def _dead_letters(self) -> dict[str, int]:
         try:
             info = await self.js.stream_info(DLQ_STREAM, subjects_filter=DLQ_SUBJECT + ">")
@@ -249,7 +290,7 @@ class Projection:
     async def _follow_children(self) -> None:
         while True:
             try:
-                reply = await ipc.acall(self.zctx, self.run_dir, "status", timeout=2.0)
+                reply = await ipc.acall(self.zctx, self.run_dir, "children", timeout=2.0)
                 kids = [_child(c) for c in reply["result"]["children"]]
             except Exception:
                 kids = None

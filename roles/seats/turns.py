@@ -81,6 +81,7 @@ with seats; a delivery that waited out a 30-minute ack wait can wait minutes).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import importlib
@@ -223,6 +224,9 @@ class TurnEngine:
         self.running = 0
         self.peak = 0
         self.turns = 0
+        # The seats whose turns ended last, oldest first: at most STATS_RECENT,
+        # each once (what `stats` shows, without sorting every seat each time).
+        self.recent: collections.OrderedDict[str, None] = collections.OrderedDict()
         # Turns whose side effects were done but whose ledger entry could not
         # be written (handed back, see SeatWork._settle), and records that did
         # not land: each a failure an operator must see.
@@ -396,10 +400,8 @@ class TurnEngine:
 
     def stats(self) -> dict[str, Any]:
         """The node's turns for crewletctl status: seats busy now, and the most recent."""
-        recent = sorted((w for w in self.work.values() if w.last is not None),
-                        key=lambda w: w.last["at"], reverse=True)[:STATS_RECENT]
-        shown = {w.seat for w in recent} | {seat for seat, w in self.work.items()
-                                            if w.turn is not None or w.deferred or w.servers}
+        shown = {seat for seat in self.recent if seat in self.work} | \
+            {seat for seat, w in self.work.items() if w.turn is not None or w.deferred or w.servers}
         return {"running": self.running, "max_concurrent": self.max_concurrent, "peak": self.peak,
                 "turns": self.turns, "held": len(self.work), "org_spent": self.budgets.spent("")[0],
                 "unsettled": self.unsettled, "records_failed": self.records_failed,
@@ -833,6 +835,10 @@ class SeatWork:
             engine.turns += 1
             self.last = {"trigger": record.trigger, "outcome": record.outcome, "at": record.started_at,
                          "took_ms": record.took_ms, "error": record.error}
+            engine.recent.pop(self.seat, None)
+            engine.recent[self.seat] = None
+            if len(engine.recent) > STATS_RECENT:
+                engine.recent.popitem(last=False)
             log.event("turn", seat=self.seat, trigger=record.trigger, outcome=record.outcome,
                       rounds=record.rounds, tools=len(record.tool_calls), took_ms=record.took_ms,
                       error=record.error)
