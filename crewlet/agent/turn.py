@@ -21,7 +21,7 @@ its result as it ends.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from crewlet.agent.providers import Provider
@@ -60,7 +60,10 @@ class TurnRecord:
     provider_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Not dataclasses.asdict (its recursive deep copy showed in the seats
+        # process's profile): the record's own fields, its two containers copied.
+        return {**vars(self), "tool_calls": [dict(c) for c in self.tool_calls],
+                "tokens": dict(self.tokens)}
 
 
 class AwaitingApproval(Exception):

@@ -216,10 +216,11 @@ class Mailboxes(ABC):
         """Delete *seat*'s mailbox and its mail (idempotent)."""
 
     @abstractmethod
-    async def trim(self, seat: str) -> int:
+    async def trim(self, seat: str, at_least: int = 1) -> int:
         """Drop *seat*'s worked mail (acked, below the ack floor); how many
         messages went. Nothing while any of its mail is in flight (a delivery
-        NAKed to come back later included): that waits for the next trim."""
+        NAKed to come back later included), nor while it has fewer than
+        *at_least* worked messages: those wait for a later trim."""
 
     @abstractmethod
     async def dead_letters(self, seat: str | None = None, limit: int = 100, after: int = 0) -> list[DeadLetter]:

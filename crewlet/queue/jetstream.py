@@ -449,7 +449,7 @@ class JetStreamMailboxes(Mailboxes):
         await self._api(f"STREAM.PURGE.{STREAM}", {"filter": SUBJECT + seat})
         log.event("mailbox_removed", seat=seat)
 
-    async def trim(self, seat: str) -> int:
+    async def trim(self, seat: str, at_least: int = 1) -> int:
         info = await self.info(seat)
         floor = info["ack_floor"]
         if floor <= 0 or info["in_flight"]:
@@ -459,20 +459,17 @@ class JetStreamMailboxes(Mailboxes):
             # mail in flight must answer to its ack or NAK alone. Worked mail
             # waits for the next sweep.
             return 0
-        # Only when there is something to drop. A purge takes the stream's lock
-        # while it walks the stream's blocks (seconds on a big AGENTS), where this
-        # look is one indexed read.
-        try:
-            first = await self._api(f"STREAM.MSG.GET.{STREAM}", {"seq": 1, "next_by_subj": SUBJECT + seat})
-        except _Refused as exc:
-            if exc.err_code == _ERR_NO_MESSAGE:
-                return 0
-            raise
-        if int(first["message"]["seq"]) > floor:
+        # Only when there is enough to drop. A purge takes the stream's lock
+        # while it walks the stream's blocks and consumers (seconds on a big
+        # AGENTS), where this look is one indexed read.
+        subject = SUBJECT + seat
+        got = await self._api(f"STREAM.INFO.{STREAM}", {"subjects_filter": subject})
+        stored = int(((got.get("state") or {}).get("subjects") or {}).get(subject, 0))
+        if stored - info["pending"] < max(1, at_least):
             return 0
         # Everything of this seat's subject at or below the ack floor was acked (or
         # dead-lettered): the consumer hands out a subject's messages in sequence order.
-        got = await self._api(f"STREAM.PURGE.{STREAM}", {"filter": SUBJECT + seat, "seq": floor + 1})
+        got = await self._api(f"STREAM.PURGE.{STREAM}", {"filter": subject, "seq": floor + 1})
         return int(got.get("purged", 0))
 
     # ------------------------------------------------------------ sending

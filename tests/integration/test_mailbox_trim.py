@@ -9,7 +9,7 @@ import asyncio
 import nats
 
 from crewlet.queue import JetStreamMailboxes
-from roles.workers.duties.mailbox_retirement import Trimmer
+from roles.workers.duties.mailbox_retirement import Trimmer, worth_a_purge
 
 DEADLINE = 60.0
 
@@ -78,6 +78,25 @@ def test_a_purge_is_followed_by_a_rest_in_proportion(natsd):
             await _work(boxes, "x", 2, 2)
             assert await trimmer.sweep(["x", "y"]) == (2, 0)
             assert trimmer.rested > 0                   # after x's purge
+        finally:
+            await nc.close()
+    run(main())
+
+
+def test_a_mailbox_is_trimmed_once_it_has_enough_worked_mail_for_the_mailboxes_there_are(natsd):
+    assert [worth_a_purge(n) for n in (1, 100, 199, 200, 10_000)] == [1, 1, 1, 2, 100]
+
+    async def main():
+        nc = await nats.connect(natsd.url, connect_timeout=2, allow_reconnect=False)
+        try:
+            boxes = JetStreamMailboxes(nc.jetstream(timeout=2), nc)
+            await boxes.ensure_streams(replicas=1, max_consumers=100)
+            await boxes.ensure(["z"])
+            box = await _work(boxes, "z", 4, 2)
+            assert await boxes.trim("z", at_least=3) == 0   # 2 worked, 2 unworked
+            await box.ack(await box.next(wait=5))
+            assert await boxes.trim("z", at_least=3) == 3
+            assert (await boxes.info("z"))["pending"] == 1
         finally:
             await nc.close()
     run(main())

@@ -24,6 +24,9 @@ from crewlet import log
 from crewlet.company import Company
 from crewlet.queue.jetstream import JetStreamMailboxes
 
+# A mailbox is trimmed once it has one worked message per this many mailboxes
+# (see worth_a_purge).
+MAILBOXES_PER_WORKED = 100
 # After a purge, the trimmer rests this many times what the purge took: the
 # AGENTS stream is locked during a purge at most 1/(1+PURGE_REST) of the time.
 PURGE_REST = 4.0
@@ -67,13 +70,22 @@ class Retirement:
         return retired, existing & current
 
 
+def worth_a_purge(mailboxes: int) -> int:
+    """Worked messages a mailbox must have before it is trimmed, of *mailboxes*
+    in all: a purge costs the broker a walk of every consumer of ``AGENTS``,
+    so what one purge frees grows with their number (1 up to
+    :data:`MAILBOXES_PER_WORKED` mailboxes, 100 at 10,000)."""
+    return max(1, mailboxes // MAILBOXES_PER_WORKED)
+
+
 class Trimmer:
     """Worked-mail trims, paced for the broker: one mailbox at a time, and
     after each purge a rest of :data:`PURGE_REST` times what it took. A
     purge holds the ``AGENTS`` stream's lock while the broker walks the
-    stream's blocks for the seat's subject (seconds, on a stream of 10,000
-    busy mailboxes), and every seat's mail waits behind that lock: the pace
-    keeps the stream answering. A sweep stops after *budget* seconds; the
+    stream's blocks for the seat's subject and every consumer (seconds, on a
+    stream of 10,000 busy mailboxes), and every seat's mail waits behind
+    that lock: the pace keeps the stream answering, and a mailbox is trimmed
+    only once it has :func:`worth_a_purge` worked messages. A sweep stops after *budget* seconds; the
     next one goes on from the seat after the last one looked at, so every
     mailbox has its turn however many there are."""
 
@@ -90,6 +102,7 @@ class Trimmer:
         start = next((i for i, s in enumerate(order) if s > self.after), 0)
         order = order[start:] + order[:start]
         deadline = time.monotonic() + self.budget
+        at_least = worth_a_purge(len(order))
         total = looked = 0
         failed: list[str] = []
         for seat in order:
@@ -97,7 +110,7 @@ class Trimmer:
                 break
             began = time.monotonic()
             try:
-                purged = await self.mailboxes.trim(seat)
+                purged = await self.mailboxes.trim(seat, at_least)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
