@@ -123,7 +123,7 @@ class Leases:
 
     # ---------------------------------------------------------------- reading
 
-    async def _last(self, key: str) -> tuple[int, Owner | None]:
+    async def read(self, key: str) -> tuple[int, Owner | None]:
         """The key's last sequence (0: never written) and its live owner, if any.
 
         Read from the stream's leader, not with a direct get: any replica may
@@ -143,7 +143,7 @@ class Leases:
 
     async def owner(self, key: str) -> Owner | None:
         """Who holds *key* now (None: nobody)."""
-        return (await self._last(key))[1]
+        return (await self.read(key))[1]
 
     async def current(self, key: str, token: int) -> bool:
         """Is *token* still the fencing token of *key*? (The fence check.)"""
@@ -152,9 +152,11 @@ class Leases:
 
     # ---------------------------------------------------------------- writing
 
-    async def _write(self, key: str, value: bytes, expected: int, *,
-                     ttl: float | None | bool = True) -> int | None:
-        """CAS-publish *value*; its sequence, or None when *expected* was stale.
+    async def cas(self, key: str, value: bytes, expected: int, *,
+                  ttl: float | None | bool = True) -> int | None:
+        """Compare-and-set *key* to *value* (a lease's bytes, see
+        :func:`read_owner`) over its last sequence *expected*: the new
+        sequence, or None when *expected* was stale.
         The key lives a lease TTL (*ttl* True), *ttl* seconds, or for ever (None).
 
         A publish that got no answer (a stream leader election takes seconds)
@@ -197,12 +199,12 @@ class Leases:
         so a caller that names the holder needs no read of its own."""
         value = _value(self.node, self.boot, None, info)
         sent = time.monotonic()  # before the write: a resent write may land late
-        seq = await self._write(key, value, expected)
+        seq = await self.cas(key, value, expected)
         if seq is None:
-            last, owner = await self._last(key)
+            last, owner = await self.read(key)
             if owner is not None:
                 return None, owner
-            seq = await self._write(key, value, last)
+            seq = await self.cas(key, value, last)
             if seq is None:
                 return None, None  # somebody else claimed it between our read and write
         return Held(key, token=seq, revision=seq, renewed=sent, ttl=self.ttl), None
@@ -223,7 +225,7 @@ class Leases:
         """Replace *owner*'s live lease on *key*, known to be dead (our own
         previous incarnation); None if the key changed since it was read."""
         sent = time.monotonic()
-        seq = await self._write(key, _value(self.node, self.boot, None, info), owner.revision)
+        seq = await self.cas(key, _value(self.node, self.boot, None, info), owner.revision)
         if seq is None:
             return None
         return Held(key, token=seq, revision=seq, renewed=sent, ttl=self.ttl)
@@ -238,11 +240,11 @@ class Leases:
         expected = held.revision
         for _ in range(_RENEW_ATTEMPTS):
             sent = time.monotonic()
-            seq = await self._write(held.key, value, expected)
+            seq = await self.cas(held.key, value, expected)
             if seq is not None:
                 return replace(held, revision=seq, renewed=sent)
             # A conflict, or quorum loss saying the same thing: look before deciding.
-            _, owner = await self._last(held.key)
+            _, owner = await self.read(held.key)
             if owner is None or owner.boot != self.boot or owner.token != held.token \
                     or owner.info.get("proc") != info.get("proc"):
                 return None  # not our write: another process (a life's "proc") adopted it
@@ -268,7 +270,7 @@ class Leases:
                     raise LeaseError(f"releasing {held.key}: {exc}") from exc
             except Exception as exc:
                 raise LeaseError(f"releasing {held.key}: {type(exc).__name__}: {exc}") from exc
-            _, owner = await self._last(held.key)
+            _, owner = await self.read(held.key)
             if owner is None or owner.boot != self.boot or owner.token != held.token:
                 return False
             expected = owner.revision

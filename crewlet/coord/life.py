@@ -144,12 +144,12 @@ class Life:
         value = json.dumps({"node": self.node, "boot": self.leases.boot, "token": None,
                             "life": self.held.token}, separators=(",", ":")).encode()
         sent = time.monotonic()
-        seq = await self.leases._write(seat_key, value, expected, ttl=None)
+        seq = await self.leases.cas(seat_key, value, expected, ttl=None)
         if seq is None:
             last = await self._dead_or_none(seat_key)
             if last is None:
                 return None
-            seq = await self.leases._write(seat_key, value, last, ttl=None)
+            seq = await self.leases.cas(seat_key, value, last, ttl=None)
             if seq is None:
                 return None  # claimed by somebody between our read and our write
             expected = last
@@ -159,11 +159,11 @@ class Life:
     async def _dead_or_none(self, seat_key: str) -> int | None:
         """The last sequence of *seat_key* when nobody live holds it (a claim
         may be written over it), else None. Read from the stream's leader."""
-        seq, owner = await self.leases._last(seat_key)
+        seq, owner = await self.leases.read(seat_key)
         if owner is None:
             return seq
         life = owner.info.get("life")
         if life is None:
             return None  # a lease with its own TTL: live while the key is
-        _, holder = await self.leases._last(key(owner.node))
+        _, holder = await self.leases.read(key(owner.node))
         return seq if holder is None or holder.token != life else None
