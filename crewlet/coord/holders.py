@@ -83,6 +83,10 @@ class Holders:
         self._since: dict[str, tuple[int, float]] = {}  # key -> (token, monotonic time first seen)
         self._next: dict[str, Owner] | None = None
         self._gone: dict[str, set[asyncio.Event]] = {}  # key -> the events gone() handed out
+        # Grows whenever who holds a key may have changed (a claim, a release,
+        # an expiry, a life's new token, a listing), never on a renewal alone:
+        # equal counts mean every reading above would answer the same holders.
+        self.changes = 0
         self.listed = asyncio.Event()
 
     @classmethod
@@ -164,6 +168,7 @@ class Holders:
 
     def _listed(self) -> None:
         fresh, self._next = self._next or {}, None
+        self.changes += 1
         old = _in_force(self._live)
         self._live = fresh
         self._bound = {}
@@ -200,6 +205,8 @@ class Holders:
         bound = sorted(self._bound.get(key.removeprefix(LIFE), ())) if moved else []
         before = {k: self.get(k) for k in (key, *bound)}
         raw = self._live.pop(key, None)
+        if raw is None or owner is None or (raw.node, raw.token) != (owner.node, owner.token):
+            self.changes += 1
         if raw is not None:
             self._unindex(key, raw)
             if owner is None:

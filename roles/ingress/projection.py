@@ -61,7 +61,7 @@ from roles.ingress.feed import Feed
 SAMPLE = 2.0
 # A whole listing of the mailboxes waits this many times what the last one
 # took (and at least SAMPLE s); the busy seats' mailboxes are looked at between.
-LIST_REST = 20
+LIST_REST = 100
 # Mailboxes of busy seats looked at one by one in a sample at most.
 TOUCHED_MAX = 256
 # Seconds between asks of crewletd for this node's children.

@@ -105,6 +105,12 @@ class SeatSweeper:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()  # replaced by run()'s
         self.sweeps = 0
+        # What the last sweep that decided nothing read (see _inputs); a
+        # sweep reading the same skips its walks over every seat. None: the
+        # next sweep walks.
+        self._quiet: tuple | None = None
+        self._company_changes = 0  # grows with each set_company
+        self.skipped = 0  # sweeps skipped so
 
     # -------------------------------------------------------------- the API
 
@@ -125,6 +131,7 @@ class SeatSweeper:
                                cost=len(s.get("mcp") or ()))
                       for s in company.get("seats", [])]
         self._costs = {s.name: s.cost for s in self.seats}
+        self._company_changes += 1
         self.wake()
 
     def wake(self) -> None:
@@ -200,19 +207,34 @@ class SeatSweeper:
             return
         if self.seats is None:
             return  # no company yet: everything would look "not in the company"
-        self._adopt()
-        await self._drop_taken()
-        await self._start_waiting()
         now = time.monotonic()
         live = [NodeView(k.removeprefix("node."), dict(o.info.get("labels", {})))
                 for k, o in nodes.items()
                 if "seats" in o.info.get("roles", ()) and self._seats_node(k, now)]
+        spawns = self._budget(self._spawned, self.spawns)
+        releases = self._budget(self._releases, self.releases)
+        # Everything the walks below read: the same as at a sweep that decided
+        # nothing, they would decide nothing again (at 10,000 seats they were
+        # most of an idle seats process).
+        inputs = (self.holders.changes, self.life.token, len(self.held), self._company_changes,
+                  tuple(live), spawns, releases)
+        if inputs == self._quiet:
+            self.skipped += 1
+            await self._start_waiting()
+            return
+        self._quiet = None
+        self._adopt()
+        await self._drop_taken()
+        await self._start_waiting()
         owners = {k.removeprefix("seat."): o.node for k, o in self.holders.of("seat.").items()}
         # What we hold is ours whether or not the watch has shown our claim yet.
         decision = plan(self.me, self.seats, live, {**owners, **dict.fromkeys(self.held, self.me.id)},
-                        set(self.held), spawns=self._budget(self._spawned, self.spawns),
-                        spawn_limit=self.spawns,
-                        releases=self._budget(self._releases, self.releases))
+                        set(self.held), spawns=spawns, spawn_limit=self.spawns, releases=releases)
+        if not decision.claim and not decision.release:
+            # Read again: the walks may have adopted, dropped or started seats.
+            self._quiet = (self.holders.changes, self.life.token, len(self.held), self._company_changes,
+                           tuple(live), self._budget(self._spawned, self.spawns),
+                           self._budget(self._releases, self.releases))
         for seat in decision.release:
             await self._release(seat)
         if decision.claim:

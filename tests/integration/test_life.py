@@ -114,3 +114,49 @@ def test_adoption_keeps_the_token_for_this_crewletd_and_not_for_an_earlier_one(n
         again = await third.claim("seat.s0", holders.free("seat.s0"))
         assert again is not None and again.held.token > seat.held.token
     _run(natsd, body)
+
+
+def test_a_sweep_that_would_decide_nothing_again_skips_its_walks_until_something_changes(natsd):
+    from roles.seats.sweeper import SeatSweeper
+
+    async def body(js, holders, changes):
+        leases = Leases(js, "n1", "boot-1", 30)
+        assert await leases.claim("node.n1", roles=["seats"], labels={}) is not None
+        started: list[str] = []
+
+        async def on_claim(seat, held, fence):
+            started.append(seat)
+
+        sweeper = SeatSweeper(leases, holders, "n1", {}, boot="boot-1", proc="p1", sweep=5,
+                              heartbeat=5, grace=30, spawns=4, releases=2, on_claim=on_claim)
+        sweeper.set_company({"seats": [{"name": "a"}, {"name": "b"}]})
+        await until(lambda: holders.get("node.n1"), what="the presence seen")
+        await sweeper.sweep()                      # the life begun, a and b claimed
+        assert sorted(started) == ["a", "b"]
+        await until(lambda: holders.get("seat.a") and holders.get("seat.b"), what="the claims seen")
+        await sweeper.sweep()                      # decides nothing: remembered
+        await sweeper.sweep()
+        assert sweeper.skipped == 1
+        # A renewal of the life changes nothing anybody holds: still quiet.
+        renewals = holders.changes
+        await sweeper.life.renew()
+        await until(lambda: holders.raw("life.n1").revision > sweeper.held["a"].revision,
+                    what="the renewal seen")
+        assert holders.changes == renewals
+        await sweeper.sweep()
+        assert sweeper.skipped == 2
+        # Another node takes seat b (its key rewritten with another token):
+        # the next sweep walks, and drops b.
+        other = Leases(js, "n2", "boot-2", 30)
+        taken = await other.claim("seat.b", expected=holders.raw("seat.b").revision)
+        assert taken is not None
+        await until(lambda: holders.raw("seat.b").node == "n2", what="the take seen")
+        await sweeper.sweep()
+        assert sweeper.skipped == 2 and "b" not in sweeper.held
+        # A new company revision is read: c is claimed.
+        await sweeper.sweep()
+        sweeper.set_company({"seats": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})
+        skipped = sweeper.skipped
+        await sweeper.sweep()
+        assert sweeper.skipped == skipped and "c" in sweeper.held
+    _run(natsd, body)
