@@ -130,6 +130,7 @@ from bench.turns import (JS_TIMEOUT, NODE_ID, ROLE_SHUTDOWN, SUBJECT, TRIGGER_HE
 
 HOST = "127.0.0.1"
 MODEL = "bench-slow"
+NOTE_EVERY = 10.0  # s between progress notes while the seats are taken
 PERSONA = "bench"                  # short: a company revision is one KV value (bench/turns.py)
 TOKENS = 100                       # tokens per answer
 RATE = 50.0                        # tokens/s: the answer takes TOKENS / RATE = 2.0 s
@@ -599,6 +600,30 @@ class SlowNode(CrewletNode):
         self.company_path = os.path.join(base, "company.yaml")
         with open(self.company_path, "w") as f:
             json.dump(company, f)
+
+    def wait_seats(self, timeout: float, progress: list[dict]) -> tuple[float, float]:
+        """Seconds from the start until all seats were held, and until the seats
+        process worked them all; a sample every :data:`NOTE_EVERY` s goes to *progress*."""
+        n, t0 = len(self.seats), time.perf_counter()
+        held_s = None
+        next_note = t0 + NOTE_EVERY
+        while True:
+            self.check_alive()
+            st = self.status()
+            now = time.perf_counter()
+            held, working = self.held(st), self.working(st)
+            if held_s is None and held >= n:
+                held_s = now - t0
+                say(f"  all {n} seats held after {held_s:.1f}s")
+            if held_s is not None and working >= n:
+                return held_s, now - t0
+            if now >= next_note:
+                progress.append({"t": round(now - t0, 1), "held": held, "working": working})
+                say(f"  {now - t0:5.0f}s: {held}/{n} held, {working} working")
+                next_note = now + NOTE_EVERY
+            if now - t0 > timeout:
+                raise BenchError(f"{held} of {n} seats held, {working} working, after {timeout:g}s")
+            time.sleep(0.25)
 
     def running(self) -> dict[str, Any]:
         """What the seats process says it runs now (turns between fetch and ack), and its peak."""

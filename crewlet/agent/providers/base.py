@@ -473,11 +473,13 @@ class HttpProvider(Provider):
 
 
 # Requests one HTTP client carries at once. httpx2's pool looks at every one of
-# its connections on each request: one client of 1,000 connections cost 2-3 ms
-# of CPU a request, and at its default limit of 100 the 101st turn waited for
-# a connection (bench/slow_turns.py). Clients of this many stay cheap, and a
-# provider has as many as its requests in flight need.
-CLIENT_REQUESTS = 100
+# its connections on each request (a getpeername and a readability poll each):
+# one client of 1,000 connections cost 2-3 ms of CPU a request, and at its
+# default limit of 100 the 101st turn waited for a connection; clients of 100
+# still spent a fifth of the seats process there at 1,000 turns in flight
+# (bench/slow_turns.py: 276 turns/s, 356 with clients of 16). Clients of this
+# many stay cheap, and a provider has as many as its requests in flight need.
+CLIENT_REQUESTS = 16
 
 
 class _Clients:
