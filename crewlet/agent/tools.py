@@ -86,6 +86,11 @@ class Tool:
     owner: str = "builtin"      # "builtin" or "mcp:<server>"
 
     def spec(self) -> ToolSpec:
+        return self._spec
+
+    @functools.cached_property
+    def _spec(self) -> ToolSpec:
+        # One per tool: a provider caches the JSON of a tool list by its specs.
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
 
 

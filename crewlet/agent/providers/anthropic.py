@@ -61,10 +61,10 @@ class AnthropicProvider(HttpProvider):
             body["model"] = self.spec.model
         if system:
             body["system"] = system
-        if tools:
-            body["tools"] = [{"name": t.name, "description": t.description,
-                              "input_schema": t.parameters} for t in tools]
         return body
+
+    def _tool(self, tool: ToolSpec) -> dict[str, Any]:
+        return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
 
     def _reply(self, body: Any) -> Reply:
         texts: list[str] = []

@@ -289,6 +289,9 @@ class HttpProvider(Provider):
         # What this instance itself learnt from a 429, for when the fleet's bucket cannot answer.
         self._local_until = 0.0
         self._clients = _Clients()
+        # Tool lists' JSON by the ids of their specs; each entry keeps its
+        # specs, so an id is never another spec's while it is here.
+        self._tools_json: dict[tuple[int, ...], tuple[tuple[ToolSpec, ...], bytes]] = {}
 
     # ------------------------------------------------------------ subclass surface
 
@@ -303,7 +306,28 @@ class HttpProvider(Provider):
     @abc.abstractmethod
     def _body(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
               ) -> dict[str, Any]:
-        """The request body for one call."""
+        """The request body for one call, without its tools (see :meth:`_tool`)."""
+
+    @abc.abstractmethod
+    def _tool(self, tool: ToolSpec) -> dict[str, Any]:
+        """One entry of the body's ``tools``."""
+
+    def _encode(self, body: dict[str, Any], tools: Sequence[ToolSpec]) -> bytes:
+        """*body* as JSON, with ``tools`` made of *tools*. A seat offers the
+        same tools turn after turn: their JSON (most of a request's) is made
+        once per list of specs, not per request (bench/slow_turns.py: encoding
+        it was a tenth of the seats process at 1,000 turns in flight)."""
+        data = _dumps(body)
+        if not tools:
+            return data
+        key = tuple(id(t) for t in tools)
+        hit = self._tools_json.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], tools)):
+            hit = (tuple(tools), _dumps([self._tool(t) for t in tools]))
+            if len(self._tools_json) >= TOOLS_JSON_KEPT:
+                self._tools_json.pop(next(iter(self._tools_json)))
+            self._tools_json[key] = hit
+        return b'{"tools":' + hit[1] + (b"," + data[1:] if data != b"{}" else b"}")
 
     @abc.abstractmethod
     def _reply(self, body: Any) -> Reply:
@@ -376,6 +400,7 @@ class HttpProvider(Provider):
         body = self._body(system, messages, tools)
         if sink is not None:
             body = {**body, **self.stream_fields}
+        data = self._encode(body, tools)
         backoff = BACKOFF_FIRST
         last = "no attempt made"
         while True:
@@ -386,8 +411,8 @@ class HttpProvider(Provider):
             timeout = min(remaining, REQUEST_TIMEOUT_CAP)
             try:
                 if sink is None:
-                    return await self._attempt(headers, body, timeout)
-                return await self._stream(headers, body, timeout, sink)
+                    return await self._attempt(headers, data, timeout)
+                return await self._stream(headers, data, timeout, sink)
             except (httpx2.TransportError, TimeoutError, StreamCut) as exc:
                 last = self._redact(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
                 wait = backoff
@@ -419,17 +444,17 @@ class HttpProvider(Provider):
                                   f"past the deadline", until=until, key=kid, provider=self.name)
             await asyncio.sleep(wait)
 
-    async def _attempt(self, headers: dict[str, str], body: dict[str, Any], timeout: float) -> Reply:
+    async def _attempt(self, headers: dict[str, str], data: bytes, timeout: float) -> Reply:
         """One request answered in one JSON body."""
         # httpx2's timeout bounds each phase; the outer one bounds the whole attempt.
         with self._clients.one() as client:
             response = await asyncio.wait_for(
-                client.post(self._url(), headers=headers, json=body, timeout=timeout), timeout)
+                client.post(self._url(), headers=headers, content=data, timeout=timeout), timeout)
         if not 200 <= response.status_code < 300:
             raise _refused(response)
         return self._parsed(lambda: self._reply(response.json()), response.text)
 
-    async def _stream(self, headers: dict[str, str], body: dict[str, Any], timeout: float,
+    async def _stream(self, headers: dict[str, str], data: bytes, timeout: float,
                       sink: Sink) -> Reply:
         """One request answered as a stream, its text told to *sink* as it comes."""
         assembly = self._assembly()
@@ -439,7 +464,7 @@ class HttpProvider(Provider):
             # The outer timeout bounds the whole attempt, as _attempt's does.
             with self._clients.one() as client:
                 async with asyncio.timeout(timeout), client.stream(
-                        "POST", self._url(), headers=headers, json=body, timeout=timeout) as response:
+                        "POST", self._url(), headers=headers, content=data, timeout=timeout) as response:
                     if not 200 <= response.status_code < 300:
                         await response.aread()
                         raise _refused(response)
@@ -480,6 +505,15 @@ class HttpProvider(Provider):
 # (bench/slow_turns.py: 276 turns/s, 356 with clients of 16). Clients of this
 # many stay cheap, and a provider has as many as its requests in flight need.
 CLIENT_REQUESTS = 16
+
+
+# Tool lists whose JSON a provider keeps (a seat's list changes only with its MCP servers).
+TOOLS_JSON_KEPT = 64
+
+
+def _dumps(value: Any) -> bytes:
+    """JSON as a request body carries it: compact, UTF-8, no NaN."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 class _Clients:

@@ -52,11 +52,12 @@ class OpenAIProvider(HttpProvider):
         body: dict[str, Any] = {"messages": _messages(system, messages)}
         if self.spec.model:
             body["model"] = self.spec.model
-        if tools:
-            body["tools"] = [{"type": "function",
-                              "function": {"name": t.name, "description": t.description,
-                                           "parameters": t.parameters}} for t in tools]
         return body
+
+    def _tool(self, tool: ToolSpec) -> dict[str, Any]:
+        return {"type": "function",
+                "function": {"name": tool.name, "description": tool.description,
+                             "parameters": tool.parameters}}
 
     def _reply(self, body: Any) -> Reply:
         choice = body["choices"][0]
