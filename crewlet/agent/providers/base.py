@@ -448,8 +448,8 @@ class HttpProvider(Provider):
         """One request answered in one JSON body."""
         # httpx2's timeout bounds each phase; the outer one bounds the whole attempt.
         with self._clients.one() as client:
-            response = await asyncio.wait_for(
-                client.post(self._url(), headers=headers, content=data, timeout=timeout), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: no task of its own per request
+                response = await client.post(self._url(), headers=headers, content=data, timeout=timeout)
         if not 200 <= response.status_code < 300:
             raise _refused(response)
         return self._parsed(lambda: self._reply(response.json()), response.text)
