@@ -135,8 +135,11 @@ _KV_OPS_GONE = ("DEL", "PURGE")
 _UNANSWERED = (NoStreamResponseError, NatsTimeoutError, asyncio.TimeoutError)
 # JetStream refusals that pass by themselves, so are waited out like silence:
 # "insufficient resources" / "no suitable peers for placement" (a cluster whose
-# members are still meeting) and "JetStream system temporarily unavailable".
-_NOT_YET = (10005, 10023, 10008)
+# members are still meeting), "JetStream system temporarily unavailable", and
+# "stream not found" from a member of a fresh cluster that has not caught up
+# with a bucket its peers made a moment ago (the official CI saw crewletctl
+# apply refused so right after a three-member fleet said it was ready).
+_NOT_YET = (10005, 10023, 10008, 10059)
 
 T = TypeVar("T")
 
