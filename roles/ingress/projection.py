@@ -194,7 +194,8 @@ class Projection:
             self.turns.appendleft(record)
             self.by_seat.setdefault(record["seat"], collections.deque(maxlen=TURNS_PER_SEAT)
                                     ).appendleft(record)
-        self._touched.add(record["seat"])  # its mailbox changed: the next sample looks
+        if isinstance(record.get("seat"), str):
+            self._touched.add(record["seat"])  # its mailbox changed: the next sample looks
         if publish:
             self.on_turn(record)
             self.feed.publish("turn", record)
