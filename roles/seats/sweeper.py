@@ -105,9 +105,9 @@ class SeatSweeper:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()  # replaced by run()'s
         self.sweeps = 0
-        # What the last sweep that decided nothing read (see _inputs); a
-        # sweep reading the same skips its walks over every seat. None: the
-        # next sweep walks.
+        # What the last sweep that decided nothing read (_inputs); a sweep
+        # reading the same skips its walks over every seat. None: the next
+        # sweep walks.
         self._quiet: tuple | None = None
         self._company_changes = 0  # grows with each set_company
         self.skipped = 0  # sweeps skipped so
@@ -211,14 +211,10 @@ class SeatSweeper:
         live = [NodeView(k.removeprefix("node."), dict(o.info.get("labels", {})))
                 for k, o in nodes.items()
                 if "seats" in o.info.get("roles", ()) and self._seats_node(k, now)]
-        spawns = self._budget(self._spawned, self.spawns)
-        releases = self._budget(self._releases, self.releases)
-        # Everything the walks below read: the same as at a sweep that decided
-        # nothing, they would decide nothing again (at 10,000 seats they were
-        # most of an idle seats process).
-        inputs = (self.holders.changes, self.life.token, len(self.held), self._company_changes,
-                  tuple(live), spawns, releases)
-        if inputs == self._quiet:
+        # The same as at a sweep that decided nothing, the walks below would
+        # decide nothing again (at 10,000 seats they were most of an idle
+        # seats process).
+        if self._inputs(live) == self._quiet:
             self.skipped += 1
             await self._start_waiting()
             return
@@ -229,12 +225,11 @@ class SeatSweeper:
         owners = {k.removeprefix("seat."): o.node for k, o in self.holders.of("seat.").items()}
         # What we hold is ours whether or not the watch has shown our claim yet.
         decision = plan(self.me, self.seats, live, {**owners, **dict.fromkeys(self.held, self.me.id)},
-                        set(self.held), spawns=spawns, spawn_limit=self.spawns, releases=releases)
+                        set(self.held), spawns=self._budget(self._spawned, self.spawns),
+                        spawn_limit=self.spawns,
+                        releases=self._budget(self._releases, self.releases))
         if not decision.claim and not decision.release:
-            # Read again: the walks may have adopted, dropped or started seats.
-            self._quiet = (self.holders.changes, self.life.token, len(self.held), self._company_changes,
-                           tuple(live), self._budget(self._spawned, self.spawns),
-                           self._budget(self._releases, self.releases))
+            self._quiet = self._inputs(live)  # after the walks: they may have adopted, dropped, started
         for seat in decision.release:
             await self._release(seat)
         if decision.claim:
@@ -242,6 +237,14 @@ class SeatSweeper:
             claimed = await self._claim_all(decision.claim)
             log.event("seats_claimed", tried=len(decision.claim), claimed=claimed,
                       took_ms=round((time.monotonic() - started) * 1000, 1))
+
+    def _inputs(self, live: list[NodeView]) -> tuple:
+        """Everything a sweep's walks and plan read, in a form compared whole:
+        who holds what (the watch's change count), our life, the seats we
+        hold, the company, the live seats-nodes, and both budgets."""
+        return (self.holders.changes, self.life.token, len(self.held), self._company_changes,
+                tuple(live), self._budget(self._spawned, self.spawns),
+                self._budget(self._releases, self.releases))
 
     def _seats_node(self, presence: str, now: float) -> bool:
         """Does the node of *presence* count toward the fair share? While its
