@@ -127,6 +127,16 @@ def stop_process(proc: "subprocess.Popen | None", what: str, grace: float) -> No
         proc.wait(10)
 
 
+def collapsed_stacks(path: str) -> Iterator[tuple[list[str], int]]:
+    """The stacks of a py-spy raw (collapsed) file: each one's frames, root first,
+    and its sample count; malformed lines are passed over."""
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if stack and count.isdigit():
+                yield stack.split(";"), int(count)
+
+
 def tail(path: str, n: int) -> str:
     """The last *n* lines of the file at *path* ("" when it cannot be read)."""
     try:

@@ -123,8 +123,8 @@ import psutil  # noqa: E402
 from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
 from bench.api import Conn, http_request  # noqa: E402  (the bench's HTTP/1.1 client)
-from bench.common import (stop_process, BenchError, CpuMeter, Crewletd, child_env, emit, find_nats_server,  # noqa: E402
-                          free_ports, ratio, say, server_version, summary, tail)
+from bench.common import (stop_process, BenchError, CpuMeter, Crewletd, child_env, collapsed_stacks, emit,  # noqa: E402
+                          find_nats_server, free_ports, ratio, say, server_version, summary, tail)
 from bench.turns import (JS_TIMEOUT, NODE_ID, ROLE_SHUTDOWN, SUBJECT, TRIGGER_HEADER,  # noqa: E402
                          CrewletNode, revision_bytes, seat_names)
 
@@ -661,21 +661,15 @@ def hot_spots(path: str, top: int = PROFILE_TOP) -> dict[str, Any]:
     total_n: collections.Counter = collections.Counter()
     by_package: collections.Counter = collections.Counter()
     samples = others = 0
-    with open(path) as f:
-        for line in f:
-            stack, _, count = line.rstrip("\n").rpartition(" ")
-            if not stack or not count.isdigit():
-                continue
-            n = int(count)
-            frames = stack.split(";")
-            if frames[0].startswith(OTHER_THREAD):
-                others += n   # the watchdog's thread, to_thread's workers: not the loop
-                continue
-            samples += n
-            self_n[frames[-1]] += n
-            by_package[_package(frames[-1])] += n
-            for frame in set(frames):
-                total_n[frame] += n
+    for frames, n in collapsed_stacks(path):
+        if frames[0].startswith(OTHER_THREAD):
+            others += n   # the watchdog's thread, to_thread's workers: not the loop
+            continue
+        samples += n
+        self_n[frames[-1]] += n
+        by_package[_package(frames[-1])] += n
+        for frame in set(frames):
+            total_n[frame] += n
     if not samples:
         return {"samples": 0, "other_threads": others, "self": [], "total": [], "packages": []}
 

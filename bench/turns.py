@@ -104,7 +104,7 @@ from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 from nats.js.api import (AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy,  # noqa: E402
                          StorageType)
 
-from bench.common import (BenchError, CpuMeter, Crewletd, NatsServer, emit,  # noqa: E402
+from bench.common import (BenchError, CpuMeter, Crewletd, NatsServer, collapsed_stacks, emit,  # noqa: E402
                           find_nats_server, ratio, say, server_version, summary, wait_jetstream)
 from crewlet.company.model import REVISION_MAX  # noqa: E402
 from crewlet.config.model import FleetSection  # noqa: E402
@@ -641,23 +641,18 @@ def top_frames(path: str, k: int = PROFILE_TOP) -> dict[str, Any] | None:
     total: collections.Counter = collections.Counter()
     n = 0
     try:
-        with open(path) as f:
-            for line in f:
-                stack, _, count = line.rstrip("\n").rpartition(" ")
-                if not stack or not count.isdigit():
-                    continue
-                c = int(count)
-                frames = [fr for fr in stack.split(";") if not fr.startswith(("process ", "thread "))]
-                if not frames:
-                    continue
-                n += c
-                selfs[frames[-1]] += c
-                self_fn[_function(frames[-1])] += c
-                # Below the event loop's step (a task's or a callback's frames): the loop's own
-                # frames are on every stack and say nothing.
-                steps = [i for i, fr in enumerate(frames) if fr.startswith(LOOP_STEPS)]
-                for fr in {_function(fr) for fr in frames[steps[-1] + 1 if steps else 0:]}:
-                    total[fr] += c
+        for stack, c in collapsed_stacks(path):
+            frames = [fr for fr in stack if not fr.startswith(("process ", "thread "))]
+            if not frames:
+                continue
+            n += c
+            selfs[frames[-1]] += c
+            self_fn[_function(frames[-1])] += c
+            # Below the event loop's step (a task's or a callback's frames): the loop's own
+            # frames are on every stack and say nothing.
+            steps = [i for i, fr in enumerate(frames) if fr.startswith(LOOP_STEPS)]
+            for fr in {_function(fr) for fr in frames[steps[-1] + 1 if steps else 0:]}:
+                total[fr] += c
     except OSError:
         return None
     if not n:

@@ -42,10 +42,10 @@ async def status(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def children(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
-    """This node's children as their supervisors have them (name, state, pid,
-    restarts, last exit): what ``status`` says of them without their stats or
-    the fleet, for a caller that asks every second (ingress)."""
-    return {"children": node.children_rows()}
+    """This node's children in brief (name, state, pid, restarts, last exit),
+    as its presence tells the fleet: ``status`` without the stats or the
+    fleet, for a caller that asks every second (ingress)."""
+    return {"children": node.children_brief()}
 
 
 async def company(node: "Node", args: dict[str, Any]) -> dict[str, Any]:

@@ -349,9 +349,9 @@ class Node:
         presence tells the fleet (ingress's dashboards of other nodes show it)."""
         return [{"name": c["name"], "state": c["state"], "pid": c.get("pid"),
                  "restarts": c.get("restarts", 0), "last_exit": c.get("last_exit")}
-                for c in self.children_rows()]
+                for c in self._children_rows()]
 
-    def children_rows(self) -> list[dict[str, Any]]:
+    def _children_rows(self) -> list[dict[str, Any]]:
         """Every child this node should run, as its supervisor has it."""
         rows = []
         current = {c["name"]: c for c in (self.root.children() if self.root else [])
@@ -366,7 +366,7 @@ class Node:
 
     def status(self) -> dict[str, Any]:
         children = []
-        for c in self.children_rows():
+        for c in self._children_rows():
             proc = self._stats.get(c["pid"]) if c["pid"] else None
             cpu, rss = None, None
             if proc is not None:

@@ -269,6 +269,7 @@ class Projection:
         out = dict(self.mailboxes)
         touched = sorted(self._touched)[:TOUCHED_MAX]
         self._touched.difference_update(touched)
+
         async def one(seat: str) -> None:
             try:
                 info = await self._boxes.info(seat)
@@ -292,7 +293,7 @@ class Projection:
         while True:
             try:
                 reply = await ipc.acall(self.zctx, self.run_dir, "children", timeout=2.0)
-                kids = [_child(c) for c in reply["result"]["children"]]
+                kids = reply["result"]["children"]  # crewletd's brief rows, as presences carry them
             except Exception:
                 kids = None
             if kids != self.children:
@@ -376,11 +377,6 @@ class Projection:
         return {"node": self.node_id, "at": self.clock(), "company": self.company_summary(),
                 "nodes": self.nodes(), "duties": self.duties(), "seats": self.seats(),
                 "turns": list(self.turns)[:50], "sampled_at": self.sampled_at}
-
-
-def _child(c: dict[str, Any]) -> dict[str, Any]:
-    return {"name": c.get("name"), "state": c.get("state"), "pid": c.get("pid"),
-            "restarts": c.get("restarts", 0), "last_exit": c.get("last_exit")}
 
 
 def _copy(state) -> dict[str, Any]:

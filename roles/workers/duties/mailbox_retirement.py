@@ -10,9 +10,9 @@ more is not kept forever either — and never before the seat has been seen
 dropped for :data:`GRACE_INTERVALS` intervals.
 
 A seat the company keeps loses only its **worked** mail (:class:`Trimmer`:
-what lies below its mailbox's ack floor, paced for the broker). Nothing ages out a kept seat's
-unworked mail: an unowned seat's mailbox holds it until somebody claims the
-seat.
+what lies below its mailbox's ack floor, paced for the broker). Nothing
+ages out a kept seat's unworked mail: an unowned seat's mailbox holds it
+until somebody claims the seat.
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ class Trimmer:
     stream's blocks for the seat's subject and every consumer (seconds, on a
     stream of 10,000 busy mailboxes), and every seat's mail waits behind
     that lock: the pace keeps the stream answering, and a mailbox is trimmed
-    only once it has :func:`worth_a_purge` worked messages. A sweep stops after *budget* seconds; the
-    next one goes on from the seat after the last one looked at, so every
-    mailbox has its turn however many there are."""
+    only once it has :func:`worth_a_purge` worked messages. A sweep stops
+    after *budget* seconds; the next one goes on from the seat after the last
+    one looked at, so every mailbox has its turn however many there are."""
 
     def __init__(self, mailboxes: JetStreamMailboxes, budget: float):
         self.mailboxes = mailboxes
