@@ -107,6 +107,7 @@ from crewlet.estate import apply as estate_apply  # noqa: E402
 from crewlet.estate import log as estate_log  # noqa: E402
 from crewlet.estate import store as estate_store  # noqa: E402
 from crewlet.estate import wire  # noqa: E402
+from crewlet.coord.lease import Leases  # noqa: E402
 from crewlet.estate.local import LocalCopy  # noqa: E402
 from crewlet.estate.search import index_path  # noqa: E402
 from crewlet.estate.store import copy_path  # noqa: E402
@@ -123,8 +124,12 @@ SEED = 20240705
 # The op mix of part 1 (weights): a tracker mostly creates tasks; updates and
 # comments name tasks created earlier; pages are the knowledge base's ~1 KB writes.
 MIX = (("task.create", 60), ("task.update", 15), ("task.comment", 15), ("page.write", 10))
-SEATS = [f"s{i}" for i in range(8)]   # the issuing seats (token 1 each: the fence is checked)
-TOKEN = 1
+SEATS = [f"s{i}" for i in range(8)]   # the issuing seats
+# Each seat's fencing token. Offline (part 1's fresh copies, applied without
+# verdicts) any token goes; against the node, every copy judges a token that
+# raises a fence by the ``leases`` bucket (roles.data_applier.grants): the
+# bench claims each seat for its node there and writes under those tokens.
+TOKENS = {seat: 1 for seat in SEATS}
 LABELS = ("bug", "ops", "infra", "docs", "customer", "urgent")
 STATUSES = ("open", "doing", "blocked", "done")
 PAGE_BYTES = 1000              # a part-1 page body, about
@@ -202,7 +207,8 @@ class Words:
 def _op(kind: str, args: dict[str, Any], i: int, rng: random.Random) -> Op:
     """An op as a seat issues it. Built without the schema check (it is the
     applier's to make, and the apply part counts refusals: there must be none)."""
-    return Op(id=uuid.uuid4().hex, kind=kind, args=args, seat=rng.choice(SEATS), token=TOKEN,
+    seat = rng.choice(SEATS)
+    return Op(id=uuid.uuid4().hex, kind=kind, args=args, seat=seat, token=TOKENS[seat],
               node=NODE_ID, at=AT + i * 0.001)
 
 
@@ -438,7 +444,7 @@ async def part_e2e(js, reader: estate_store.Reader, args: argparse.Namespace, wo
 
 def create_op(i: int, tag: str) -> Op:
     return make_op("task.create", {"title": f"{tag} latency task {i}", "body": "measured one at a time",
-                                   "labels": ["bench"]}, node=NODE_ID, seat=SEATS[0], token=TOKEN)
+                                   "labels": ["bench"]}, node=NODE_ID, seat=SEATS[0], token=TOKENS[SEATS[0]])
 
 
 async def timed_writes(write: Callable[[Op], Any], ops: list[Op],
@@ -452,7 +458,7 @@ async def timed_writes(write: Callable[[Op], Any], ops: list[Op],
         ms.append((time.perf_counter() - t0) * 1000)
         if isinstance(outcome, dict) and not outcome.get("ok", True):
             raise BenchError(f"write of {op.id} refused: {outcome.get('error')}")
-        seen = in_log.pop(op.id, None)
+        seen = in_log.pop(op.msg_id, None)
         if seen is not None:
             to_log.append((seen - t0) * 1000)
     return ms, to_log
@@ -720,6 +726,7 @@ async def with_node(node: Node, base: str, args: argparse.Namespace, words: Word
                    "router_local": Router(nc, node_id=NODE_ID, view=view, local=local)}
         tags = itertools.count()
         task_id = None
+        await claim_seats(js)
         say("part 1b: the node's applier end to end")
         try:
             task_id = await part_e2e(js, estate_store.Reader(copy), args, words, out["apply"], tags)
@@ -758,6 +765,17 @@ async def with_node(node: Node, base: str, args: argparse.Namespace, words: Word
         except Exception:
             pass
         zctx.term()
+
+
+async def claim_seats(js) -> None:
+    """Claim every bench seat for the node in ``leases``, as a seats process
+    would (an hour's TTL: the run is shorter), and write under those tokens."""
+    leases = Leases(js, NODE_ID, uuid.uuid4().hex, ttl=3600)
+    for seat in SEATS:
+        held = await leases.claim(f"seat.{seat}")
+        if held is None:
+            raise BenchError(f"seat {seat}'s lease is held by somebody else")
+        TOKENS[seat] = held.token
 
 
 async def _connect(node: Node, t0: float):
