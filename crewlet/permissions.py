@@ -145,6 +145,10 @@ class Grant:
     writes: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
     subscribe: tuple[str, ...] = ()            # besides its inbox
     responds: bool = False                     # answers requests (allow_responses)
+    # The files bucket (crewlet.objects.nats): write and read objects, purge a
+    # put's own chunks (a failed or replaced put, a delete). Making the bucket is
+    # crewletd's, at boot.
+    files: bool = False
 
 
 ANY = ">"  # every key of a bucket
@@ -204,6 +208,7 @@ def grants(node: str) -> dict[str, Grant]:
             # Seat leases, and this node's seats process's life they are bound to.
             writes={buckets.LEASES.name: ("seat.>", f"life.{node}"), buckets.LEDGER.name: ANY,
                     buckets.BUDGETS.name: ANY, buckets.COOLDOWNS.name: ANY},
+            files=True,                      # the file tools
             # Mail wakes its seat; a conversation run's turn hears a request to stop it.
             subscribe=(mail.SUBJECT + "*", RUN_EVENTS)),
         "ingress": Grant(
@@ -227,6 +232,7 @@ def grants(node: str) -> dict[str, Grant]:
             },
             writes={buckets.CONFIG.name: ANY, buckets.CLAIMS.name: ANY,
                     buckets.LEASES.name: DRIVER_LEASES},
+            files=True,                      # uploads and downloads through the API
             subscribe=(TURN_EVENTS,)),      # the live feed, send --wait
         "workers": Grant(
             publish=(
@@ -246,8 +252,11 @@ def grants(node: str) -> dict[str, Grant]:
                 outbox.STREAM: (*LOOK, "follow", "make"),
                 kv(buckets.CLAIMS): LOOK,
                 kv(buckets.RATE): LOOK,
+                kv(buckets.OBJECTS): LOOK,  # the collector: the store the slot names
             },
-            writes={buckets.LEASES.name: "duty.>",
+            files=True,                     # the collector removes what no file row names
+            writes={buckets.OBJECTS.name: "collector",
+                    buckets.LEASES.name: "duty.>",
                     buckets.STATUS.name: (fired.PREFIX + ">", duty_reports.PREFIX + ">"),
                     buckets.CLAIMS.name: outbox.CLAIM_PREFIX + ">",
                     buckets.RATE.name: ANY}),
@@ -265,11 +274,19 @@ def api_prefixes(domain: str) -> tuple[str, ...]:
     return ("$JS.API", f"$JS.{domain}.API")
 
 
-def subjects(grant: Grant, *, role: str, node: str, domain: str) -> tuple[list[str], list[str]]:
-    """(publish allow list, subscribe allow list) of *grant*."""
+def subjects(grant: Grant, *, role: str, node: str, domain: str,
+             files_bucket: str = "files") -> tuple[list[str], list[str]]:
+    """(publish allow list, subscribe allow list) of *grant*; *files_bucket*
+    is the node's ``files.bucket``."""
     publish = list(grant.publish)
     prefixes = api_prefixes(domain)
-    for stream, abilities in grant.streams.items():
+    streams = dict(grant.streams)
+    if grant.files:
+        # An object's chunks and its meta are publishes to $O.<bucket>.…
+        # (through a leaf's domain too); reads are direct gets and meta gets.
+        streams[f"OBJ_{files_bucket}"] = ("look", "purge")
+        publish += [f"$O.{files_bucket}.>", f"$JS.{domain}.API.$O.{files_bucket}.>"]
+    for stream, abilities in streams.items():
         for ability in abilities:
             for verb in ABILITIES[ability]:
                 publish += [f"{p}.{verb.format(s=stream)}" for p in prefixes]

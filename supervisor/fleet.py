@@ -52,6 +52,8 @@ from crewlet.coord.lease import LeaseError, Leases
 from crewlet.coord.presence import DuplicateNode, Presence
 from crewlet.estate import log as estate_log
 from crewlet.estate.access import EstateAccess
+from crewlet.objects import slot as objects_slot
+from crewlet.objects.nats import NatsObjectStore
 from crewlet.queue import notify
 from crewlet.queue.jetstream import JetStreamMailboxes
 from roles.workers.duties import fleet_shape
@@ -229,7 +231,10 @@ class Fleet:
         while _going_on():
             try:
                 await buckets.ensure_all(js, cfg.stream.replicas)
+                await self._files_store(js)
                 break
+            except Exit:
+                raise
             except Exception as exc:  # no JetStream yet (no quorum, hub unreachable)
                 if not waiting:
                     log.event("fleet_waiting_for_jetstream", "warning",
@@ -258,6 +263,19 @@ class Fleet:
         # The revision in force is applied by _follow_control_plane, beside the
         # heartbeat: creating a big company's mailboxes on a cluster can take
         # longer than our presence's TTL.
+
+    async def _files_store(self, js) -> None:
+        """Record (or check) which store the company's files are in — a node
+        configured with another refuses to boot, exit 78 — and make the
+        broker's bucket when the files are there (the roles only use it)."""
+        cfg = self.cfg
+        try:
+            await objects_slot.claim(js, cfg.files.identity(), cfg.node.id)
+        except objects_slot.StoreMismatch as exc:
+            raise Exit(EXIT_CONFIG, f"{cfg.source}: files: {exc}") from None
+        if cfg.files.store == "nats":
+            await NatsObjectStore(js, self.nc, bucket=cfg.files.bucket,
+                                  replicas=cfg.stream.replicas).ensure()
 
     async def teardown(self) -> None:
         if self.estate is not None:

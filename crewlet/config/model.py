@@ -32,6 +32,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from crewlet import credentials, tokens
+from crewlet.objects.base import identity_of
 
 # sun_path is 108 bytes including the terminating NUL.
 MAX_UNIX_SOCKET_PATH = 107
@@ -606,27 +607,83 @@ class SmtpSection(_Section):
     @field_validator("password_file")
     @classmethod
     def _password_file(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
-            return v
-        if info.data.get("password_env") is not None:
-            raise ValueError("give password_env or password_file, not both")
-        v = _resolve_path(v, info)
-        try:
-            mode = os.stat(v).st_mode
-        except OSError as exc:
-            raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
-        if mode & 0o077:
-            raise ValueError(f"{v} is readable by others (mode {mode & 0o777:o}): chmod 600 it")
-        return v
+        return _secret_file(v, info, "password_env")
 
     def password(self) -> str | None:
         """The password, read now (a rotated file is picked up at the next connect)."""
-        if self.password_env is not None:
-            return os.environ.get(self.password_env)
-        if self.password_file is not None:
-            with open(self.password_file) as f:
-                return f.read().strip()
-        return None
+        return _read_secret(self.password_env, self.password_file)
+
+
+class FilesSection(_Section):
+    """Where the company's files are: one object store the whole fleet shares
+    (crewlet.objects). The first node records it in the ``objects`` slot; a
+    node configured with another store refuses to boot, naming both. Give
+    every node of a fleet the same section."""
+
+    store: Literal["nats", "s3"] = "nats"  # nats: a bucket on the fleet's own broker; s3: an S3 bucket
+    # The bucket: the object store bucket on the broker (replicas follow stream.replicas), or the S3 bucket.
+    bucket: str = Field("files", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    endpoint: str | None = Field(None, min_length=1)  # s3: the endpoint URL (MinIO, Ceph, …); None: AWS
+    region: str | None = Field(None, min_length=1)  # s3: the bucket's region; None: boto3's default
+    access_key: str | None = Field(None, min_length=1)  # s3: the access key id; None: boto3's own lookup
+    # s3: the secret key, from the environment variable named here or a file of mode 0600.
+    secret_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    secret_key_file: str | None = None
+    max_bytes: int = Field(100 * MIB, ge=1, le=MIB << 20)  # the largest upload; above it: 413, nothing stored
+    # Seconds an object no file row names is kept before the collector removes it: longer
+    # than any upload takes to write its row, so an upload racing its row is never collected.
+    grace: float = Field(HOUR, ge=1, le=30 * DAY)
+    # Seconds between the collector's walks of the store (the ``collector`` duty).
+    collect_every: float = Field(600.0, ge=1, le=DAY)
+
+    @field_validator("secret_key_file")
+    @classmethod
+    def _secret_key_file(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _secret_file(v, info, "secret_key_env")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None:
+            parts = urlsplit(v)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+        return v
+
+    def secret_key(self) -> str | None:
+        """The S3 secret key, read now."""
+        return _read_secret(self.secret_key_env, self.secret_key_file)
+
+    def identity(self) -> str:
+        """Which store this names, as the ``objects`` slot records it (the
+        same string :meth:`crewlet.objects.ObjectStore.identity` gives)."""
+        return identity_of(self.store, self.bucket, self.endpoint)
+
+
+def _secret_file(v: str | None, info: ValidationInfo, env_field: str) -> str | None:
+    """A secret's file: resolved, and refused when readable by others or given
+    beside the environment variable *env_field*."""
+    if v is None:
+        return v
+    if info.data.get(env_field) is not None:
+        raise ValueError(f"give {env_field} or {info.field_name}, not both")
+    v = _resolve_path(v, info)
+    try:
+        mode = os.stat(v).st_mode
+    except OSError as exc:
+        raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
+    if mode & 0o077:
+        raise ValueError(f"{v} is readable by others (mode {mode & 0o777:o}): chmod 600 it")
+    return v
+
+
+def _read_secret(env: str | None, path: str | None) -> str | None:
+    if env is not None:
+        return os.environ.get(env)
+    if path is not None:
+        with open(path) as f:
+            return f.read().strip()
+    return None
 
 
 class DebugSection(_Section):
@@ -649,6 +706,7 @@ class NodeConfig(_Section):
     log: LogSection = Field(default_factory=LogSection)  # logging
     fleet: FleetSection = Field(default_factory=FleetSection)  # lease and sweep timing
     smtp: SmtpSection = Field(default_factory=SmtpSection)  # sending email (the sender duty)
+    files: FilesSection = Field(default_factory=FilesSection)  # where the company's files are
     conversations: ConversationsSection = Field(default_factory=ConversationsSection)  # run drivers and events
     sessions: SessionsSection = Field(default_factory=SessionsSection)  # the session runner
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)  # tool calls waiting for a person

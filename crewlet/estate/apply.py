@@ -369,10 +369,24 @@ def _file_register(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
     old = _get(txn, dbs, "files", key)
     row = {"id": old["id"] if old else f"F{seq}", "project": a["project"], "path": a["path"],
            "size": a["size"], "sha256": a["sha256"], "content_type": a.get("content_type"),
+           "object": a.get("object"),
            "version": (old["version"] + 1) if old else 1, "seq": seq,
            "registered_at": op.at, "registered_by": _by(op)}
     txn.put(key, pack(row), db=dbs["files"])
     return {"file": row}
+
+
+def _file_delete(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    a = op.args
+    key = join(a["project"], a["path"])
+    old = _get(txn, dbs, "files", key)
+    if old is None:
+        raise Refused(f"no file {a['path']} in project {a['project']}")
+    expect = a.get("expect_version")
+    if expect is not None and expect != old["version"]:
+        raise Refused(f"file {a['path']} is at version {old['version']}, not {expect}")
+    txn.delete(key, db=dbs["files"])
+    return {"deleted": {"project": a["project"], "path": a["path"]}}
 
 
 # ---------------------------------------------------------- a seat's rows
@@ -845,6 +859,7 @@ KIND_APPLY: dict[str, Callable[..., dict[str, Any]]] = {
     "page.write": _page_write,
     "page.delete": _page_delete,
     "file.register": _file_register,
+    "file.delete": _file_delete,
     "turn.record": _turn_record,
     "episode.add": _episode_add,
     "diary.write": _diary_write,

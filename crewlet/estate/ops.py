@@ -85,6 +85,9 @@ SEAT_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 _SEAT = re.compile(SEAT_NAME)
 PROJECT = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 FILE_PATH_MAX = 300
+# A file's bytes in the store: files/<project>/<32 hex>, one object per upload.
+OBJECT = r"^files/[A-Za-z0-9][A-Za-z0-9_.-]{0,99}/[0-9a-f]{32}$"
+OBJECT_MAX = 140
 TASK_ID = r"^T[0-9]+$"
 TASK_STATUSES = ("open", "doing", "blocked", "done", "cancelled")
 TITLE_MAX = 300
@@ -212,10 +215,15 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         ("path", "title", "body"), path=_PATH, title=_str(1, TITLE_MAX),
         body=_str(0, PAGE_BODY_MAX), expect_version=_REV)),
     Kind("page.delete", "kb", "once", _obj(("path",), path=_PATH, expect_version=_REV)),
+    # A file's row; ``object`` names its bytes in the file store (crewlet.objects.files),
+    # absent for a file recorded without them.
     Kind("file.register", "files", "move_on", _obj(
         ("project", "path", "size", "sha256"), project=_str(pattern=PROJECT), path=_str(1, FILE_PATH_MAX),
         size={"type": "integer", "minimum": 0, "maximum": INT_MAX}, sha256=_str(64, 64, pattern=r"^[0-9a-f]{64}$"),
-        content_type=_str(1, 200))),
+        content_type=_str(1, 200), object=_str(1, OBJECT_MAX, pattern=OBJECT))),
+    # The row goes; its bytes are the collector's once no row names them.
+    Kind("file.delete", "files", "once", _obj(
+        ("project", "path"), project=_str(pattern=PROJECT), path=_str(1, FILE_PATH_MAX), expect_version=_REV)),
     Kind("turn.record", "turns", "move_on", _obj(("record",), record={"type": "object"})),
     Kind("episode.add", "seat", "move_on", _obj(
         ("seat", "summary"), seat=_NAME, summary=_str(1, TASK_BODY_MAX), trigger=_str(1, 300),
@@ -283,6 +291,7 @@ QUERIES: dict[str, dict[str, Any]] = {
     "page.list": _obj(prefix=_str(0, 200), limit=_LIMIT, after=_PATH),
     "page.search": _obj(("query",), query=_str(1, 500),
                         limit={"type": "integer", "minimum": 1, "maximum": SEARCH_MAX}),
+    "file.get": _obj(("project", "path"), project=_str(pattern=PROJECT), path=_str(1, FILE_PATH_MAX)),
     "file.list": _obj(project=_str(pattern=PROJECT), limit=_LIMIT,
                       after=_obj(("project", "path"), project=_str(pattern=PROJECT),
                                  path=_str(1, FILE_PATH_MAX))),

@@ -360,6 +360,9 @@ class Reader:
     def _q_page_search(self, txn, args):
         raise NotImplementedError("page.search is answered by the search index")
 
+    def _q_file_get(self, txn, args):
+        return {"file": self._get(txn, "files", join(args["project"], args["path"]))}
+
     def _q_file_list(self, txn, args):
         prefix = join(args["project"], b"") if "project" in args else b""
         limit = args.get("limit", LIST_DEFAULT)

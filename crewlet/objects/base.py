@@ -106,6 +106,16 @@ def check_name(name: str) -> str:
     return name
 
 
+def identity_of(kind: str, bucket: str, endpoint: str | None = None) -> str:
+    """Which store this is, as the fleet's ``objects`` slot records it:
+    ``nats:<bucket>`` or ``s3:<endpoint, or aws>/<bucket>``. The config's
+    view of a store and the store's own :meth:`ObjectStore.identity` both
+    say it through here, so they compare equal."""
+    if kind == "nats":
+        return f"nats:{bucket}"
+    return f"{kind}:{(endpoint or 'aws').rstrip('/').lower()}/{bucket}"
+
+
 def digest_of(sha256_hex: str) -> str:
     return DIGEST_PREFIX + sha256_hex
 

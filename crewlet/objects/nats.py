@@ -65,7 +65,7 @@ from crewlet import log
 from crewlet.bus import (EXPECTED_LAST, JETSTREAM_TIMEOUT, MAX_READERS, WRONG_LAST_SEQUENCE, Unanswered,
                          ensure_stream, publish_until)
 from crewlet.objects.base import (ObjectInfo, ObjectReader, ObjectStore, ObjectStoreError, NotFound, TooLarge,
-                                  Unavailable, call_until, digest_of, rechunk)
+                                  Unavailable, call_until, digest_of, identity_of, rechunk)
 
 DEFAULT_BUCKET = "files"
 
@@ -158,7 +158,7 @@ class NatsObjectStore(ObjectStore):
         self._nuid = NUID()
 
     def identity(self) -> str:
-        return f"nats:{self.bucket}"
+        return identity_of("nats", self.bucket)
 
     # ------------------------------------------------------------ subjects
 

@@ -55,7 +55,7 @@ from typing import Any, AsyncIterator, Callable
 
 from crewlet import log
 from crewlet.objects.base import (ObjectInfo, ObjectReader, ObjectStore, ObjectStoreError, NotFound, TooLarge,
-                                  Unavailable, digest_of, rechunk)
+                                  Unavailable, digest_of, identity_of, rechunk)
 
 PART_SIZE = 8 * 1024 * 1024     # bytes of one uploaded part (S3: at least 5 MiB but the last)
 READ_SIZE = 1024 * 1024         # bytes handed out per chunk of a read
@@ -116,8 +116,7 @@ class S3ObjectStore(ObjectStore):
         self._pool = concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix="s3")
 
     def identity(self) -> str:
-        where = (self.endpoint_url or "aws").rstrip("/").lower()
-        return f"s3:{where}/{self.bucket}"
+        return identity_of("s3", self.bucket, self.endpoint_url)
 
     # ------------------------------------------------------------ plumbing
 

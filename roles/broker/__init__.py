@@ -237,7 +237,7 @@ def _client_user_lines(cfg: NodeConfig, user: str, password: str) -> list[str]:
     if grant is None:
         return [f"    {{ user: {_q(user)}, password: {_q(password)} }}"]
     publish, subscribe = permissions.subjects(grant, role=user, node=cfg.node.id,
-                                              domain=cfg.stream.domain)
+                                              domain=cfg.stream.domain, files_bucket=cfg.files.bucket)
 
     def allow(what: str, subjects: list[str]) -> list[str]:
         return [f"      {what}: {{ allow: [", *(f"        {_q(s)}" for s in subjects), "      ] }"]

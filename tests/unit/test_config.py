@@ -133,6 +133,9 @@ fleet: {heartbeat: 1, lease_ttl: 3, sweep: 0.5, claims_per_sweep: 8, releases_pe
 smtp: {host: mail.example.com, port: 465, tls: implicit, username: crewlet, password_env: SMTP_PASSWORD,
        password_file: null, sender: bots@example.com, timeout: 10, retry_after: 5, attempts: 3,
        notices_to: [ops@example.com]}
+files: {store: s3, bucket: crewlet-files, endpoint: "https://s3.example.com", region: eu-west-1,
+        access_key: AKIAEXAMPLE, secret_key_env: S3_SECRET, secret_key_file: null, max_bytes: 1048576,
+        grace: 600, collect_every: 60}
 conversations: {busy_wait: 0.5, lease_ttl: 3, retention: 120, max_run: 60, max_events: 50000}
 sessions: {runner_concurrency: 3, sweep: 0.5}
 approvals: {ttl: 600}
