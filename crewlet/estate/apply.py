@@ -66,7 +66,11 @@ from crewlet.estate.store import (APPLIED, Store, fenced_key, join, key_seq, pac
 #   4  conversations, runs, messages, approvals (DESIGN §11): an older applier
 #      refused their ops as unknown kinds — keeping a "bad op" outcome under
 #      each id, so not even a resend lands — where a newer one keeps the rows
-RULES = 4
+#   5  files' bytes: file.register's ``object``, file.delete (an older applier
+#      refused both as bad ops)
+# A copy applied under rules *newer* than these was written by a newer
+# crewlet: it is refused, never emptied (the applier says so).
+RULES = 5
 
 # What a refusal is, when a writer must tell one from another (the API's
 # status and problem code): kept in the outcome as ``code``. Refusals of the

@@ -68,6 +68,8 @@ An environment may be open once per process (an LMDB rule), so
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import struct
@@ -203,6 +205,29 @@ def rules(store: Store) -> int | None:
     with store.env.begin() as txn:
         raw = txn.get(RULES, db=store.dbs["local"])
     return int(raw) if raw is not None else None
+
+
+class MigrationBusy(Exception):
+    """Another process holds this copy's migration lock."""
+
+
+@contextlib.contextmanager
+def migration_lock(store: Store) -> Iterator[None]:
+    """Hold this copy's advisory migration lock (``<copy>/migrate.lock``,
+    ``flock``) for the block, or raise :class:`MigrationBusy` at once: a copy
+    is migrated (emptied and applied again under new rules) by one process,
+    never two — a restarted applier beside one that has not yet died, a
+    second crewletd pointed at the same data dir. The kernel drops the lock
+    with its holder, so a killed migrator leaves none behind."""
+    fd = os.open(os.path.join(store.path, "migrate.lock"), os.O_RDWR | os.O_CREAT, private.FILE_MODE)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise MigrationBusy(f"another process is migrating the estate copy at {store.path}") from None
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
 
 
 def record_rules(store: Store, version: int) -> None:

@@ -168,6 +168,11 @@ def log_made_anew(applied: int, followed: str, now: str) -> str:
             f"{followed}; the log now was created {now}): rebuild this copy")
 
 
+def rules_newer(kept: int) -> str:
+    return (f"this copy was written by a newer crewlet (rules {kept}; this version applies rules "
+            f"{apply.RULES}): run that version here, or rebuild this copy")
+
+
 def rules_changed(kept: int | None, first: int) -> str:
     return (f"this copy was applied under rules {kept or 1} and this version applies rules "
             f"{apply.RULES}, but the log starts at {first}, not 1: rebuild this copy")
@@ -253,7 +258,9 @@ class Applier:
         # While "reapplying": the seq the copy had reached under older rules.
         self._reapplying_to = self.applied
         kept = store.rules(self.store)
-        if self.applied and kept != apply.RULES:
+        if kept is not None and kept > apply.RULES:
+            self._out["rules"] = rules_newer(kept)
+        elif self.applied and kept != apply.RULES:
             # Not served before the log is asked whether it can be applied again.
             self._out["reapplying"] = (f"the copy was applied under rules {kept or 1}, "
                                        f"this version's are {apply.RULES}")
@@ -534,6 +541,12 @@ class Applier:
         kept = await self.write(store.rules, self.store)
         if kept == apply.RULES:
             return
+        if kept is not None and kept > apply.RULES:
+            # Emptied by an older version, its rows would come back as that
+            # version reads the log: a newer one's ops refused as unknown.
+            self.set_out("rules", rules_newer(kept))
+            self.set_out("reapplying", None)
+            return
         if self.applied == 0:
             await self.write(store.record_rules, self.store, apply.RULES)
             return
@@ -547,11 +560,20 @@ class Applier:
         self._reapplying_to = was
         self.set_out("reapplying", f"applying the log again under rules {apply.RULES} "
                                    f"(the copy was at {was} under rules {kept or 1})")
-        await self.write(self._reset_copy)
-        self.applied = 0
+        try:
+            await self.write(self._reset_copy)
+        except store.MigrationBusy as exc:
+            # Out of service until the other process is gone (_follow comes back here).
+            self.set_out("rules", str(exc))
+            return
+        self.set_out("rules", None)
+        self.applied = await self.write(self.store.applied)  # 0, unless another process migrated it
 
     def _reset_copy(self) -> None:
-        store.reset(self.store, apply.RULES)
+        with store.migration_lock(self.store):
+            if store.rules(self.store) == apply.RULES:
+                return  # migrated meanwhile, by the process that held the lock
+            store.reset(self.store, apply.RULES)
         self._catch_up_index()  # the copy is behind the index now: the index starts over
 
     # ------------------------------------------------------------ waiting

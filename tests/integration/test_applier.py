@@ -14,6 +14,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -28,7 +30,7 @@ from crewlet.estate import apply, store, wire
 from crewlet.estate.ops import make_op
 from crewlet.groups import GroupRefused
 from crewlet.queue import JetStreamMailboxes
-from roles.data_applier.applier import Applier, rows_below, rules_changed
+from roles.data_applier.applier import Applier, rows_below, rules_changed, rules_newer
 from roles.data_applier import custody as custody_module
 from roles.data_applier import grants
 from roles.data_applier.custody import Custody
@@ -378,6 +380,63 @@ def test_a_copy_applied_under_older_rules_is_applied_again_from_the_log(natsd, s
                 assert a.reason == rules_changed(None, 10)
                 assert "rules 1" in a.reason and f"rules {apply.RULES}" in a.reason
                 assert not a.in_service and a.applied == 60
+    run(check(), DEADLINE)
+
+
+def test_a_copy_written_by_a_newer_version_is_refused_and_kept_as_it_is(natsd, short_tmp):
+    async def check():
+        async with connection(natsd.url) as (nc, js):
+            await estate_log.ensure_stream(js, 1)
+            rng = random.Random(5)
+            await publish_all(js, [mixed_op(rng, "w", i) for i in range(20)])
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                await until(lambda: a.applied == 20, what="the log applied")
+                made_now = store.digest(a.store)
+                store.record_rules(a.store, apply.RULES + 1)  # as a newer crewlet leaves it
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                await until(lambda: a.reason == rules_newer(apply.RULES + 1), what="refused")
+                assert "newer crewlet" in a.reason and f"rules {apply.RULES + 1}" in a.reason
+                got = await a.handle(wire.read_request("task.list", {}))
+                assert got["status"] == "out_of_service"
+                assert store.digest(a.store) == made_now and a.applied == 20  # nothing emptied
+                assert store.rules(a.store) == apply.RULES + 1
+    run(check(), DEADLINE)
+
+
+def test_a_copy_is_migrated_by_one_process_while_another_holds_the_lock(natsd, short_tmp):
+    """An older copy is emptied and applied again under the migration lock;
+    while another process holds it this applier waits, out of service, and
+    migrates once the lock is free."""
+    async def check():
+        async with connection(natsd.url) as (nc, js):
+            await estate_log.ensure_stream(js, 1)
+            rng = random.Random(6)
+            await publish_all(js, [mixed_op(rng, "w", i) for i in range(30)])
+            async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                await until(lambda: a.applied == 30, what="the log applied")
+                made_now = store.digest(a.store)
+            _as_an_older_version_left_it(f"{short_tmp}/a")
+            path = os.path.join(store.copy_path(f"{short_tmp}/a"), "migrate.lock")
+            holder = subprocess.Popen(  # another process holding the lock
+                [sys.executable, "-c", "import fcntl, os, sys, time\n"
+                 f"fd = os.open({path!r}, os.O_RDWR | os.O_CREAT)\n"
+                 "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"],
+                stdout=subprocess.PIPE, text=True)
+            try:
+                assert holder.stdout.readline().strip() == "held"
+                async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+                    await until(lambda: "another process is migrating" in (a.reason or ""),
+                                what="waiting for the lock")
+                    assert not a.in_service
+                    holder.kill()
+                    holder.wait()
+                    await until(lambda: a.applied == 30 and a.in_service, what="migrated")
+                    assert store.rules(a.store) == apply.RULES
+                    assert store.digest(a.store) == made_now
+            finally:
+                if holder.poll() is None:
+                    holder.kill()
+                    holder.wait()
     run(check(), DEADLINE)
 
 
