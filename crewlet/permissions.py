@@ -176,9 +176,14 @@ def grants(node: str) -> dict[str, Grant]:
                 EVENTS: ("look", "follow"),
                 kv(buckets.STATUS): (*WATCH, "make"),
                 kv(buckets.GRANTS): ("look", "make"),
-                kv(buckets.LEASES): ("look", "make"),  # the evidence a fence is judged on
+                # The evidence a fence is judged on; the data nodes' presences
+                # (which copy makes the snapshots).
+                kv(buckets.LEASES): (*WATCH, "make"),
+                kv(buckets.OBJECTS): LOOK,   # the snapshots the slot names
             },
-            writes={buckets.STATUS.name: f"estate.{node}", buckets.GRANTS.name: ANY},
+            files=True,                      # snapshots: made here, and started from
+            writes={buckets.STATUS.name: f"estate.{node}", buckets.GRANTS.name: ANY,
+                    buckets.OBJECTS.name: "snapshots"},
             subscribe=(wire.subject(node),),
             responds=True),
         "seats": Grant(
@@ -242,6 +247,9 @@ def grants(node: str) -> dict[str, Grant]:
                 # The maintenance duty: a retired seat's mailbox is deleted
                 # and its mail purged, worked mail trimmed.
                 mail.STREAM: (*LOOK, "forget", "purge"),
+                # The estate log's trim, below what every copy in service applied.
+                estate_log.STREAM: (*LOOK, "purge"),
+                kv(buckets.OBJECTS): LOOK,  # the newest snapshot: the trim never passes it
                 kv(buckets.LEASES): WATCH,  # duty leases; the fleet shape reads node.*
                 # The estate copies' state (the router); the scheduler's fired
                 # records and the duties' reports.
@@ -252,7 +260,6 @@ def grants(node: str) -> dict[str, Grant]:
                 outbox.STREAM: (*LOOK, "follow", "make"),
                 kv(buckets.CLAIMS): LOOK,
                 kv(buckets.RATE): LOOK,
-                kv(buckets.OBJECTS): LOOK,  # the collector: the store the slot names
             },
             files=True,                     # the collector removes what no file row names
             writes={buckets.OBJECTS.name: "collector",

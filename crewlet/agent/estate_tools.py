@@ -273,8 +273,10 @@ def _schema(base: dict[str, Any], **described: str) -> dict[str, Any]:
 
 
 def estate_tools() -> list[Tool]:
-    """The tracker, knowledge-base and file tools (:data:`ESTATE_TOOL_NAMES`)."""
-    return list(_made())
+    """The tracker, knowledge-base and file tools (:data:`ESTATE_TOOL_NAMES`, and
+    file_write / file_read: :mod:`crewlet.agent.file_tools`)."""
+    from crewlet.agent.file_tools import file_tools  # it builds on this module
+    return list(_made()) + file_tools()
 
 
 @functools.lru_cache(maxsize=1)
@@ -343,4 +345,4 @@ def _made() -> tuple[Tool, ...]:
 
 
 # The tools' names, as the registry offers them.
-ESTATE_TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in _made())
+ESTATE_TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in estate_tools())

@@ -622,7 +622,7 @@ class FilesSection(_Section):
 
     store: Literal["nats", "s3"] = "nats"  # nats: a bucket on the fleet's own broker; s3: an S3 bucket
     # The bucket: the object store bucket on the broker (replicas follow stream.replicas), or the S3 bucket.
-    bucket: str = Field("files", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    bucket: str = Field("files", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
     endpoint: str | None = Field(None, min_length=1)  # s3: the endpoint URL (MinIO, Ceph, …); None: AWS
     region: str | None = Field(None, min_length=1)  # s3: the bucket's region; None: boto3's default
     access_key: str | None = Field(None, min_length=1)  # s3: the access key id; None: boto3's own lookup
@@ -686,6 +686,18 @@ def _read_secret(env: str | None, path: str | None) -> str | None:
     return None
 
 
+class EstateSection(_Section):
+    """The replicated estate's upkeep: snapshots of the copies, and the log's trim."""
+
+    # Ops applied between snapshots: the data node with the lowest id in service puts a
+    # consistent copy of its estate in the files store every this many ops, and a node
+    # joining late (or below the log) starts from the newest (crewlet/estate/snapshot.py).
+    snapshot_every: int = Field(100_000, ge=1, le=1_000_000_000)
+    # Seconds between trims of the ESTATE log by the maintenance duty: up to the lowest seq
+    # every in-service copy applied, never past the newest snapshot.
+    trim_every: float = Field(HOUR, ge=1, le=DAY)
+
+
 class DebugSection(_Section):
     faults: list[Fault] = Field(default_factory=list)  # injected failures, for testing supervision
 
@@ -707,6 +719,7 @@ class NodeConfig(_Section):
     fleet: FleetSection = Field(default_factory=FleetSection)  # lease and sweep timing
     smtp: SmtpSection = Field(default_factory=SmtpSection)  # sending email (the sender duty)
     files: FilesSection = Field(default_factory=FilesSection)  # where the company's files are
+    estate: EstateSection = Field(default_factory=EstateSection)  # snapshots and the log's trim
     conversations: ConversationsSection = Field(default_factory=ConversationsSection)  # run drivers and events
     sessions: SessionsSection = Field(default_factory=SessionsSection)  # the session runner
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)  # tool calls waiting for a person

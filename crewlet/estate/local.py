@@ -89,6 +89,7 @@ class LocalCopy:
         self._tasks: list[asyncio.Task] = []
         self._store: estate_store.Store | None = None
         self._reader: estate_store.Reader | None = None
+        self._store_ino: int | None = None          # the inode of the copy open
         self._index = None
         self._index_ino: int | None = None          # the inode the index was opened at
 
@@ -179,9 +180,20 @@ class LocalCopy:
         return self._open().applied()
 
     def _open(self) -> estate_store.Store:
+        """The copy, read-only; opened again when the file at its path is not
+        the one open (a new copy put in place from a snapshot)."""
+        path = estate_store.copy_path(self.data_dir)
+        try:
+            ino: int | None = os.stat(os.path.join(path, "data.mdb")).st_ino
+        except FileNotFoundError:
+            ino = None
+        if self._store is not None and ino != self._store_ino:
+            estate_store.close_env(self._store)
+            self._store = self._reader = None
         if self._store is None:
-            self._store = estate_store.open_env(estate_store.copy_path(self.data_dir), readonly=True)
+            self._store = estate_store.open_env(path, readonly=True)
             self._reader = estate_store.Reader(self._store)
+            self._store_ino = ino
         return self._store
 
     def _search_index(self):

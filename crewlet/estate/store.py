@@ -94,6 +94,7 @@ TABLES = REPLICATED + NODE_LOCAL
 
 APPLIED = b"applied"
 RULES = b"estate.rules"  # in ``local``: see :func:`rules`
+LOG_CREATED = b"estate.log_created"  # in ``local``: the log this copy follows (its creation time)
 SEP = b"\0"
 
 _U64 = struct.Struct(">Q")
@@ -256,12 +257,17 @@ def close_env(store: Store) -> None:
 
 def digest(store: Store) -> str:
     """sha256 over every replicated table's keys and values, in order."""
-    h = hashlib.sha256()
     with store.env.begin() as txn:
-        for name in REPLICATED:
-            h.update(name.encode() + b"\n")
-            for k, v in txn.cursor(db=store.dbs[name]):
-                h.update(_U64.pack(len(k)) + k + _U64.pack(len(v)) + v)
+        return digest_txn(txn, store.dbs)
+
+
+def digest_txn(txn, dbs: dict[str, Any]) -> str:
+    """:func:`digest` as *txn* sees the tables *dbs*."""
+    h = hashlib.sha256()
+    for name in REPLICATED:
+        h.update(name.encode() + b"\n")
+        for k, v in txn.cursor(db=dbs[name]):
+            h.update(_U64.pack(len(k)) + k + _U64.pack(len(v)) + v)
     return h.hexdigest()
 
 

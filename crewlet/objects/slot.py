@@ -14,6 +14,8 @@ Keys of the ``objects`` bucket (:data:`crewlet.coord.buckets.OBJECTS`):
 ``store``      ``{"store": "nats:files", "node": …, "at": …}``: the store
 ``collector``  the collector duty's last walk (:func:`write_found`): objects
                seen, kept, removed, bytes, when, by which node
+``snapshots``  the estate's snapshots in the store, newest last
+               (:mod:`crewlet.estate.snapshot`): one read finds them
 =============  ==============================================================
 """
 
@@ -32,6 +34,7 @@ from crewlet.coord import buckets
 
 STORE = "store"
 COLLECTOR = "collector"
+SNAPSHOTS = "snapshots"
 # Seconds a write is sent again through a stream leader election.
 PATIENCE = 10.0
 
@@ -65,11 +68,12 @@ async def claim(js: JetStreamContext, identity: str, node: str) -> dict[str, Any
     return found
 
 
-async def read(js: JetStreamContext) -> dict[str, Any]:
-    """The slot as ``{"store": record or None, "collector": record or None}``."""
+async def read(js: JetStreamContext, keys: tuple[str, ...] = (STORE, COLLECTOR, SNAPSHOTS),
+               *, leader: bool = False) -> dict[str, Any]:
+    """The slot's *keys* as ``{key: record or None}``."""
     out: dict[str, Any] = {}
-    for key in (STORE, COLLECTOR):
-        _, raw = await buckets.last(js, buckets.OBJECTS.name, key)
+    for key in keys:
+        _, raw = await buckets.last(js, buckets.OBJECTS.name, key, leader=leader)
         try:
             out[key] = json.loads(raw) if raw else None
         except ValueError:
@@ -80,6 +84,11 @@ async def read(js: JetStreamContext) -> dict[str, Any]:
 async def write_found(js: JetStreamContext, found: dict[str, Any]) -> None:
     """Keep what the collector found on its last walk."""
     await _write(js, COLLECTOR, found)
+
+
+async def write_snapshots(js: JetStreamContext, manifests: list[dict[str, Any]]) -> None:
+    """Name the snapshots the store holds now (newest last)."""
+    await _write(js, SNAPSHOTS, {"snapshots": manifests})
 
 
 async def _write(js: JetStreamContext, key: str, value: dict[str, Any], **options: Any) -> None:

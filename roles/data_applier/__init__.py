@@ -73,7 +73,10 @@ from crewlet.company import Company
 from crewlet import log as events
 from crewlet.estate import wire
 from crewlet.runtime import RoleContext
+from crewlet.estate.view import EstateView
+from crewlet.objects.files import store_of
 from roles.data_applier.applier import Applier, cancel_all, wait_event
+from roles.data_applier.snapshots import Snapshots, bootstrap
 
 # Seconds between applied messages when nothing was committed (a copy silent
 # for 3 s counts as stopped to the node's roles).
@@ -194,15 +197,23 @@ async def report_stats(ctx: RoleContext, applier: Applier) -> None:
 
 
 async def main(ctx: RoleContext) -> None:
-    applier = Applier(ctx.nats, ctx.jetstream(), ctx.node_id, ctx.config.data_dir,
-                      replicas=ctx.config.stream.replicas, floor=ctx.config.node.disk_floor)
+    cfg = ctx.config
+    objects = store_of(cfg.files, js=ctx.jetstream(), nc=ctx.nats, replicas=cfg.stream.replicas)
+    # A new copy where the log was trimmed starts from a snapshot (snapshots.py).
+    await bootstrap(ctx.jetstream(), objects, cfg.data_dir)
+    applier = Applier(ctx.nats, ctx.jetstream(), ctx.node_id, cfg.data_dir,
+                      replicas=cfg.stream.replicas, floor=cfg.node.disk_floor)
+    view = EstateView(ctx.jetstream())
+    snapshots = Snapshots(applier, objects, view, cfg.estate.snapshot_every)
     applier.notices_to = list(ctx.config.smtp.notices_to)
     estate = ipc.bind(ctx.zmq, ctx.run_dir, zmq.ROUTER, "estate")
     applied = ipc.bind(ctx.zmq, ctx.run_dir, zmq.PUB, "applied", linger=PUB_LINGER_MS)
     sub = await serve_nats(ctx.nats, applier)
     tasks = [asyncio.create_task(serve_zmq(estate, applier)),
              asyncio.create_task(publish_applied(applied, applier)),
-             asyncio.create_task(report_stats(ctx, applier))]
+             asyncio.create_task(report_stats(ctx, applier)),
+             asyncio.create_task(view.run()),
+             asyncio.create_task(snapshots.run())]
     for task in tasks:
         task.add_done_callback(lambda t: t.cancelled() or ctx.fail(t.exception()))
     applier.start(custody_roles=ctx.config.node.roles)
@@ -220,6 +231,7 @@ async def main(ctx: RoleContext) -> None:
         await cancel_all(tasks)
         await cancel_all(list(_requests))
         await applier.stop()
+        await objects.close()
         await applied.send_multipart([wire.APPLIED_TOPIC, wire.encode(applied_message(applier))])
         estate.close()
         applied.close()

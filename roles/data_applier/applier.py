@@ -178,7 +178,7 @@ def rules_changed(kept: int | None, first: int) -> str:
             f"{apply.RULES}, but the log starts at {first}, not 1: rebuild this copy")
 
 
-_LOG_CREATED = b"estate.log_created"
+_LOG_CREATED = store.LOG_CREATED
 
 
 def _follows(st: store.Store, created: str, empty: bool) -> str:

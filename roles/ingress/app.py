@@ -13,7 +13,7 @@
 * ``GET /`` — the dashboard: static files talking to ``/v1``.
 
 Around every request: bodies past ``ingress.max_body`` are a 413 before a
-route reads them; every error is ``application/problem+json``
+route reads them (a file's upload: past ``files.max_bytes``, by its route); every error is ``application/problem+json``
 (:mod:`roles.ingress.problems`); CORS only for ``ingress.cors_origins``.
 
 The OpenAPI document says so too (:func:`_document_problems`): FastAPI's own
@@ -26,6 +26,7 @@ takes a body may answer 413.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from fastapi import Depends, FastAPI
@@ -39,25 +40,30 @@ import crewlet
 from crewlet import ipc, log
 from crewlet.tokens import Keyring
 from roles.ingress import auth
-from roles.ingress.api import company, conversations, dlq, estate, feed, fleet, hooks, schedules, seats
+from roles.ingress.api import company, conversations, dlq, estate, feed, files, fleet, hooks, schedules, seats
 from roles.ingress.front import Front
 from roles.ingress.problems import problem_response
 from roles.ingress import problems
 
 DASHBOARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboard")
-ROUTERS = (fleet.router, seats.router, estate.router, dlq.router, company.router, hooks.router,
-           feed.router, schedules.router, conversations.router)
+ROUTERS = (fleet.router, seats.router, estate.router, files.router, dlq.router, company.router,
+           hooks.router, feed.router, schedules.router, conversations.router)
 
 
 class BodyLimit:
     """A 413 for a body past *limit* bytes: by its Content-Length before the
-    route runs, or once a chunked body passes it."""
+    route runs, or once a chunked body passes it. A file's upload is held to
+    ``files.max_bytes`` by its own route (roles/ingress/api/files.py), which
+    streams it to the store rather than reading it."""
+
+    # PUT /v1/files/{project}/{path}
+    EXEMPT = re.compile(r"^/v1/files/[^/]+/.")
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (scope["method"] == "PUT" and self.EXEMPT.match(scope["path"])):
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
         too_big = self._problem()
@@ -256,7 +262,7 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
     app.mount("/ui", StaticFiles(directory=DASHBOARD, html=True), name="dashboard")
     if cfg.ingress.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(cfg.ingress.cors_origins),
-                           allow_methods=["GET", "POST", "PUT", "PATCH"],
+                           allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "Idempotency-Key",
                                           "Last-Event-ID"])
     return app

@@ -114,6 +114,7 @@ async def main(ctx: RoleContext) -> None:
                         cooldowns=Cooldowns(js), sweeper=sweeper,
                         max_concurrent=ctx.config.node.max_concurrent, events_js=js,
                         estate=estate.router, space=disk.Watch.of(ctx.config),
+                        files=ctx.config.files, replicas=ctx.config.stream.replicas,
                         run_event_ttl=runs.event_ttl(ctx.config.conversations.retention,
                                                      ctx.config.conversations.max_run),
                         approval_ttl=ctx.config.approvals.ttl, nc=ctx.nats)

@@ -185,6 +185,12 @@ class Services:
     estate: "Router | None" = None  # the tracker, knowledge base and file tools' way in
     node: str = ""                  # this node's id: ops name the node that issued them
     outbox: Any = None              # await outbox(notification): onto OUTBOX (the notify tool)
+    # The file tools' store (crewlet/agent/file_tools.py): the node's files: section and
+    # the connection its nats store goes through.
+    files: Any = None
+    js: Any = None
+    nc: Any = None
+    replicas: int = 1
 
 
 class TurnEngine:
@@ -199,8 +205,9 @@ class TurnEngine:
                  budgets: Budgets, cooldowns: Cooldowns, sweeper: SeatSweeper,
                  max_concurrent: int, events_js, estate: "Router | None" = None,
                  space: disk.Watch | None = None, run_event_ttl: float = 4500.0,
-                 approval_ttl: float = 86400.0, nc=None):
+                 approval_ttl: float = 86400.0, nc=None, files=None, replicas: int = 1):
         self.node = node
+        self.files, self.replicas = files, replicas  # the file tools' store (Services)
         self.nc = nc  # the connection a conversation run's turn hears a request to stop on
         self.space = space  # the node's disk: no turn starts while it is low
         self.estate = estate
@@ -257,7 +264,8 @@ class TurnEngine:
         self.revision = rev
         self.seat_cfgs = {seat.name: seat for seat in company.seats}
         self.services = Services(self.mailboxes, frozenset(s.name for s in company.seats),
-                                 self.estate, self.node, outbox=functools.partial(outbox.put, self.js))
+                                 self.estate, self.node, outbox=functools.partial(outbox.put, self.js),
+                                 files=self.files, js=self.js, nc=self.nc, replicas=self.replicas)
         specs = {name: p.model_dump() for name, p in company.providers.items()}
         for name in list(self.providers):
             if specs.get(name) != self._provider_specs.get(name):

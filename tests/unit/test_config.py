@@ -136,6 +136,7 @@ smtp: {host: mail.example.com, port: 465, tls: implicit, username: crewlet, pass
 files: {store: s3, bucket: crewlet-files, endpoint: "https://s3.example.com", region: eu-west-1,
         access_key: AKIAEXAMPLE, secret_key_env: S3_SECRET, secret_key_file: null, max_bytes: 1048576,
         grace: 600, collect_every: 60}
+estate: {snapshot_every: 5000, trim_every: 60}
 conversations: {busy_wait: 0.5, lease_ttl: 3, retention: 120, max_run: 60, max_events: 50000}
 sessions: {runner_concurrency: 3, sweep: 0.5}
 approvals: {ttl: 600}

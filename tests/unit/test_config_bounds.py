@@ -65,6 +65,8 @@ BAD = [
     ("files.max_bytes", [0, (1 << 40) + 1, "1e23", 1.5]),
     ("files.grace", [0.5, 30 * 86_400 + 1, ".inf", ".nan"]),
     ("files.collect_every", [0.5, 86_401, ".inf", ".nan"]),
+    ("estate.snapshot_every", [0, 1_000_000_001, "1e23", 1.5]),
+    ("estate.trim_every", [0.5, 86_401, ".inf", ".nan"]),
     ("conversations.busy_wait", [-0.1, 61, ".inf", ".nan"]),
     ("conversations.lease_ttl", [0.5, 3601, ".inf", ".nan"]),
     ("conversations.retention", [59, 7 * 86_400 + 1, ".inf"]),

@@ -74,22 +74,21 @@ def test_ingress_and_workers_never_publish_to_the_estate_log_and_nobody_deletes_
         assert not any("STREAM.DELETE" in s for s in publish), role
         assert not any(s.endswith(">") and s.count(".") <= 2 and s.startswith("$JS") for s in publish), \
             f"{role}: a wildcard over the whole JetStream API"
-        # Purging mailboxes is the mailbox retirement duty's alone; the
+        # Purging mailboxes and the estate log is the maintenance duty's alone; the
         # roles that handle files purge the files bucket's chunks, nothing else.
         files = ["$JS.API.STREAM.PURGE.OBJ_files", "$JS.crewlet.API.STREAM.PURGE.OBJ_files"]
         assert [s for s in publish if "STREAM.PURGE" in s] == (
-            (["$JS.API.STREAM.PURGE.AGENTS", "$JS.crewlet.API.STREAM.PURGE.AGENTS"] if role == "workers"
-             else []) + (files if role != "data_applier" else [])), role
+            (["$JS.API.STREAM.PURGE.AGENTS", "$JS.crewlet.API.STREAM.PURGE.AGENTS",
+              "$JS.API.STREAM.PURGE.ESTATE", "$JS.crewlet.API.STREAM.PURGE.ESTATE"] if role == "workers"
+             else []) + files), role
 
 
 def test_the_roles_that_handle_files_write_only_the_files_bucket_they_are_given():
-    for role in ("ingress", "seats", "workers"):
+    for role in ("data_applier", "ingress", "seats", "workers"):
         publish, _ = permissions.subjects(permissions.grants("n1")[role], role=role, node="n1",
                                           domain="crewlet", files_bucket="docs")
         assert [s for s in publish if "$O." in s] == ["$O.docs.>", "$JS.crewlet.API.$O.docs.>"], role
         assert not any("OBJ_files" in s for s in publish), role
-    publish, _ = _allowed("data_applier")
-    assert not any("$O." in s or "OBJ_" in s for s in publish)
 
 
 def test_each_role_subscribes_under_its_own_inbox_only():

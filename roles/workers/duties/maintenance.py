@@ -52,7 +52,7 @@ from crewlet.company import Company
 from crewlet.coord import duty_reports
 from crewlet.estate.ops import TURN_TRIM_DEFAULT, make_op, op_id
 from crewlet.queue.jetstream import JetStreamMailboxes
-from roles.workers.duties import Duty, going_on
+from roles.workers.duties import Duty, going_on, log_trim
 from roles.workers.duties.mailbox_retirement import Retirement, Trimmer
 
 NAME = "maintenance"
@@ -162,12 +162,25 @@ class Maintenance:
         return report
 
 
+async def _trim_log(ctx, js) -> None:
+    """The estate log's trim (roles/workers/duties/log_trim.py), said when it fails."""
+    try:
+        await log_trim.trim(js, ctx.estate.view.data_nodes())
+    except Exception as exc:  # no quorum, the view not ready: the next look tries again
+        log.event("estate_log_trim_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+
+
 async def run(ctx) -> None:
     work = Maintenance(ctx, JetStreamMailboxes(ctx.role.jetstream(), ctx.role.nats))
     await work.carry_totals()
     last_sweep: float | None = None  # monotonic; None: not yet (the first look sweeps)
+    last_trim: float | None = None   # of the estate log, likewise
     retention = None                 # the company's retention at the last sweep
     while going_on():
+        if ctx.estate is not None and (last_trim is None
+                                       or time.monotonic() - last_trim >= ctx.config.estate.trim_every):
+            last_trim = time.monotonic()
+            await _trim_log(ctx, work.js)
         company = ctx.company()
         if company is not None:
             retired, kept = await work.retirement.step(company)

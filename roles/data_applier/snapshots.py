@@ -1,0 +1,141 @@
+"""This data node's part in the estate's snapshots: making them, and starting from one.
+
+**Making.** Every :data:`CHECK_EVERY` seconds, the data node with the lowest
+id among the copies in service (each applier sees the same ``status``
+records, so they agree but for a moment) looks whether its copy has applied
+``estate.snapshot_every`` ops past the newest snapshot; if so it copies its
+estate under one read transaction (in a thread: the applier goes on
+applying), puts it in the files store and names it in the ``objects`` slot
+(:mod:`crewlet.estate.snapshot`). Two nodes that both think they are lowest
+at a hand-over make two snapshots at two seqs: harmless, the slot keeps the
+newest :data:`~crewlet.estate.snapshot.KEEP`.
+
+**Starting from one** (:func:`bootstrap`, before the applier opens the copy).
+A copy that is missing or empty, where the log no longer starts at 1 (it was
+trimmed), cannot be applied from the log: the newest snapshot at or past the
+log's first seq − 1 is fetched, checked against its manifest and put in
+place, and the applier follows the log from its seq + 1. A copy that holds
+rows is never replaced here: one whose rows fell below the log is out of
+service until the operator empties it (the README's table), and then starts
+from a snapshot like a new node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+
+from crewlet import log as events
+from crewlet.estate import log as estate_log
+from crewlet.estate import snapshot
+from crewlet.estate import store as estate_store
+from crewlet.estate.view import EstateView
+from crewlet.objects.base import ObjectStore
+
+# Seconds between looks at whether a snapshot is due.
+CHECK_EVERY = 5.0
+# Seconds bootstrap waits for the log's bounds before starting without a
+# snapshot (no JetStream yet): the copy then says "rows below the log" and the
+# next start of the child tries again.
+BOUNDS_WAIT = 20.0
+
+
+def _empty(data_dir: str) -> bool:
+    """Is this node's copy missing or empty (nothing applied)?"""
+    if not os.path.exists(os.path.join(estate_store.copy_path(data_dir), "data.mdb")):
+        return True
+    try:
+        st = estate_store.open_env(estate_store.copy_path(data_dir), readonly=True)
+    except estate_store.StoreUnavailable:
+        return True  # made, not yet initialised
+    try:
+        return st.applied() == 0
+    finally:
+        estate_store.close_env(st)
+
+
+async def bootstrap(js, objects: ObjectStore, data_dir: str) -> int | None:
+    """Put the newest usable snapshot in place of an empty copy when the log
+    was trimmed; the seq it stands at, or None when none was needed or found."""
+    if not await asyncio.to_thread(_empty, data_dir):
+        return None
+    deadline = time.monotonic() + BOUNDS_WAIT
+    while True:
+        try:
+            first, _ = await estate_log.bounds(js)
+            break
+        except Exception as exc:  # no JetStream yet, no log yet
+            if time.monotonic() > deadline:
+                events.event("estate_bootstrap_skipped", "warning",
+                             reason=f"the log's bounds unread: {type(exc).__name__}: {exc}")
+                return None
+            await asyncio.sleep(0.5)
+    if first <= 1:
+        return None  # the whole log is there: apply it
+    usable = [m for m in await snapshot.manifests(js) if m.seq >= first - 1]
+    if not usable:
+        events.event("estate_bootstrap_failed", "error", log_first=first,
+                     reason="no snapshot reaches the log's first sequence")
+        return None
+    manifest = usable[-1]
+    started = time.monotonic()
+    incoming = await snapshot.fetch(objects, manifest, data_dir)
+    await asyncio.to_thread(snapshot.install, incoming, data_dir)
+    events.event("estate_bootstrapped", seq=manifest.seq, size=manifest.size, made_by=manifest.node,
+                 log_first=first, took=round(time.monotonic() - started, 3))
+    return manifest.seq
+
+
+class Snapshots:
+    """Makes the fleet's snapshots while this node is the lowest in service.
+
+    Invariant: ``newest`` is the seq of the newest snapshot this process knows
+    of (read from the slot, or made here); None until first read.
+    """
+
+    def __init__(self, applier, objects: ObjectStore, view: EstateView, every: int):
+        self.applier = applier
+        self.objects = objects
+        self.view = view
+        self.every = every
+        self.newest: int | None = None
+        self.made = 0
+
+    async def run(self) -> None:
+        while not self.applier.stopping:
+            await asyncio.sleep(CHECK_EVERY)
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                events.event("estate_snapshot_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+                self.newest = None  # read the slot again: another node may have made one
+
+    def _lowest(self) -> bool:
+        serving = [s.id for s in self.view.data_nodes() if s.in_service]
+        return bool(serving) and min(serving) == self.applier.node
+
+    async def step(self) -> None:
+        applier = self.applier
+        if not applier.in_service or not self._lowest():
+            self.newest = None  # another node makes them meanwhile
+            return
+        if self.newest is None:
+            found = await snapshot.latest(applier.js)
+            self.newest = found.seq if found is not None else 0
+        if applier.applied - self.newest < self.every:
+            return
+        started = time.monotonic()
+        where = applier.copy_path + ".snapshot"
+        try:
+            path, manifest = await asyncio.to_thread(snapshot.make, applier.store, where, applier.node)
+            await snapshot.publish(self.objects, applier.js, path, manifest)
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
+        self.newest = manifest.seq
+        self.made += 1
+        events.event("estate_snapshot_made", seq=manifest.seq, size=manifest.size,
+                     took=round(time.monotonic() - started, 3))

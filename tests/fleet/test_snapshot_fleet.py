@@ -1,0 +1,84 @@
+"""Snapshots and the log's trim across real nodes (crewlet/estate/snapshot.py,
+roles/data_applier/snapshots.py, roles/workers/duties/log_trim.py).
+
+Two data nodes apply a log; the lowest in service puts snapshots in the files
+store; the maintenance duty trims the log up to what both applied, never past
+the newest snapshot; a third data node that joins after the trim starts from
+the snapshot, follows the log from there, and its copy is byte for byte its
+peers' (the digest of every replicated table)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import pytest
+
+from crewlet.estate import log as estate_log
+from crewlet.estate import store
+from tests.conftest import wait_for
+from tests.estate import applied, copy_of, log_last, publish_to, random_log, run
+from tests.fleet.test_fleet import fleet_node
+
+pytestmark = pytest.mark.fleet
+
+UPKEEP = {"snapshot_every": 200, "trim_every": 1}
+
+
+def _bounds_and_snapshots(url: str) -> tuple[int, list[dict]]:
+    async def read():
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            first = (await js.stream_info(estate_log.STREAM)).state.first_seq
+            try:
+                raw = (await (await js.key_value("objects")).get("snapshots")).value
+            except Exception:
+                return first, []
+            return first, json.loads(raw)["snapshots"]
+        finally:
+            await nc.close()
+    return asyncio.run(read())
+
+
+def test_a_data_node_joining_after_the_trim_starts_from_a_snapshot_and_matches_its_peers(
+        natsd, make_node):
+    a = fleet_node(make_node, natsd, "a", node={"roles": ["data", "workers"]}, estate=UPKEEP).start()
+    b = fleet_node(make_node, natsd, "b", node={"roles": ["data"]}, estate=UPKEEP).start()
+    wait_for(lambda: copy_of(a) is not None and copy_of(b) is not None, 20, what="two copies made")
+    run(publish_to(natsd.url, random_log(21, 900)))
+    last = run(log_last(natsd.url))
+    wait_for(lambda: applied(a) >= last and applied(b) >= last, 60, what="both copies applied the log")
+
+    # A snapshot by the lowest id in service (a), and the log trimmed up to it.
+    wait_for(lambda: (s := _bounds_and_snapshots(natsd.url)) and s[1] and s[0] > 1, 60,
+             what="a snapshot made and the log trimmed")
+    first, snaps = _bounds_and_snapshots(natsd.url)
+    assert {s["node"] for s in snaps} == {"a"}
+    assert first - 1 <= max(s["seq"] for s in snaps)  # never trimmed past the newest snapshot
+    assert "estate_log_trimmed" in a.read_log()
+
+    # More ops after the trim, then a new data node.
+    run(publish_to(natsd.url, random_log(22, 150)))
+    last = run(log_last(natsd.url))
+    c = fleet_node(make_node, natsd, "c", node={"roles": ["data"]}, estate=UPKEEP).start()
+    wait_for(lambda: applied(c) >= last and applied(a) >= last and applied(b) >= last, 60,
+             what="the new copy caught up")
+    text = c.read_log()
+    assert "estate_bootstrapped" in text, text[-3000:]
+    assert "rows below" not in text
+    digests = {n.config["node"]["id"]: store.digest(copy_of(n)) for n in (a, b, c)}
+    assert len(set(digests.values())) == 1, digests
+    # c's copy serves.
+    wait_for(lambda: _record(natsd.url, "c").get("in_service") is True, 20, what="c's copy in service")
+
+
+def _record(url: str, node: str) -> dict:
+    async def read():
+        nc = await nats.connect(url)
+        try:
+            return json.loads((await (await nc.jetstream().key_value("status")).get(f"estate.{node}")).value)
+        finally:
+            await nc.close()
+    return asyncio.run(read())
