@@ -56,7 +56,7 @@ from typing import Any
 
 from crewlet.agent.tools import Tool, ToolContext, ToolError
 from crewlet.estate import ops
-from crewlet.estate.router import EstateError, NobodyAnswered, OutcomeUnknown, describe
+from crewlet.estate.router import EstateError, NobodyAnswered, OutcomeUnknown, coverage_text, describe
 
 # Characters of a search hit's snippet, and of a page body shown by page_read
 # (a page can be 200,000 characters: more than a model's turn should swallow whole).
@@ -225,11 +225,15 @@ async def _page_search(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError(f"the knowledge base could not be searched: {exc}") from None
     if not answer.searched:
         raise ToolError(f"the knowledge base could not be searched: {describe(answer.answers)}")
+    # A split search some data nodes did not answer: say so first, so a seat
+    # does not take "no match" (or these hits) for the whole knowledge base's.
+    partial = coverage_text(answer.coverage)
     if not answer.hits:
-        return "no pages matched"
-    return "\n".join(f"{h.get('path')} — {h.get('title')}: "
-                     f"{' '.join(str(h.get('snippet') or '').split())[:SNIPPET_CHARS]}"
-                     for h in answer.hits)
+        return f"no pages matched ({partial})" if partial else "no pages matched"
+    lines = [f"{h.get('path')} — {h.get('title')}: "
+             f"{' '.join(str(h.get('snippet') or '').split())[:SNIPPET_CHARS]}"
+             for h in answer.hits]
+    return "\n".join([partial, *lines] if partial else lines)
 
 
 async def _page_list(ctx: ToolContext, args: dict[str, Any]) -> str:

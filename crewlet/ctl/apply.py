@@ -14,7 +14,8 @@ exit 69, naming the URLs tried. The node's disk below ``node.disk_floor``
 (:mod:`crewlet.disk`): exit 69, "no space on <path>: N bytes free, …",
 nothing sent — not a timeout of a broker that cannot store it.
 
-:func:`with_control_plane` is shared with ``crewletctl history``.
+:func:`with_control_plane` is shared with ``crewletctl history``, :func:`with_fleet`
+with ``backup`` and ``restore``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def broker_auth(ctl: Ctl, cfg) -> dict[str, str]:
 def with_control_plane(ctl: Ctl, work: Callable[[ControlPlane], Awaitable[T]]) -> T:
     """Run ``work(control_plane)`` on a fresh connection to the node's NATS;
     exits 69 when NATS cannot be reached or the control plane fails."""
+    return with_fleet(ctl, lambda nc, js, plane: work(plane))
+
+
+def with_fleet(ctl: Ctl, work: Callable[..., Awaitable[T]]) -> T:
+    """Run ``work(nc, js, control_plane)`` on a fresh connection to the
+    node's NATS (the JetStream context through the fleet's domain from a
+    leaf); exits 69 when NATS cannot be reached or the control plane fails."""
     cfg = node_config(ctl)
     servers = servers_of(cfg.stream)
     where = ", ".join(servers)
@@ -89,9 +97,9 @@ def with_control_plane(ctl: Ctl, work: Callable[[ControlPlane], Awaitable[T]]) -
                                     + (f": {text}" if text else "")) from exc
         try:
             # Through the domain from a leaf (a node without data), as every role does.
-            plane = await ControlPlane.open(bus.jetstream(nc, cfg.stream, timeout=JS_TIMEOUT),
-                                            cfg.stream.replicas)
-            return await work(plane)
+            js = bus.jetstream(nc, cfg.stream, timeout=JS_TIMEOUT)
+            plane = await ControlPlane.open(js, cfg.stream.replicas)
+            return await work(nc, js, plane)
         except ControlPlaneError as exc:
             raise ControlPlaneError(f"{exc} (NATS at {where})") from exc
         finally:

@@ -4,6 +4,12 @@ crewletd's router asks a data node whose search index is in service (this
 node's first, when it has one). A search nobody could run is not an empty
 result: it prints why each data node could not ("could not be searched:
 ...") and exits 1, where "no pages matched" exits 0.
+
+A search split between data nodes (a large knowledge base) that some did not
+answer is partial: the answer's ``coverage`` says how many of the 64 search
+shards were searched and whose were missing, and this prints it under the
+hits ("partial: searched 43 of 64 shards; n2 did not answer"). It still
+exits 0: what was searched is right, only not all of it.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import json
 import sys
 
 import click
+from rich.text import Text
 
 from crewlet.ctl import CALL_TIMEOUT, EXIT_REFUSED, Ctl, fail
 from crewlet.ctl.render import answers_text, normalize_search, search_view
@@ -22,13 +29,28 @@ from crewlet.ctl.tasks import ESTATE_TIMEOUT, SEARCH_DEFAULT, SEARCH_MAX
 LIMIT = SEARCH_DEFAULT
 
 
+def partial_text(coverage) -> str | None:
+    """None for a whole search (or no coverage given); else what was not searched."""
+    if not isinstance(coverage, dict):
+        return None
+    searched, of = coverage.get("searched"), coverage.get("of")
+    if not isinstance(searched, int) or not isinstance(of, int) or searched >= of:
+        return None
+    text = f"partial: searched {searched} of {of} shards"
+    missing = [str(m) for m in coverage.get("missing") or []]
+    if missing:
+        text += f"; {', '.join(missing)} did not answer"
+    return text
+
+
 @click.command()
 @click.argument("query")
 @click.option("--limit", default=LIMIT, show_default=True, type=click.IntRange(1, SEARCH_MAX),
               metavar="N", help="Show at most N hits, the best.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON: searched (false: nobody could), node (who searched), answers (each "
-                   "data node's answer when nobody could), hits (path, title, snippet, score).")
+                   "data node's answer when nobody could), hits (path, title, snippet, score), "
+                   "coverage (searched shards of 64, missing nodes).")
 @click.pass_obj
 def search(ctl: Ctl, query: str, limit: int, as_json: bool) -> None:
     """Search the knowledge base's pages for the words of QUERY.
@@ -50,3 +72,6 @@ def search(ctl: Ctl, query: str, limit: int, as_json: bool) -> None:
     if not result["searched"]:
         fail(f"could not be searched: {answers_text(result['answers'])}", EXIT_REFUSED)
     _console().print(search_view(result, query=query, limit=limit))
+    partial = partial_text(result.get("coverage"))
+    if partial:
+        _console().print(Text(partial, style="yellow"))

@@ -48,7 +48,7 @@ from crewlet import ipc, log
 from crewlet.estate import store as estate_store
 from crewlet.estate import wire
 from crewlet.estate.ops import SEARCH_DEFAULT, OpError, check_query
-from crewlet.estate.search import SearchIndex, SearchUnavailable, index_path
+from crewlet.estate.search import SearchIndex, SearchUnavailable, check_shards, index_path
 from crewlet.estate.view import STOPPED
 
 # In service iff the applier said so within this many seconds: it publishes
@@ -259,6 +259,15 @@ class LocalCopy:
             return self._answer(wire.OUT_OF_SERVICE, reason=f"no copy here: {exc}")
         floor = int(request.get("floor") or 0)
         search = query == "page.search"
+        shards = request.get("shards")
+        if shards is not None:
+            # A search of shards [lo, hi) only (the router split it between nodes).
+            try:
+                if not search:
+                    raise ValueError(f"shards is for page.search only, not {query}")
+                shards = check_shards(shards)
+            except ValueError as exc:
+                return self._answer(wire.BAD_REQUEST, reason=str(exc))
         if search:
 
             def reached() -> int:  # through _search_index each time: the file may be rebuilt
@@ -274,9 +283,12 @@ class LocalCopy:
                 # For a search, what is behind is the index: say how far it is.
                 return self._answer(wire.BEHIND, applied=reached(), floor=floor)
             if search:
-                hits = await asyncio.to_thread(self._search_index().search, args["query"],
-                                               args.get("limit", SEARCH_DEFAULT))
-                answer: Any = {"hits": hits}
+                index = self._search_index()
+                hits, docs = await asyncio.to_thread(
+                    lambda: (index.search(args["query"], args.get("limit", SEARCH_DEFAULT), shards),
+                             index.count()))
+                answer: Any = {"hits": hits, "docs": docs,
+                               "shards": list(shards or (0, wire.SEARCH_SHARDS))}
             else:
                 assert self._reader is not None
                 answer = self._reader.query(query, args)

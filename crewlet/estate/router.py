@@ -46,6 +46,25 @@ none of what was asked for. A search is the one exception that does not
 raise: :meth:`Router.search` answers ``searched=False`` with no hits, which
 every surface renders as "could not be searched" rather than "nothing matched".
 
+A search split between data nodes
+---------------------------------
+The knowledge index has :data:`SHARDS` (64) search shards, each page in one
+(a hash of its path, :func:`crewlet.estate.search.shard_of`). While the
+corpus is small (under :data:`SPLIT_AT` pages, as the last search answer
+said; unknown before the first) or only one data node is live, a search
+goes to one copy, whole, as any read does: coverage 64 of 64. Above it,
+:meth:`Router.search` splits the 64 shards evenly between the live data
+nodes — in service, not silent in the last :data:`SILENT_FOR` seconds, not
+lagging; sorted by id; this node's own copy for its share when it has one —
+asks them all at once, each with the read wait, and merges their hits by
+score (bm25 over the whole copy on every node, so the scores compare). A
+node that answers at once that it cannot (out of service, behind, nobody
+listening) has its range asked again of the next node that answered, while
+the wait allows; a node that does not answer within the wait costs the
+result its range, not the search: the answer's ``coverage`` says how many
+shards were searched, of 64, and which nodes' shards are missing. Nodes
+without the data role are never in the view, so never counted.
+
 The floor
 ---------
 :attr:`Router.floor` is the highest seq of this router's own writes (and of
@@ -86,6 +105,10 @@ VIEW_READY_WAIT = 5.0
 # Less time than this left before the caller's deadline: a node is not asked
 # (no answer could come back in it).
 MIN_WAIT = 0.01
+# The knowledge index's search shards, and the corpus size (pages) from which
+# a search is split between the live data nodes (module docstring).
+SHARDS = wire.SEARCH_SHARDS
+SPLIT_AT = 10_000
 
 
 class EstateError(Exception):
@@ -120,15 +143,60 @@ def describe(answers: dict[str, str]) -> str:
     return "; ".join(f"node {node}: {why}" for node, why in answers.items())
 
 
+def coverage(searched: int, missing: Iterable[str] = ()) -> dict[str, Any]:
+    """``{"searched": n, "of": 64, "missing": [node, ...]}``."""
+    return {"searched": searched, "of": SHARDS, "missing": sorted(set(missing))}
+
+
+def coverage_text(cov: dict[str, Any] | None) -> str | None:
+    """None for a whole search; else "partial: searched 43 of 64 shards; b did not answer"."""
+    if not cov or cov.get("searched", SHARDS) >= cov.get("of", SHARDS):
+        return None
+    missing = list(cov.get("missing") or [])
+    text = f"partial: searched {cov.get('searched')} of {cov.get('of', SHARDS)} shards"
+    if missing:
+        text += f"; {', '.join(map(str, missing))} did not answer"
+    return text
+
+
 @dataclass
 class SearchAnswer:
     """A knowledge-base search: ``searched`` False means nobody could run it
-    (no hits, no part of the corpus covered) — not that nothing matched."""
+    (no hits, no part of the corpus covered) — not that nothing matched.
+
+    ``coverage`` (:func:`coverage`) says how much of the corpus was searched:
+    64 of 64 shards unless data nodes missing from a split search cost it
+    theirs (``missing`` names them; *answers* says what each said). ``node``
+    is who searched (``"a, b, c"`` for a split search; ``nodes`` lists them).
+    """
 
     hits: list[dict[str, Any]]
     searched: bool
     node: str | None
     answers: dict[str, str] = field(default_factory=dict)
+    coverage: dict[str, Any] = field(default_factory=lambda: coverage(SHARDS))
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        return self.coverage.get("searched", SHARDS) < self.coverage.get("of", SHARDS)
+
+
+def split_shards(nodes: list[str]) -> dict[str, tuple[int, int]]:
+    """The 64 shards split evenly between *nodes* (in the order given): node -> [lo, hi)."""
+    n = len(nodes)
+    return {node: (i * SHARDS // n, (i + 1) * SHARDS // n) for i, node in enumerate(nodes)}
+
+
+def merge_hits(parts: Iterable[list[dict[str, Any]]], limit: int) -> list[dict[str, Any]]:
+    """The best *limit* hits of several ranges' (each best first): by score, then path."""
+    seen: dict[str, dict[str, Any]] = {}
+    for hits in parts:
+        for h in hits:
+            path = h.get("path")
+            if path not in seen or (h.get("score") or 0) > (seen[path].get("score") or 0):
+                seen[path] = h
+    return sorted(seen.values(), key=lambda h: (-(h.get("score") or 0), str(h.get("path"))))[:limit]
 
 
 # ------------------------------------------------------------------- order
@@ -218,6 +286,9 @@ class Router:
         self._floor = 0
         self.last_answered: str | None = None
         self.silent_since: dict[str, float] = {}
+        # Pages in the knowledge index, as the last search answer said (None:
+        # not asked yet): a split search is worth it only for a large one.
+        self.corpus: int | None = None
 
     # ----------------------------------------------------------- floor
 
@@ -266,16 +337,132 @@ class Router:
 
     async def search(self, query: str, limit: int = 10, *,
                      timeout: float | None = None) -> SearchAnswer:
-        """Search the knowledge base; ``searched`` False when nobody could."""
+        """Search the knowledge base; ``searched`` False when nobody could.
+
+        Split between the live data nodes above :data:`SPLIT_AT` pages, else
+        one copy's whole search (module docstring); ``coverage`` says how
+        much was searched.
+        """
         args = {"query": query, "limit": limit}
         check_query("page.search", args)
+        until = None if timeout is None else self.clock() + timeout
+        if not self.view.ready:
+            await self.view.wait_ready(self._wait(VIEW_READY_WAIT, until))
+        live = self._search_nodes()
+        if self.corpus is not None and self.corpus >= SPLIT_AT and len(live) > 1:
+            return await self._split_search(args, live, until)
+        left = None if until is None else max(until - self.clock(), 0.0)
         try:
             answer, node, answers = await self._ask(self._reading("page.search", args),
-                                                    self.read_wait, timeout, "page.search")
+                                                    self.read_wait, left, "page.search")
         except NobodyAnswered as exc:
-            return SearchAnswer(hits=[], searched=False, node=None, answers=exc.answers)
-        return SearchAnswer(hits=list((answer.get("answer") or {}).get("hits") or []),
-                            searched=True, node=node, answers=answers)
+            return SearchAnswer(hits=[], searched=False, node=None, answers=exc.answers,
+                                coverage=coverage(0, exc.answers))
+        found = answer.get("answer") or {}
+        self._learn_corpus(found)
+        return SearchAnswer(hits=list(found.get("hits") or []), searched=True, node=node,
+                            answers=answers, nodes=[node])
+
+    def _learn_corpus(self, found: dict[str, Any]) -> None:
+        docs = found.get("docs")
+        if isinstance(docs, int) and not isinstance(docs, bool):
+            self.corpus = docs
+
+    def _search_nodes(self) -> list[str]:
+        """The data nodes a split search is divided between, sorted by id:
+        in service, not silent lately, not lagging (this node's own copy:
+        as it says itself, when the router has it)."""
+        now = self.clock()
+        live = []
+        for s in self.view.data_nodes():
+            if s.id == self.node_id and self.local is not None:
+                if self.local.reason() is None:
+                    live.append(s.id)
+                continue
+            since = self.silent_since.get(s.id)
+            if (s.in_service and not s.lagging
+                    and (since is None or now - since >= SILENT_FOR)):
+                live.append(s.id)
+        if self.local is not None and self.node_id not in live and self.local.reason() is None \
+                and self.view.state(self.node_id) is None:
+            live.append(self.node_id)   # this node's copy, before the view lists it
+        return sorted(live)
+
+    async def _search_range(self, node: str, args: dict[str, Any], shards: tuple[int, int],
+                            until: float | None) -> dict[str, Any] | _NoAnswer:
+        """*node*'s answer to a search of *shards* (this node's copy, or over NATS)."""
+        wait = self._wait(self.read_wait, until)
+        if wait < MIN_WAIT:
+            return _NoAnswer("not asked: the caller's deadline had passed", ran=False, silent=False)
+        request = self._request(lambda floor, told, deadline: wire.read_request(
+            "page.search", args, floor, told, deadline, shards=shards), wait)
+        if node == self.node_id and self.local is not None:
+            return await self._ask_local(request, wait)
+        return await self._ask_node(node, request, wait)
+
+    async def _split_search(self, args: dict[str, Any], live: list[str],
+                            until: float | None) -> SearchAnswer:
+        """Ask every live node for its share of the shards at once; merge."""
+        plan = split_shards(live)
+        answers: dict[str, str] = {}
+        parts: list[list[dict[str, Any]]] = []
+        covered = 0
+        ok: list[str] = []           # nodes that answered, in the order of *live*
+        failed: dict[str, tuple[int, int]] = {}   # a node -> its range, not searched
+
+        def take(node: str, shards: tuple[int, int], answer: Any) -> bool:
+            nonlocal covered
+            try:
+                verdict = self._judge(node, answer, answers, None, "page.search")
+            except BadRequest as exc:
+                answer = _NoAnswer(str(exc), ran=False, silent=False)
+                self._pass_over(answers, node, answer.why, "page.search")
+                verdict = _Verdict.NEXT
+            if verdict != _Verdict.OK:
+                return False
+            found = answer.get("answer") or {}
+            self._learn_corpus(found)
+            parts.append(list(found.get("hits") or []))
+            covered += shards[1] - shards[0]
+            if node not in ok:
+                ok.append(node)
+            return True
+
+        got = await asyncio.gather(*(self._search_range(node, args, plan[node], until)
+                                     for node in live))
+        for node, answer in zip(live, got):
+            if not take(node, plan[node], answer):
+                failed[node] = plan[node]
+        # A range whose node said at once it could not (time is left) is asked
+        # of the next node that answered, once; one that timed out left none.
+        retry: list[tuple[str, str, tuple[int, int]]] = []
+        if failed and ok:
+            for node, shards in failed.items():
+                if self._wait(self.read_wait, until) < MIN_WAIT:
+                    break
+                after = [n for n in live[live.index(node) + 1:] + live[:live.index(node)] if n in ok]
+                if after:
+                    retry.append((node, after[0], shards))
+        if retry:
+            got = await asyncio.gather(*(self._search_range(peer, args, shards, until)
+                                         for _, peer, shards in retry))
+            for (node, peer, shards), answer in zip(retry, got):
+                before = answers.get(peer)
+                if take(peer, shards, answer):
+                    failed.pop(node, None)
+                elif before is not None:   # keep what the peer said first as well
+                    answers[peer] = f"{before}; then {answers[peer]}"
+        missing = sorted(failed)
+        hits = merge_hits(parts, args["limit"])
+        if not ok:
+            log.event("estate_nobody_answered", "warning", what="page.search", answers=answers)
+            return SearchAnswer(hits=[], searched=False, node=None, answers=answers,
+                                coverage=coverage(0, missing))
+        if missing:
+            log.event("estate_search_partial", "warning", searched=covered, missing=missing,
+                      answers=answers)
+        return SearchAnswer(hits=hits, searched=True, node=", ".join(ok), answers=answers,
+                            coverage=coverage(covered, missing), nodes=list(ok))
 
     # ------------------------------------------------------------ asking
 

@@ -13,6 +13,14 @@ Requests::
 
     {"kind": "write", "op": op.as_dict(), "floor": int, "wait": s, "deadline": t}
     {"kind": "read", "query": name, "args": {...}, "floor": int, "wait": s, "deadline": t}
+    {"kind": "read", "query": "page.search", ..., "shards": [lo, hi]}
+
+``shards`` (``page.search`` only, optional) limits a search to the pages of
+search shards ``lo`` up to, not including, ``hi`` (of :data:`SEARCH_SHARDS`;
+:func:`crewlet.estate.search.shard_of`); without it the whole copy is
+searched. A search's answer is ``{"hits", "docs", "shards"}``: the hits (best
+first, each with its ``score``, comparable across nodes), how many pages the
+node's index holds, and the range searched.
 
 ``floor`` is the caller's highest seq of its own writes (a read answers only
 once the copy applied it); ``wait`` is how long this node may take (at most
@@ -60,6 +68,9 @@ READ = "read"
 READ_WAIT = 10.0
 WRITE_WAIT = 60.0
 
+# The knowledge index's search shards: a page's is a hash of its path, mod this.
+SEARCH_SHARDS = 64
+
 SUBJECT_PREFIX = "estate.req."
 APPLIED_TOPIC = b"applied"
 
@@ -77,10 +88,14 @@ def write_request(op: Op | dict[str, Any], floor: int = 0, wait: float = WRITE_W
 
 
 def read_request(query: str, args: dict[str, Any] | None = None, floor: int = 0,
-                 wait: float = READ_WAIT, deadline: float | None = None) -> dict[str, Any]:
-    return {"kind": READ, "query": query, "args": dict(args or {}), "floor": int(floor),
-            "wait": float(wait),
-            "deadline": deadline if deadline is not None else time.time() + wait}
+                 wait: float = READ_WAIT, deadline: float | None = None,
+                 shards: tuple[int, int] | None = None) -> dict[str, Any]:
+    request = {"kind": READ, "query": query, "args": dict(args or {}), "floor": int(floor),
+               "wait": float(wait),
+               "deadline": deadline if deadline is not None else time.time() + wait}
+    if shards is not None:
+        request["shards"] = [int(shards[0]), int(shards[1])]
+    return request
 
 
 def answer(status: str, node: str, **fields: Any) -> dict[str, Any]:

@@ -76,7 +76,7 @@ from crewlet.runtime import RoleContext
 from crewlet.estate.view import EstateView
 from crewlet.objects.files import store_of
 from roles.data_applier.applier import Applier, cancel_all, wait_event
-from roles.data_applier.snapshots import Snapshots, bootstrap
+from roles.data_applier.snapshots import Snapshots, bootstrap, restart_for_a_snapshot
 
 # Seconds between applied messages when nothing was committed (a copy silent
 # for 3 s counts as stopped to the node's roles).
@@ -213,7 +213,8 @@ async def main(ctx: RoleContext) -> None:
              asyncio.create_task(publish_applied(applied, applier)),
              asyncio.create_task(report_stats(ctx, applier)),
              asyncio.create_task(view.run()),
-             asyncio.create_task(snapshots.run())]
+             asyncio.create_task(snapshots.run()),
+             asyncio.create_task(restart_for_a_snapshot(applier, ctx))]
     for task in tasks:
         task.add_done_callback(lambda t: t.cancelled() or ctx.fail(t.exception()))
     applier.start(custody_roles=ctx.config.node.roles)

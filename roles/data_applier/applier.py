@@ -115,7 +115,7 @@ from crewlet.coord import buckets
 from crewlet.estate import apply, store, wire
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import SEARCH_DEFAULT, Op, OpError, check_query
-from crewlet.estate.search import SearchIndex, SearchUnavailable, index_path
+from crewlet.estate.search import SearchIndex, SearchUnavailable, check_shards, index_path
 from crewlet.estate.view import STOPPED  # the reason, in the words the router and crewletctl show
 from crewlet.queue.jetstream import ack_meta
 from roles.data_applier import grants
@@ -635,7 +635,8 @@ class Applier:
                 query, args = request.get("query"), request.get("args")
                 args = {} if args is None else args
                 check_query(query, args)
-                return await self._read(query, args, floor, until)
+                return await self._read(query, args, floor, until,
+                                        shards=request.get("shards"))
         except OpError as exc:
             return self._bad(str(exc))
         return self._bad(f"unknown request kind {kind!r}: {wire.WRITE} or {wire.READ}")
@@ -720,7 +721,15 @@ class Applier:
         return None, why
 
     async def _read(self, query: str, args: dict[str, Any], floor: int,
-                    until: float) -> dict[str, Any]:
+                    until: float, shards: Any = None) -> dict[str, Any]:
+        if shards is not None:
+            # A search of shards [lo, hi) only (the router split it between nodes).
+            if query != "page.search":
+                return self._bad(f"shards is for page.search only, not {query}")
+            try:
+                shards = check_shards(shards)
+            except ValueError as exc:
+                return self._bad(str(exc))
         if not self.in_service:
             return self._out_of_service()
         if not await self.wait_applied(floor, until):
@@ -736,15 +745,21 @@ class Applier:
                 return wire.answer(wire.BEHIND, self.node, applied=self.applied, floor=floor,
                                    reason="the search index is behind the copy")
             try:
-                hits = await asyncio.to_thread(self.index.search, args["query"],
-                                               args.get("limit", SEARCH_DEFAULT))
+                hits, docs = await asyncio.to_thread(self._search, args["query"],
+                                                     args.get("limit", SEARCH_DEFAULT), shards)
             except ValueError as exc:
                 return self._bad(str(exc))
             except SearchUnavailable as exc:
                 return wire.answer(wire.OUT_OF_SERVICE, self.node,
                                    reason=f"the search index cannot be read: {exc}")
-            return self._ok({"hits": hits})
+            return self._ok({"hits": hits, "docs": docs,
+                             "shards": list(shards or (0, wire.SEARCH_SHARDS))})
         return self._ok(self.reader.query(query, args))
+
+    def _search(self, query: str, limit: int,
+                shards: tuple[int, int] | None) -> tuple[list[dict[str, Any]], int]:
+        """A search's hits (of *shards* only, if given) and the pages indexed (a worker thread)."""
+        return self.index.search(query, limit, shards), self.index.count()
 
     # ------------------------------------------------------------ status
 

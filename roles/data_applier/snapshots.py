@@ -88,6 +88,27 @@ async def bootstrap(js, objects: ObjectStore, data_dir: str) -> int | None:
     return manifest.seq
 
 
+async def restart_for_a_snapshot(applier, ctx) -> None:
+    """End the child (crewletd starts it again, and :func:`bootstrap` runs)
+    once its copy is empty and below a log that a snapshot can be followed
+    from: a fleet restored from a backup, or trimmed while this copy was
+    being made anew by the operator."""
+    while not applier.stopping:
+        await asyncio.sleep(CHECK_EVERY)
+        first = applier.log_first
+        if applier.applied != 0 or first is None or first <= 1:
+            continue
+        try:
+            usable = [m for m in await snapshot.manifests(applier.js) if m.seq >= first - 1]
+        except Exception:
+            continue  # no quorum now: look again
+        if usable:
+            events.event("estate_restart_for_snapshot", "warning", log_first=first, seq=usable[-1].seq)
+            ctx.fail(RuntimeError(f"the copy is empty and the log starts at {first}: "
+                                  f"starting again from snapshot {usable[-1].seq}"))
+            return
+
+
 class Snapshots:
     """Makes the fleet's snapshots while this node is the lowest in service.
 

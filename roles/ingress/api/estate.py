@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from crewlet.estate import ops
 from crewlet.estate.search import fts_query
+from crewlet.estate.wire import SEARCH_SHARDS
 from roles.ingress.api.common import (CURSOR, ESTATE_WAIT, WRITE_WAIT, read, INT_MAX, SEQ_MAX, decode_cursor,
                                       encode_cursor, estate, idempotency_key, refused, seq_at)
 from roles.ingress.auth import READ, WRITE
@@ -112,6 +113,12 @@ class SearchResult(BaseModel):
     searched: bool = Field(description="false: no data node could run the search (not: nothing matched)")
     node: str | None
     answers: dict[str, str]
+    coverage: dict[str, Any] | None = Field(
+        None, description="how much of the knowledge base was searched: searched (shards) of 64, "
+                          "and missing (the data nodes whose shards were not searched); "
+                          "searched < of is a partial result")
+    partial: bool = Field(False, description="true: some shards were not searched "
+                                             "(coverage.missing did not answer)")
 
 
 class TaskCreate(BaseModel):
@@ -305,12 +312,14 @@ async def search(request: Request, q: str = Query(min_length=1, max_length=500, 
     try:
         fts_query(q)
     except ValueError:  # no word to look for: nothing can match (the router would say 400)
-        return SearchResult(hits=[], searched=True, node=None, answers={})
+        return SearchResult(hits=[], searched=True, node=None, answers={},
+                            coverage={"searched": SEARCH_SHARDS, "of": SEARCH_SHARDS, "missing": []})
     answer = await estate(f.router.search(q, limit, timeout=ESTATE_WAIT))
     if f.metrics is not None:
         f.metrics.router("search", "ok" if answer.searched else "unsearched")
     return SearchResult(hits=list(answer.hits), searched=bool(answer.searched), node=answer.node,
-                        answers=dict(answer.answers or {}))
+                        answers=dict(answer.answers or {}), coverage=dict(answer.coverage),
+                        partial=bool(answer.searched and answer.partial))
 
 
 # ------------------------------------------------------------------ files
