@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 from crewlet import bus, disk, ipc, log, outbox
 from crewlet.company.model import Company
 from crewlet.config.model import NODE_ID_RE
-from crewlet.coord import buckets
+from crewlet.coord import buckets, capacity
 from crewlet.coord.counters import Ledger
 from crewlet.estate.ops import SEARCH_DEFAULT, SEARCH_MAX, OpError
 from crewlet.estate.router import EstateError
@@ -271,6 +271,11 @@ async def evict(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
         reason = args.get("reason") or "evicted by the operator"
         if not isinstance(reason, str):
             raise CommandError("reason must be a string")
+        # The eviction gate: never the last copy in service (crewlet/coord/capacity.py),
+        # unless the operator says so (a copy serving wrong rows is worse than none).
+        refused = capacity.eviction_refused(_router(node).view.data_nodes(), target)
+        if refused is not None and not args.get("force"):
+            raise CommandError(f"eviction refused: {refused}; --force evicts it all the same")
         record = {"reason": reason, "at": time.time(), "by": f"crewletctl@{node.cfg.node.id}"}
         await js.publish(subject, json.dumps(record).encode())
     except CommandError:

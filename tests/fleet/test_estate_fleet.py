@@ -313,8 +313,13 @@ def test_nobody_answering_is_an_error_naming_every_data_node(natsd, make_node):
         out = ctl(s, "tasks")
         return out if out.returncode == 1 else None
 
+    # The last copy in service is not evicted without --force (the gate).
+    wait_for(lambda: ctl(s, "tasks").returncode == 0, 20, what="a's copy in service")
+    gated = ctl(s, "evict", "a", "--reason", "disk failing")
+    assert gated.returncode == 1 and "only copy of the estate in service" in gated.stderr, gated.stderr
+    assert ctl(s, "tasks").returncode == 0  # still served
     # Evicted (from a node without data: any node may say so), then back.
-    evict = ctl(s, "evict", "a", "--reason", "disk failing")
+    evict = ctl(s, "evict", "a", "--reason", "disk failing", "--force")
     assert evict.returncode == 0 and evict.stdout.strip() == "evicted a: disk failing", evict.stderr
     out = wait_for(refused, 20, what="crewletctl tasks refused while a is evicted")
     assert "node a: out of service: node evicted: disk failing" in out.stderr

@@ -7,6 +7,10 @@ data role has no copy to count — and **never past the newest snapshot**
 (crewlet/estate/snapshot.py), so a data node that joins after the trim always
 finds a snapshot it can follow the log from. No snapshot yet: no trim.
 
+Refused while the live broker members are fewer than ``stream.replicas``
+(crewlet/coord/capacity.py): a member that is away comes back needing the
+log it missed.
+
 The trim is one purge of the stream below that seq (the broker's
 ``STREAM.PURGE`` with ``seq``). A copy that had not applied that far when the
 purge landed — it fell out of service in between — finds its rows below the
@@ -15,9 +19,10 @@ log and says so (the README's table), never a gap it would apply over.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from crewlet import log
+from crewlet.coord import capacity
 from crewlet.estate import log as estate_log
 from crewlet.estate import snapshot
 from crewlet.estate.view import NodeState
@@ -36,14 +41,22 @@ def trim_point(copies: Iterable[NodeState], newest_snapshot: int | None) -> tupl
     return low, f"the lowest copy in service applied {low} ({min(serving, key=lambda c: c.applied).id})"
 
 
-async def trim(js, copies: Iterable[NodeState]) -> dict[str, Any]:
-    """Trim the log once; what was done, for the duty's report."""
-    newest = await snapshot.latest(js)
-    upto, why = trim_point(copies, newest.seq if newest is not None else None)
+async def trim(js, copies: Iterable[NodeState], presences: Mapping[str, Mapping[str, Any]],
+               replicas: int) -> dict[str, Any]:
+    """Trim the log once; what was done, for the duty's report. Refused
+    while the streams are short of their replicas (the capacity handshake)."""
     first, last = await estate_log.bounds(js)
-    report: dict[str, Any] = {"log_first": first, "log_last": last, "why": why, "removed": 0}
+    report: dict[str, Any] = {"log_first": first, "log_last": last, "removed": 0}
+    short = capacity.short_of_replicas(presences, replicas)
+    if short is not None:
+        report["why"] = f"refused: {short}"
+        log.event("estate_log_trim_refused", "warning", reason=short)
+        return report
+    newest = await snapshot.latest(js)
+    upto, report["why"] = trim_point(copies, newest.seq if newest is not None else None)
     if upto is None or upto + 1 <= first:
         return report
+    why = report["why"]
     await js.purge_stream(estate_log.STREAM, seq=upto + 1)
     report.update(removed=upto + 1 - first, log_first=upto + 1)
     log.event("estate_log_trimmed", upto=upto, removed=upto + 1 - first, why=why)

@@ -165,7 +165,9 @@ class Maintenance:
 async def _trim_log(ctx, js) -> None:
     """The estate log's trim (roles/workers/duties/log_trim.py), said when it fails."""
     try:
-        await log_trim.trim(js, ctx.estate.view.data_nodes())
+        presences = {k.removeprefix("node."): o.info for k, o in ctx.holders.of("node.").items()} \
+            if ctx.holders is not None else {}
+        await log_trim.trim(js, ctx.estate.view.data_nodes(), presences, ctx.config.stream.replicas)
     except Exception as exc:  # no quorum, the view not ready: the next look tries again
         log.event("estate_log_trim_failed", "warning", error=f"{type(exc).__name__}: {exc}")
 
