@@ -584,6 +584,31 @@ def maintenance_line(report: dict[str, Any] | None, now: float) -> Text:
     return line
 
 
+def files_line(report: dict[str, Any] | None, now: float) -> Text:
+    """'files  nats:files · collected 2m ago on n1 · 1,204 objects, 3.1 GiB · 2 removed
+    (1.2 MiB), 1 kept in its grace · in all 40 removed': the collector duty's
+    last walk (``status`` key ``duty.collector``); its errors in yellow."""
+    line = Text("files  ", style="bold")
+    if not isinstance(report, dict):
+        return line.append("no collection reported yet", style="dim")
+    line.append(f"{report.get('store') or UNKNOWN} · collected {ago_text(report.get('at'), now)} "
+                f"on {report.get('node') or UNKNOWN}")
+
+    def n(key: str, of: Any = report) -> int:
+        value = (of or {}).get(key) if isinstance(of, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    line.append(f" · {n('objects'):,} objects, {human_bytes(n('bytes'))}")
+    line.append(f" · {n('removed'):,} removed ({human_bytes(n('removed_bytes'))})")
+    if n("kept_young"):
+        line.append(f", {n('kept_young'):,} kept in their grace")
+    if report.get("named") is None:
+        line.append(" · the rows were not read: nothing removed", style="yellow")
+    line.append(f" · in all {n('removed', report.get('totals')):,} removed", style="dim")
+    for error in report.get("errors") or []:
+        line.append(f" · {error}", style="yellow")
+    return line
+
+
 def streams_line(streams: list[dict[str, Any]] | None) -> Text:
     """'streams  consumers AGENTS 31/1000 · ESTATE 3/64 · KV_leases 4/256 …': every
     stream on the broker, its consumers against its limit; a stream near it
@@ -649,6 +674,7 @@ def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) ->
                  *copy_problems(nodes, now), copies_summary(nodes, now), seats_line(fleet.get("seats") or []),
                  *unplaceable_lines(fleet.get("unplaceable")), duties_line(fleet.get("duties") or []),
                  maintenance_line((fleet.get("reports") or {}).get("maintenance"), now),
+                 files_line((fleet.get("reports") or {}).get("collector"), now),
                  streams_line(fleet.get("streams")))
 
 

@@ -373,6 +373,23 @@ def test_the_maintenance_line_says_what_the_last_sweep_removed():
     assert "old turn records left for the next sweep" in line and "NobodyAnswered" in line
 
 
+def test_the_files_line_says_what_the_collector_found_and_removed():
+    out = text(render.status_view(with_fleet(three_nodes()), NOW))
+    assert "no collection reported yet" in line_of(out, "files")
+    report = {"node": "n1", "at": NOW - 125, "store": "nats:files", "objects": 1204, "bytes": 3 * 2**30,
+              "named": 1200, "kept_young": 1, "removed": 2, "removed_bytes": 2**20,
+              "totals": {"removed": 40}, "errors": []}
+    line = line_of(text(render.status_view(with_fleet(three_nodes(reports={"collector": report})),
+                                           NOW), width=400), "files")
+    assert "nats:files · collected 2m05s ago on n1" in line
+    assert "1,204 objects, 3072.0 MiB" in line and "2 removed (1.0 MiB), 1 kept in their grace" in line
+    assert "in all 40 removed" in line and "not read" not in line
+    unread = {**report, "named": None, "errors": ["the rows could not be read: NobodyAnswered"]}
+    line = line_of(text(render.status_view(with_fleet(three_nodes(reports={"collector": unread})),
+                                           NOW), width=400), "files")
+    assert "the rows were not read: nothing removed" in line and "NobodyAnswered" in line
+
+
 def test_normalize_fleet():
     assert render.normalize(sample())["fleet"] is None
     assert render.normalize(with_fleet(None))["fleet"] is None
