@@ -36,6 +36,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import lmdb
 
@@ -172,10 +173,13 @@ async def fetch(objects: ObjectStore, manifest: Manifest, data_dir: str) -> str:
 
 
 def install(incoming: str, data_dir: str) -> None:
-    """Put the copy :func:`fetch` made where this node's copy lives (which
-    must not exist, or be empty and closed), with the search index rebuilt
-    from it (the old one is removed)."""
+    """Put the copy :func:`fetch` made where this node's copy lives (closed by
+    this process), with the search index rebuilt from it (the old one is
+    removed). The old copy's node-local ``events`` (the turn events this
+    node's custody kept) are carried over into the new one."""
     target = estate_store.copy_path(data_dir)
+    if os.path.exists(os.path.join(target, "data.mdb")):
+        _carry_events(target, incoming)
     if os.path.exists(target):
         aside = tempfile.mkdtemp(prefix="estate.replaced.", dir=data_dir)
         os.rename(target, os.path.join(aside, "estate"))
@@ -186,3 +190,22 @@ def install(incoming: str, data_dir: str) -> None:
             os.unlink(index_path(data_dir) + suffix)
         except FileNotFoundError:
             pass
+
+
+def _carry_events(old: str, new: str) -> None:
+    """Copy the ``events`` table of the copy at *old* into the one at *new*."""
+    def opened(path: str, readonly: bool) -> tuple[lmdb.Environment, Any]:
+        env = lmdb.open(path, map_size=estate_store.MAP_SIZE, max_dbs=len(estate_store.TABLES) + 4,
+                        subdir=True, create=False, readonly=readonly)
+        return env, env.open_db(b"events", create=False)
+    src, src_db = opened(old, True)
+    try:
+        dst, dst_db = opened(new, False)
+        try:
+            with src.begin() as rtxn, dst.begin(write=True) as wtxn:
+                for key, value in rtxn.cursor(db=src_db):
+                    wtxn.put(key, value, db=dst_db)
+        finally:
+            dst.close()
+    finally:
+        src.close()

@@ -11,13 +11,14 @@ at a hand-over make two snapshots at two seqs: harmless, the slot keeps the
 newest :data:`~crewlet.estate.snapshot.KEEP`.
 
 **Starting from one** (:func:`bootstrap`, before the applier opens the copy).
-A copy that is missing or empty, where the log no longer starts at 1 (it was
-trimmed), cannot be applied from the log: the newest snapshot at or past the
-log's first seq − 1 is fetched, checked against its manifest and put in
-place, and the applier follows the log from its seq + 1. A copy that holds
-rows is never replaced here: one whose rows fell below the log is out of
-service until the operator empties it (the README's table), and then starts
-from a snapshot like a new node.
+A copy that is missing or empty where the log no longer starts at 1 (it was
+trimmed), or whose rows fell below the log's first sequence (it was away
+through a trim), cannot be applied from the log: the newest snapshot at or
+past the log's first seq − 1 is fetched, checked against its manifest and put
+in place — the old copy's node-local turn events carried over — and the
+applier follows the log from its seq + 1. A running applier that finds its
+copy so (:func:`restart_for_a_snapshot`) ends its child, and crewletd starts
+it again into the bootstrap.
 """
 
 from __future__ import annotations
@@ -42,26 +43,27 @@ CHECK_EVERY = 5.0
 BOUNDS_WAIT = 20.0
 
 
-def _empty(data_dir: str) -> bool:
-    """Is this node's copy missing or empty (nothing applied)?"""
+def _applied(data_dir: str) -> int:
+    """This node's copy's applied seq (0: missing or empty)."""
     if not os.path.exists(os.path.join(estate_store.copy_path(data_dir), "data.mdb")):
-        return True
+        return 0
     try:
         st = estate_store.open_env(estate_store.copy_path(data_dir), readonly=True)
     except estate_store.StoreUnavailable:
-        return True  # made, not yet initialised
+        return 0  # made, not yet initialised
     try:
-        return st.applied() == 0
+        return st.applied()
     finally:
         estate_store.close_env(st)
 
 
 async def bootstrap(js, objects: ObjectStore, data_dir: str) -> int | None:
-    """Put the newest usable snapshot in place of an empty copy when the log
-    was trimmed; the seq it stands at, or None when none was needed or found."""
-    if not await asyncio.to_thread(_empty, data_dir):
-        return None
-    deadline = time.monotonic() + BOUNDS_WAIT
+    """Put the newest usable snapshot in place of a copy that is empty where
+    the log was trimmed, or whose rows fell below the log's first sequence
+    (its node-local events carried over); the seq it stands at, or None when
+    none was needed or found."""
+    applied = await asyncio.to_thread(_applied, data_dir)
+    deadline = time.monotonic() + (BOUNDS_WAIT if applied == 0 else 0)
     while True:
         try:
             first, _ = await estate_log.bounds(js)
@@ -72,8 +74,8 @@ async def bootstrap(js, objects: ObjectStore, data_dir: str) -> int | None:
                              reason=f"the log's bounds unread: {type(exc).__name__}: {exc}")
                 return None
             await asyncio.sleep(0.5)
-    if first <= 1:
-        return None  # the whole log is there: apply it
+    if applied + 1 >= first:
+        return None  # the log holds what this copy lacks: apply it
     usable = [m for m in await snapshot.manifests(js) if m.seq >= first - 1]
     if not usable:
         events.event("estate_bootstrap_failed", "error", log_first=first,
@@ -84,7 +86,7 @@ async def bootstrap(js, objects: ObjectStore, data_dir: str) -> int | None:
     incoming = await snapshot.fetch(objects, manifest, data_dir)
     await asyncio.to_thread(snapshot.install, incoming, data_dir)
     events.event("estate_bootstrapped", seq=manifest.seq, size=manifest.size, made_by=manifest.node,
-                 log_first=first, took=round(time.monotonic() - started, 3))
+                 log_first=first, replaced=applied, took=round(time.monotonic() - started, 3))
     return manifest.seq
 
 
@@ -96,7 +98,7 @@ async def restart_for_a_snapshot(applier, ctx) -> None:
     while not applier.stopping:
         await asyncio.sleep(CHECK_EVERY)
         first = applier.log_first
-        if applier.applied != 0 or first is None or first <= 1:
+        if first is None or applier.applied + 1 >= first:
             continue
         try:
             usable = [m for m in await snapshot.manifests(applier.js) if m.seq >= first - 1]
@@ -104,7 +106,7 @@ async def restart_for_a_snapshot(applier, ctx) -> None:
             continue  # no quorum now: look again
         if usable:
             events.event("estate_restart_for_snapshot", "warning", log_first=first, seq=usable[-1].seq)
-            ctx.fail(RuntimeError(f"the copy is empty and the log starts at {first}: "
+            ctx.fail(RuntimeError(f"the copy applied {applier.applied} and the log starts at {first}: "
                                   f"starting again from snapshot {usable[-1].seq}"))
             return
 
