@@ -235,8 +235,9 @@ async def estate_read(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
 async def estate_search(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     """Search the knowledge base for ``query`` (``limit`` hits, page.search's
     default if not given, within ``wait`` seconds): ``hits``, ``searched``
-    (false: nobody could), ``node`` (who did) and ``answers`` (each data
-    node's answer when nobody could)."""
+    (false: nobody could), ``node`` (who did), ``answers`` (each data
+    node's answer when nobody could), ``coverage`` (shards searched of 64,
+    the nodes missing) and ``partial``."""
     router = _router(node)
     # The estate's modules load when the estate is first asked.
     query, limit = args.get("query"), args.get("limit", SEARCH_DEFAULT)
@@ -249,7 +250,8 @@ async def estate_search(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     except (OpError, EstateError) as exc:
         raise CommandError(str(exc)) from None
     return {"hits": list(answer.hits), "searched": bool(answer.searched), "node": answer.node,
-            "answers": dict(answer.answers or {})}
+            "answers": dict(answer.answers or {}), "coverage": dict(answer.coverage),
+            "partial": bool(answer.searched and answer.partial)}
 
 
 async def evict(node: "Node", args: dict[str, Any]) -> dict[str, Any]:

@@ -1608,8 +1608,12 @@
         return;
       }
       const hits = answer.hits || [];
-      note.dataset.kind = hits.length ? "" : "info";
-      setText(note, hits.length ? `${hits.length} page${hits.length === 1 ? " matches" : "s match"} “${q}”.` : `No page matches “${q}”.`);
+      const cov = answer.coverage || {};
+      // A partial search says so: the hits are right, only not from every shard.
+      const partial = answer.partial ? ` Partial: searched ${cov.searched} of ${cov.of} shards` +
+        ((cov.missing || []).length ? `; ${cov.missing.join(", ")} did not answer.` : ".") : "";
+      note.dataset.kind = answer.partial ? "warn" : hits.length ? "" : "info";
+      setText(note, (hits.length ? `${hits.length} page${hits.length === 1 ? " matches" : "s match"} “${q}”.` : `No page matches “${q}”.`) + partial);
       results.replaceChildren(...hits.map((h) => pageButton({ path: h.path, title: h.title }, snippet(h.snippet))));
     } catch (e) {
       if (!searching) return;
