@@ -245,6 +245,15 @@ def test_sign_in_refuses_a_wrong_token_and_every_text_is_escaped(make_node, page
     expect(status).to_contain_text("could not be searched")
     expect(status).to_contain_text("t1: copy out of service")
     expect(status).not_to_contain_text("No page matches")
+    # A partial search (a data node's shards missing) shows its hits and says it is partial.
+    page.route("**/v1/search?*", lambda route: route.fulfill(
+        status=200, content_type="application/json",
+        body='{"hits": [{"path": "eng/deploy", "title": "Deploy", "snippet": "run make deploy"}], '
+             '"searched": true, "node": "a, c", "answers": {}, "partial": true, '
+             '"coverage": {"searched": 43, "of": 64, "missing": ["b"]}}'))
+    page.get_by_test_id("search-submit").click()
+    expect(status).to_contain_text("1 page matches")
+    expect(status).to_contain_text("Partial: searched 43 of 64 shards; b did not answer.")
 
     # And the API itself refuses the wrong token the page was refused with.
     assert call(node, "GET", "/v1/fleet", token="not-the-token")[0] == 401
