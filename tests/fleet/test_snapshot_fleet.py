@@ -1,12 +1,12 @@
 """Snapshots and the log's trim across real nodes (crewlet/estate/snapshot.py,
 roles/data_applier/snapshots.py, roles/workers/duties/log_trim.py).
 
-Two data nodes apply a log; the lowest in service puts snapshots in the files
-store; the maintenance duty trims the log up to what both applied, never past
-the newest snapshot. One of them stops, and the log is trimmed past it. A
-third data node that joins after the trim, and the stopped one back with its
+Three data nodes apply a log; the lowest in service puts snapshots in the
+files store; the maintenance duty trims the log up to what all applied, never
+past the newest snapshot. One of them stops, and the log is trimmed past it. A
+fourth data node that joins after the trim, and the stopped one back with its
 rows below the log, start from the snapshot, follow the log from there, and
-their copies are byte for byte their peer's (the digest of every replicated
+their copies are byte for byte their peers' (the digest of every replicated
 table)."""
 
 from __future__ import annotations
@@ -46,14 +46,15 @@ def _bounds_and_snapshots(url: str) -> tuple[int, list[dict]]:
     return asyncio.run(read())
 
 
-def test_a_data_node_joining_after_the_trim_starts_from_a_snapshot_and_matches_its_peers(
+def test_a_fourth_data_node_joining_after_the_trim_starts_from_a_snapshot_and_matches_its_peers(
         natsd, make_node):
     a = fleet_node(make_node, natsd, "a", node={"roles": ["data", "workers"]}, estate=UPKEEP).start()
     b = fleet_node(make_node, natsd, "b", node={"roles": ["data"]}, estate=UPKEEP).start()
-    wait_for(lambda: copy_of(a) is not None and copy_of(b) is not None, 20, what="two copies made")
+    c = fleet_node(make_node, natsd, "c", node={"roles": ["data"]}, estate=UPKEEP).start()
+    wait_for(lambda: all(copy_of(n) is not None for n in (a, b, c)), 20, what="three copies made")
     run(publish_to(natsd.url, random_log(21, 900)))
     last = run(log_last(natsd.url))
-    wait_for(lambda: applied(a) >= last and applied(b) >= last, 60, what="both copies applied the log")
+    wait_for(lambda: all(applied(n) >= last for n in (a, b, c)), 60, what="the copies applied the log")
 
     # A snapshot by the lowest id in service (a), and the log trimmed up to it.
     wait_for(lambda: (s := _bounds_and_snapshots(natsd.url)) and s[1] and s[0] > 1, 60,
@@ -71,25 +72,25 @@ def test_a_data_node_joining_after_the_trim_starts_from_a_snapshot_and_matches_i
     wait_for(lambda: _bounds_and_snapshots(natsd.url)[0] > b_applied + 1, 60,
              what="the log trimmed past b's copy")
 
-    # A new data node, and b back with its rows below the log: both start from the snapshot.
-    c = fleet_node(make_node, natsd, "c", node={"roles": ["data"]}, estate=UPKEEP).start()
+    # A fourth data node, and b back with its rows below the log: both start from the snapshot.
+    d = fleet_node(make_node, natsd, "d", node={"roles": ["data"]}, estate=UPKEEP).start()
     b.start()
     # This process's handle on b's copy is the replaced file's (LMDB: one handle per path).
     store.close_env(copy_of(b))
     last = run(log_last(natsd.url))
     try:
-        wait_for(lambda: applied(c) >= last and applied(a) >= last and applied(b) >= last, 60,
+        wait_for(lambda: all(applied(n) >= last for n in (a, b, c, d)), 60,
                  what="the new copy and b's caught up")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: applied a {applied(a)}, b {applied(b)}, c {applied(c)} of {last}\n"
-                             f"b: {b.read_log()[-2500:]}\nc: {c.read_log()[-2500:]}") from None
-    text = c.read_log()
+        raise AssertionError(f"{exc}: applied a {applied(a)}, b {applied(b)}, c {applied(c)}, d {applied(d)} "
+                             f"of {last}\nb: {b.read_log()[-2500:]}\nd: {d.read_log()[-2500:]}") from None
+    text = d.read_log()
     assert "estate_bootstrapped" in text, text[-3000:]
     assert f'"replaced":{b_applied}' in b.read_log().replace(" ", ""), b.read_log()[-3000:]
-    digests = {n.config["node"]["id"]: store.digest(copy_of(n)) for n in (a, b, c)}
+    digests = {n.config["node"]["id"]: store.digest(copy_of(n)) for n in (a, b, c, d)}
     assert len(set(digests.values())) == 1, digests
-    # c's copy serves.
-    wait_for(lambda: _record(natsd.url, "c").get("in_service") is True, 20, what="c's copy in service")
+    # The new copy serves.
+    wait_for(lambda: _record(natsd.url, "d").get("in_service") is True, 20, what="d's copy in service")
 
 
 def _record(url: str, node: str) -> dict:
