@@ -349,4 +349,7 @@ def _made() -> tuple[Tool, ...]:
 
 
 # The tools' names, as the registry offers them.
-ESTATE_TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in estate_tools())
+# The file tools' names said here, not by making them: crewlet.agent.file_tools
+# builds on this module, which may still be loading (tests/integration/test_estate_tools.py
+# holds the names to the tools).
+ESTATE_TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in _made()) + ("file_write", "file_read")

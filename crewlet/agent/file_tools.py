@@ -33,7 +33,7 @@ from crewlet.agent.estate_tools import read, when, write
 from crewlet.agent.tools import Tool, ToolContext, ToolError
 from crewlet.estate import ops
 from crewlet.objects.base import NotFound, ObjectStore, ObjectStoreError, TooLarge, Unavailable
-from crewlet.objects.files import open_file, store_of, upload
+from crewlet.objects.files import open_file, row_refused, store_of, upload
 
 # The most a file_write stores, in bytes of UTF-8 (files.max_bytes if smaller):
 # what a model writes in one call; larger files come through the API.
@@ -66,14 +66,9 @@ def store(ctx: ToolContext) -> tuple[ObjectStore, Any]:
 def _check(project: str, path: str, content_type: str | None) -> None:
     """ToolError unless a row for *project*/*path* could be written: said
     before a byte is stored, by the op's own rules."""
-    args: dict[str, Any] = {"project": project, "path": path, "size": 0, "sha256": "0" * 64,
-                            "object": f"files/{project}/{'0' * 32}"}
-    if content_type is not None:
-        args["content_type"] = content_type
-    try:
-        ops.make_op("file.register", args, node="check")
-    except ops.OpError as exc:
-        raise ToolError(f"invalid arguments: {str(exc).replace('file.register: ', '')}") from None
+    why = row_refused(project, path, content_type)
+    if why is not None:
+        raise ToolError(f"invalid arguments: {why}")
 
 
 def _where(args: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from nats.js import JetStreamContext
 
+from crewlet import log
 from crewlet.bus import kv_subject, publish_until
 from crewlet.coord.buckets import STATUS, last, subjects
 
@@ -56,6 +57,21 @@ async def read(js: JetStreamContext, name: str, *, leader: bool = True) -> dict[
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
+
+
+async def carry_totals(js: JetStreamContext, name: str, totals: dict[str, int]) -> None:
+    """Raise *totals* to duty *name*'s last recorded ``totals`` where those are
+    higher: a holder goes on from its predecessor's counts (a counter must not
+    restart at a hand-over). A record that cannot be read is said, and the
+    counts start from here."""
+    try:
+        last = await read(js, name)
+    except Exception as exc:
+        log.event(f"{name}_report_unread", "warning", error=f"{type(exc).__name__}: {exc}")
+        return
+    for what, n in ((last or {}).get("totals") or {}).items():
+        if what in totals and isinstance(n, int) and not isinstance(n, bool) and n > totals[what]:
+            totals[what] = n
 
 
 async def read_all(js: JetStreamContext) -> dict[str, dict[str, Any]]:

@@ -44,6 +44,20 @@ def object_name(project: str) -> str:
     return name
 
 
+def row_refused(project: str, path: str, content_type: str | None) -> str | None:
+    """Why a file row for *project*/*path* could not be written (None: it
+    could), by ``file.register``'s own rules: asked before a byte is stored."""
+    args: dict[str, Any] = {"project": project, "path": path, "size": 0, "sha256": "0" * 64,
+                            "object": f"{PREFIX}{project}/{'0' * 32}"}
+    if content_type is not None:
+        args["content_type"] = content_type
+    try:
+        ops.make_op("file.register", args, node="check")
+    except ops.OpError as exc:
+        return str(exc).replace("file.register: ", "")
+    return None
+
+
 def is_file_object(name: str) -> bool:
     """Is *name* a file's object (one the collector may remove)?"""
     return re.match(ops.OBJECT, name) is not None

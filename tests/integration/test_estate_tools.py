@@ -53,6 +53,7 @@ async def test_the_tracker_tools_create_update_comment_and_read_and_a_redone_cal
     services = await routed_services(fleet, "a")
     reg = seat_tools()
     assert set(ESTATE_TOOL_NAMES) <= set(reg.names())
+    assert set(ESTATE_TOOL_NAMES) == {tool.name for tool in estate_tools()}
 
     first = call(services, "job1.0.0")
     created = await ok(reg, first, "task_create", {"title": "ship the estate", "assignee": "cto"})

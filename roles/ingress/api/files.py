@@ -36,7 +36,7 @@ from starlette.requests import ClientDisconnect
 
 from crewlet.estate import ops
 from crewlet.objects.base import NotFound, ObjectReader, ObjectStore, ObjectStoreError, TooLarge, Unavailable
-from crewlet.objects.files import open_file, store_of, upload
+from crewlet.objects.files import open_file, row_refused, store_of, upload
 from roles.ingress.api.common import INT_MAX, WRITE_WAIT, estate, idempotency_key, read
 from roles.ingress.api.estate import File
 from roles.ingress.auth import READ, WRITE
@@ -113,14 +113,9 @@ async def _write(f: Front, kind: str, args: dict[str, Any], key: str | None) -> 
 def _check(project: str, path: str, content_type: str | None) -> None:
     """422 unless a row for *project*/*path* could be written: checked before
     a byte is stored (the op's own rules, so they are said once)."""
-    args: dict[str, Any] = {"project": project, "path": path, "size": 0, "sha256": "0" * 64,
-                            "object": f"files/{project}/{'0' * 32}"}
-    if content_type is not None:
-        args["content_type"] = content_type
-    try:
-        ops.make_op("file.register", args, node="check")
-    except ops.OpError as exc:
-        raise Problem(422, "invalid", str(exc).replace("file.register: ", "")) from None
+    why = row_refused(project, path, content_type)
+    if why is not None:
+        raise Problem(422, "invalid", why)
 
 
 def _too_large(limit: int) -> Problem:

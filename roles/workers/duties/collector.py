@@ -226,14 +226,7 @@ class Collector:
 
     async def carry_totals(self) -> None:
         """Go on from the previous holder's totals (a counter must not restart at a hand-over)."""
-        try:
-            last = await duty_reports.read(self.js, NAME)
-        except Exception as exc:
-            log.event("collector_report_unread", "warning", error=f"{type(exc).__name__}: {exc}")
-            return
-        for what, n in ((last or {}).get("totals") or {}).items():
-            if what in self.totals and isinstance(n, int) and n > self.totals[what]:
-                self.totals[what] = n
+        await duty_reports.carry_totals(self.js, NAME, self.totals)
 
     async def once(self) -> dict[str, Any]:
         """A walk, recorded in the slot and the duty's report; what it found."""
