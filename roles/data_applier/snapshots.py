@@ -28,6 +28,8 @@ import os
 import shutil
 import time
 
+from nats.js.errors import NotFoundError
+
 from crewlet import log as events
 from crewlet.estate import log as estate_log
 from crewlet.estate import snapshot
@@ -38,9 +40,10 @@ from crewlet.objects.base import ObjectStore
 # Seconds between looks at whether a snapshot is due.
 CHECK_EVERY = 5.0
 # Seconds bootstrap waits for the log's bounds before starting without a
-# snapshot (no JetStream yet): the copy then says "rows below the log" and the
-# next start of the child tries again.
-BOUNDS_WAIT = 20.0
+# snapshot (no JetStream yet): short, for the child's readiness waits on it.
+# The copy then says "rows below the log", and restart_for_a_snapshot ends the
+# child into a bootstrap once the log answers.
+BOUNDS_WAIT = 2.0
 
 
 def _applied(data_dir: str) -> int:
@@ -66,9 +69,12 @@ async def bootstrap(js, objects: ObjectStore, data_dir: str) -> int | None:
     deadline = time.monotonic() + (BOUNDS_WAIT if applied == 0 else 0)
     while True:
         try:
-            first, _ = await estate_log.bounds(js)
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                first, _ = await estate_log.bounds(js)
             break
-        except Exception as exc:  # no JetStream yet, no log yet
+        except NotFoundError:
+            return None  # no log yet: a new fleet, applied from its first op
+        except Exception as exc:  # no JetStream yet
             if time.monotonic() > deadline:
                 events.event("estate_bootstrap_skipped", "warning",
                              reason=f"the log's bounds unread: {type(exc).__name__}: {exc}")
