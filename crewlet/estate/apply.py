@@ -66,8 +66,8 @@ from crewlet.estate.store import (APPLIED, Store, fenced_key, join, key_seq, pac
 #   4  conversations, runs, messages, approvals (DESIGN §11): an older applier
 #      refused their ops as unknown kinds — keeping a "bad op" outcome under
 #      each id, so not even a resend lands — where a newer one keeps the rows
-#   5  files' bytes: file.register's ``object``, file.delete (an older applier
-#      refused both as bad ops)
+#   5  files' bytes: file.register's ``object`` (its own project's only),
+#      file.delete (an older applier refused both as bad ops)
 # A copy applied under rules *newer* than these was written by a newer
 # crewlet: it is refused, never emptied (the applier says so).
 RULES = 5
@@ -369,6 +369,10 @@ def _page_delete(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
 
 def _file_register(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
     a = op.args
+    obj = a.get("object")
+    if obj is not None and not obj.startswith(f"files/{a['project']}/"):
+        # A row names only its own project's bytes: not another project's file.
+        raise Refused(f"object {obj} is not one of project {a['project']}'s")
     key = join(a["project"], a["path"])
     old = _get(txn, dbs, "files", key)
     row = {"id": old["id"] if old else f"F{seq}", "project": a["project"], "path": a["path"],

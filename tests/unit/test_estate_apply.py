@@ -134,6 +134,20 @@ def test_files_turns_and_episodes(copy):
     assert q(s, "episode.list", seat="cto")["episodes"][0]["summary"] == "did it"
 
 
+def test_a_file_row_names_its_own_projects_bytes_only(copy):
+    s = copy()
+    sha = "ab" * 32
+    mine, theirs, deleted, again = run(
+        s, op("file.register", {"project": "p", "path": "a", "size": 1, "sha256": sha, "object": "files/p/" + "1" * 32}),
+        op("file.register", {"project": "p", "path": "b", "size": 1, "sha256": sha, "object": "files/q/" + "2" * 32}),
+        op("file.delete", {"project": "p", "path": "a"}),
+        op("file.delete", {"project": "p", "path": "a"}))
+    assert mine["ok"] and mine["result"]["file"]["object"] == "files/p/" + "1" * 32
+    assert not theirs["ok"] and "is not one of project p's" in theirs["error"]
+    assert deleted["ok"] and q(s, "file.get", project="p", path="a")["file"] is None
+    assert not again["ok"] and "no file a" in again["error"]
+
+
 def test_a_bad_entry_is_refused_with_its_reason_and_the_log_goes_on(copy):
     s = copy()
     bad, good = [o for _, o in apply.apply_batch(s, [(1, b"\x93not an op"), (2, op("task.create", {"title": "x"}).encode())])]
