@@ -255,6 +255,23 @@ def test_sign_in_refuses_a_wrong_token_and_every_text_is_escaped(make_node, page
     expect(status).to_contain_text("1 page matches")
     expect(status).to_contain_text("Partial: searched 43 of 64 shards; b did not answer.")
 
+    # Files: the listing, and a download that carries the token (a plain link would not).
+    body = b"the bytes of a report\n"
+    r = httpx2.put(base_url(node) + "/v1/files/site/<b>report</b>.txt", content=body, trust_env=False,
+                   headers={"Authorization": f"Bearer {token_of(node)}", "Content-Type": "text/plain"})
+    assert r.status_code == 201, r.text
+    page.get_by_test_id("tab-files").click()
+    row = page.get_by_test_id("file-row-site/<b>report</b>.txt")
+    expect(row).to_contain_text("site/<b>report</b>.txt")  # said as text, never markup
+    expect(row).to_contain_text("text/plain")
+    expect(page.get_by_test_id("files-status")).to_contain_text("1 file")
+    with page.expect_download() as download:
+        page.get_by_test_id("file-download-site/<b>report</b>.txt").click()
+    with open(download.value.path(), "rb") as f:
+        assert f.read() == body
+    expect(page.get_by_test_id("files-status")).to_contain_text("Downloaded site/<b>report</b>.txt")
+    assert page.locator("#panel-files b, #panel-files script").count() == 0
+
     # And the API itself refuses the wrong token the page was refused with.
     assert call(node, "GET", "/v1/fleet", token="not-the-token")[0] == 401
 

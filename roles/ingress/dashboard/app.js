@@ -961,8 +961,8 @@
 
   // ------------------------------------------------------------------ tabs
 
-  const TABS = ["dlq", "convs", "tasks", "pages"];
-  const loaded = { tasks: false, pages: false, convs: false };
+  const TABS = ["dlq", "convs", "tasks", "pages", "files"];
+  const loaded = { tasks: false, pages: false, convs: false, files: false };
 
   function currentTab() {
     return TABS.find((t) => $(`tab-${t}`).getAttribute("aria-selected") === "true");
@@ -980,6 +980,7 @@
     if (name === "tasks" && !loaded.tasks) loadTasks(true);
     if (name === "pages" && !loaded.pages) loadPages(true);
     if (name === "convs" && !loaded.convs) loadConversations(true);
+    if (name === "files" && !loaded.files) loadFiles(true);
     if (name === "dlq") refreshDeadLetters();
   }
 
@@ -1577,6 +1578,76 @@
     $("pages-more").hidden = !pages.next || searching;
   }
 
+  // ------------------------------------------------------------------ files
+
+  const files = { rows: [], next: null, request: 0 };
+
+  function fileUrl(f) {
+    return `/v1/files/${encodeURIComponent(f.project)}/${f.path.split("/").map(encodeURIComponent).join("/")}`;
+  }
+
+  function sizeText(n) {
+    if (typeof n !== "number") return "?";
+    if (n < 1024) return `${n} B`;
+    const units = ["KiB", "MiB", "GiB", "TiB"];
+    let v = n / 1024, i = 0;
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return `${v.toFixed(v < 10 ? 1 : 0)} ${units[i]}`;
+  }
+
+  async function loadFiles(fresh) {
+    loaded.files = true;
+    const request = ++files.request;
+    let path = `/v1/files?limit=${PAGE}`;
+    if (!fresh && files.next) path += `&cursor=${encodeURIComponent(files.next)}`;
+    const note = $("files-status");
+    try {
+      const page = await api(path);
+      if (request !== files.request) return;
+      files.rows = fresh ? page.items : files.rows.concat(page.items);
+      files.next = page.next;
+      note.dataset.kind = files.rows.length ? "" : "info";
+      setText(note, files.rows.length ? `${files.rows.length}${files.next ? "+" : ""} file${files.rows.length === 1 ? "" : "s"}` : "No files yet.");
+      $("files-rows").replaceChildren(...files.rows.map((f) => el("tr", { "data-testid": `file-row-${f.project}/${f.path}` },
+        el("td", {}, el("span", { class: "muted" }, `${f.project}/`), f.path),
+        el("td", {}, sizeText(f.size)),
+        el("td", {}, String(f.version)),
+        el("td", { class: "muted" }, f.content_type || "—"),
+        el("td", { class: "muted" }, when(f.registered_at), f.registered_by ? ` by ${f.registered_by}` : ""),
+        el("td", {}, f.object ? el("button", { type: "button", class: "ghost", "data-testid": `file-download-${f.project}/${f.path}`,
+          onclick: () => downloadFile(f) }, "Download") : el("span", { class: "muted small" }, "no bytes stored")))));
+      $("files-more").hidden = !files.next;
+    } catch (e) {
+      if (request !== files.request) return;
+      note.dataset.kind = "bad";
+      setText(note, "The files could not be read: " + problemText(e));
+    }
+  }
+
+  /** The bytes come with the token (a plain link would not carry it), then are saved. */
+  async function downloadFile(f) {
+    const note = $("files-status");
+    try {
+      const response = await fetch(fileUrl(f), { headers: { Authorization: "Bearer " + token }, cache: "no-store", credentials: "omit" });
+      if (!response.ok) {
+        let detail = `${response.status} ${response.statusText}`;
+        try { detail = (await response.json()).detail || detail; } catch (e) { /* not JSON */ }
+        throw new ApiError(response.status, null, detail, null);
+      }
+      const url = URL.createObjectURL(await response.blob());
+      const a = el("a", { href: url, download: f.path.split("/").pop() });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 10000);
+      note.dataset.kind = "";
+      setText(note, `Downloaded ${f.project}/${f.path} (${sizeText(f.size)}).`);
+    } catch (e) {
+      note.dataset.kind = "bad";
+      setText(note, `${f.project}/${f.path} could not be downloaded: ` + problemText(e));
+    }
+  }
+
   /** A search snippet: **word** marks a match. Split, never parsed as HTML. */
   function snippet(text) {
     const parts = String(text || "").split("**");
@@ -1768,6 +1839,8 @@
     $("search-clear").addEventListener("click", clearSearch);
     $("pages-refresh").addEventListener("click", () => (searching ? $("search-form").requestSubmit() : loadPages(true)));
     $("pages-more").addEventListener("click", () => loadPages(false));
+    $("files-refresh").addEventListener("click", () => loadFiles(true));
+    $("files-more").addEventListener("click", () => loadFiles(false));
     $("mail-form").addEventListener("submit", sendMail);
     $("approvals-refresh").addEventListener("click", refreshApprovals);
     $("conv-status").addEventListener("change", () => loadConversations(true));
