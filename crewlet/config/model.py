@@ -22,6 +22,7 @@ config file's directory, against which relative paths are resolved.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from typing import Annotated, Literal
@@ -635,6 +636,13 @@ class FilesSection(_Section):
     grace: float = Field(HOUR, ge=1, le=30 * DAY)
     # Seconds between the collector's walks of the store (the ``collector`` duty).
     collect_every: float = Field(600.0, ge=1, le=DAY)
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, v: str) -> str:
+        if v == "s3" and importlib.util.find_spec("boto3") is None:
+            raise ValueError("the s3 store needs boto3, which is not installed: pip install 'crewlet[s3]'")
+        return v
 
     @field_validator("secret_key_file")
     @classmethod

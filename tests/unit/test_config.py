@@ -443,3 +443,15 @@ def test_session_runner_concurrency_from_the_environment_wins(monkeypatch, tmp_p
     assert refused.value.key == "sessions.runner_concurrency" and "integer" in str(refused.value)
     monkeypatch.setenv("SESSION_RUNNER_CONCURRENCY", "")  # empty: unset
     assert load_node_config(path).sessions.runner_concurrency == 4
+
+
+def test_an_s3_files_store_without_boto3_is_a_config_error_naming_the_key(monkeypatch, tmp_path):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "boto3" else real(name, *a))
+    path = tmp_path / "crewlet.yaml"
+    path.write_text("files: {store: s3, bucket: b}\n")
+    with pytest.raises(ConfigError) as info:
+        load_node_config(str(path))
+    assert (info.value.file, info.value.key) == (str(path), "files.store")
+    assert "pip install 'crewlet[s3]'" in str(info.value)
