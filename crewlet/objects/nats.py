@@ -40,8 +40,9 @@ one that lags answers short, and the read looks again until
 may miss a put of the last moment, which the collector's grace covers.
 
 From a leaf (a JetStream domain), the API goes through the domain prefix of
-the context, and writes to ``$O.…`` are published under it, like KV writes
-(:func:`crewlet.bus.kv_subject`).
+the context; writes to ``$O.…`` are published as they are (the leaf forwards
+them to the members' stream, as it does mail), not under the prefix, which
+the server maps for ``$KV`` alone (:func:`crewlet.bus.kv_subject`).
 """
 
 from __future__ import annotations
@@ -170,8 +171,10 @@ class NatsObjectStore(ObjectStore):
 
     def _write_subject(self, subject: str) -> str:
         """Where a write to stream subject *subject* is published: as it is,
-        or from a leaf under the domain's API prefix (as KV writes are)."""
-        return subject if self._prefix == "$JS.API" else f"{self._prefix}.{subject}"
+        from a leaf too. (The server maps a domain's ``$JS.<domain>.API.$KV.…``
+        onto ``$KV.…`` for KV writes, but no ``$O.…``: measured, a domain-
+        prefixed chunk is answered "no stream".)"""
+        return subject
 
     # ------------------------------------------------------------ plumbing
 

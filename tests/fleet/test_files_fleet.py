@@ -1,10 +1,12 @@
-"""A file upload cut short by a kill -9 of the node taking it: what it left in
-the fleet's store is removed by the collector (on another node) once older
-than ``files.grace``, and never earlier."""
+"""Files across nodes: an upload cut short by a kill -9 of the node taking it
+is removed by the collector (on another node) once older than
+``files.grace``, and never earlier; a seat on a leaf node without data writes
+and reads files through the members' JetStream domain."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -14,7 +16,9 @@ import pytest
 
 from crewlet import tokens
 from tests.conftest import wait_for
+from tests.fleet.test_cluster import make_members, start_alone
 from tests.fleet.test_fleet import fleet_node
+from tests.seats import ctl, held
 
 pytestmark = pytest.mark.fleet
 
@@ -69,3 +73,54 @@ def test_an_upload_cut_by_a_kill_9_is_collected_after_its_grace_and_never_earlie
     # And removed once older.
     wait_for(lambda: _chunks(natsd.url) == 0, GRACE + 20, what="the cut upload collected")
     assert time.time() >= stored + GRACE - 1.5
+
+
+LEAF_COMPANY = """\
+company: {name: Leafy}
+providers:
+  p:
+    kind: scripted
+    rules:
+      - match: 'store (.+)'
+        reply: '{tools}'
+        tools:
+          - name: file_write
+            args: {project: site, path: leaf.txt, text: '\\1'}
+      - match: 'read it'
+        reply: '{tools}'
+        tools:
+          - name: file_read
+            args: {project: site, path: leaf.txt}
+seats:
+  - {name: scribe, persona: keeps files, provider: p, placement: {labels: {where: leaf}}}
+"""
+
+
+def test_a_seat_on_a_leaf_writes_and_reads_files_through_the_domain(make_node, short_tmp):
+    """A seat held by a node without data, on a leaf of the members: its
+    file_write puts the object's chunks and meta through the members'
+    JetStream domain; a member's API serves the file, and the seat reads it back."""
+    members, leaf_urls = make_members(make_node, ids=("la", "lb", "lc"), cluster="filesleaf")
+    leaf = make_node(node={"id": "ld", "roles": ["seats"], "labels": {"where": "leaf"}},
+                     stream={"replicas": 3, "leaf": {"remotes": leaf_urls}})
+    for node in members:
+        start_alone(node)
+    leaf.start(wait_ready=False)
+    for node in (*members, leaf):
+        node.wait_running(timeout=90)
+    path = os.path.join(short_tmp, "leafy.yaml")
+    with open(path, "w") as f:
+        f.write(LEAF_COMPANY)
+    done = ctl(members[0], "apply", path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: held(members[0]).get("scribe") == "ld", 90, interval=0.5, what="the scribe held by the leaf")
+    sent = ctl(members[0], "send", "scribe", "store written from a leaf", "--wait", "90", timeout=120)
+    assert sent.returncode == 0 and "wrote site/leaf.txt" in sent.stdout, sent.stdout + sent.stderr
+    there = f"http://{members[0].config['ingress']['listen']}"
+    got = wait_for(lambda: (r := httpx2.get(there + "/v1/files/site/leaf.txt", trust_env=False, timeout=60,
+                                            headers={"Authorization": f"Bearer {tokens.read_admin_token(members[0].run_dir)}"}))
+                   .status_code == 200 and r, 30, interval=0.5, what="the file served by a member")
+    assert got.content == b"written from a leaf"
+    read = ctl(members[0], "send", "scribe", "read it", "--wait", "90", timeout=120)
+    assert read.returncode == 0 and "written from a leaf" in read.stdout, read.stdout + read.stderr
+    assert leaf.refused_roles() == []
