@@ -8,7 +8,9 @@ Two rules, read off the presence leases (``node.<id>`` in ``leases``):
   its roles — a node without data on an embedded member still holds replicas
   and votes — and a presence that does not say its kind counts as one (an
   older node: better to wait for one more than to trim under a member that
-  does hold a replica). A leaf holds none.
+  does hold a replica). A leaf holds none; an external broker's replicas are
+  its own business (roles/workers/duties/fleet_shape.py says the same rule,
+  through here).
 * **Copies in service.** The trim, the eviction gate and the search fan-out
   count data nodes only (a stateless node has no copy), by the estate's view
   of each copy (crewlet.estate.view).
@@ -23,12 +25,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-LEAF = "leaf"
+MEMBER, EXTERNAL = "member", "external"
 
 
 def is_member(presence: Mapping[str, Any]) -> bool:
-    """Does this presence count as a broker member (holding replicas)?"""
-    return presence.get("broker") != LEAF
+    """Does this presence count as a broker member (holding replicas)? Its
+    broker kind says ``member``, or it says none."""
+    return presence.get("broker", MEMBER) == MEMBER
 
 
 def members(presences: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -37,7 +40,11 @@ def members(presences: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def short_of_replicas(presences: Mapping[str, Mapping[str, Any]], replicas: int) -> str | None:
-    """Why the streams are short of their replicas now (None: they are not)."""
+    """Why the streams are short of their replicas now (None: they are not).
+    A fleet whose every node uses an external broker is never short here:
+    its replicas are that broker's business."""
+    if presences and all(info.get("broker") == EXTERNAL for info in presences.values()):
+        return None
     live = members(presences)
     if len(live) >= replicas:
         return None

@@ -131,7 +131,7 @@ def manifest(src: str) -> dict[str, Any]:
         raise BackupError(f"{src} is a backup of format {made.get('format') if isinstance(made, dict) else '?'}; "
                           f"this version restores format {FORMAT}")
     try:
-        snapshot.Manifest.parse(json.dumps(made.get("estate")).encode())
+        snapshot.Manifest.of(made.get("estate"))
     except snapshot.SnapshotError as exc:
         raise BackupError(f"{src}: {exc}") from None
     if not os.path.exists(os.path.join(src, "estate", "data.mdb")):
@@ -146,7 +146,7 @@ async def restore(src: str, *, js, objects: ObjectStore, replicas: int, node: st
     *js* (its company is the caller's to apply). Refused, with nothing
     changed, unless the fleet's estate log is empty. What was restored."""
     made = manifest(src)
-    estate = snapshot.Manifest.parse(json.dumps(made["estate"]).encode())
+    estate = snapshot.Manifest.of(made["estate"])
     info = await estate_log.ensure_stream(js, replicas)
     if info.state.last_seq > 0 or info.state.first_seq > 1:
         raise BackupError(f"this fleet's estate log is not empty (it holds ops up to {info.state.last_seq}): "
@@ -183,10 +183,11 @@ async def restore(src: str, *, js, objects: ObjectStore, replicas: int, node: st
 def _as_a_new_fleets(path: str, created: str | None) -> str:
     """Make the copy at *path* one of the new fleet: no fences, no events,
     following the log made *created*. Its digest."""
-    env = lmdb.open(path, map_size=estate_store.MAP_SIZE, max_dbs=len(estate_store.TABLES) + 4,
-                    subdir=True, create=False)
     try:
-        dbs = {name: env.open_db(name.encode()) for name in estate_store.TABLES}
+        env, dbs = estate_store.open_file(path)
+    except lmdb.Error as exc:
+        raise BackupError(f"the backup's estate/data.mdb is not an estate copy: {exc}") from None
+    try:
         with env.begin(write=True) as txn:
             txn.drop(dbs["fences"], delete=False)
             txn.drop(dbs["events"], delete=False)

@@ -36,7 +36,6 @@ import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import lmdb
 
@@ -74,11 +73,18 @@ class Manifest:
     def parse(raw: bytes) -> "Manifest":
         """A manifest from its JSON; :class:`SnapshotError` if it is not one."""
         try:
-            d = json.loads(raw)
+            return Manifest.of(json.loads(raw))
+        except ValueError as exc:
+            raise SnapshotError(f"not a snapshot manifest: {exc}") from None
+
+    @staticmethod
+    def of(d: object) -> "Manifest":
+        """A manifest from its fields (a record's dict); :class:`SnapshotError` if it is not one."""
+        try:
             m = Manifest(seq=int(d["seq"]), rules=d.get("rules"), log_created=d.get("log_created"),
                          digest=str(d["digest"]), size=int(d["size"]), node=str(d["node"]),
                          made_at=float(d["made_at"]))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SnapshotError(f"not a snapshot manifest: {exc}") from None
         if m.seq < 0 or m.size < 0 or (m.rules is not None and not isinstance(m.rules, int)):
             raise SnapshotError(f"not a snapshot manifest: {d!r:.200}")
@@ -124,7 +130,7 @@ async def manifests(js) -> list[Manifest]:
     found = []
     for raw in record.get("snapshots") or []:
         try:
-            found.append(Manifest.parse(json.dumps(raw).encode()))
+            found.append(Manifest.of(raw))
         except SnapshotError:
             continue
     return sorted(found, key=lambda m: m.seq)
@@ -155,10 +161,11 @@ async def fetch(objects: ObjectStore, manifest: Manifest, data_dir: str) -> str:
             os.fsync(f.fileno())
     except NotFound:
         raise SnapshotError(f"snapshot {manifest.seq} is gone from the store") from None
-    env = lmdb.open(incoming, map_size=estate_store.MAP_SIZE, max_dbs=len(estate_store.TABLES) + 4,
-                    subdir=True, create=False)
     try:
-        dbs = {name: env.open_db(name.encode()) for name in estate_store.TABLES}
+        env, dbs = estate_store.open_file(incoming)
+    except lmdb.Error as exc:
+        raise SnapshotError(f"snapshot {manifest.seq} is not an estate copy: {exc}") from None
+    try:
         with env.begin() as txn:
             digest = estate_store.digest_txn(txn, dbs)
         if digest != manifest.digest:
@@ -194,17 +201,13 @@ def install(incoming: str, data_dir: str) -> None:
 
 def _carry_events(old: str, new: str) -> None:
     """Copy the ``events`` table of the copy at *old* into the one at *new*."""
-    def opened(path: str, readonly: bool) -> tuple[lmdb.Environment, Any]:
-        env = lmdb.open(path, map_size=estate_store.MAP_SIZE, max_dbs=len(estate_store.TABLES) + 4,
-                        subdir=True, create=False, readonly=readonly)
-        return env, env.open_db(b"events", create=False)
-    src, src_db = opened(old, True)
+    src, src_dbs = estate_store.open_file(old, readonly=True)
     try:
-        dst, dst_db = opened(new, False)
+        dst, dst_dbs = estate_store.open_file(new)
         try:
             with src.begin() as rtxn, dst.begin(write=True) as wtxn:
-                for key, value in rtxn.cursor(db=src_db):
-                    wtxn.put(key, value, db=dst_db)
+                for key, value in rtxn.cursor(db=src_dbs["events"]):
+                    wtxn.put(key, value, db=dst_dbs["events"])
         finally:
             dst.close()
     finally:

@@ -200,6 +200,20 @@ def open_env(path: str, *, readonly: bool = False) -> Store:
         return store
 
 
+def open_file(path: str, *, readonly: bool = False) -> tuple[lmdb.Environment, dict[str, Any]]:
+    """A copy at *path* that is not this node's live one (a snapshot being
+    fetched or restored, an old copy being replaced), opened by itself with
+    its tables: ``(env, dbs)``; the caller closes *env*. Not cached, unlike
+    :func:`open_env`."""
+    env = lmdb.open(path, map_size=MAP_SIZE, max_dbs=len(TABLES) + 4, subdir=True,
+                    create=False, readonly=readonly)
+    try:
+        return env, {name: env.open_db(name.encode(), create=False) for name in TABLES}
+    except BaseException:
+        env.close()
+        raise
+
+
 def rules(store: Store) -> int | None:
     """The rules (:data:`crewlet.estate.apply.RULES`) this copy's rows were
     applied under; None if it never said (a copy made before rules were kept)."""

@@ -178,17 +178,14 @@ def rules_changed(kept: int | None, first: int) -> str:
             f"{apply.RULES}, but the log starts at {first}, not 1: rebuild this copy")
 
 
-_LOG_CREATED = store.LOG_CREATED
-
-
 def _follows(st: store.Store, created: str, empty: bool) -> str:
     """The creation time of the log this copy follows. *created* (the log's
     now) is recorded when the copy is empty (an empty copy fits any log) or
     has no record yet (it is trusted once)."""
     with st.env.begin(write=True) as txn:
-        kept = txn.get(_LOG_CREATED, db=st.dbs["local"])
+        kept = txn.get(store.LOG_CREATED, db=st.dbs["local"])
         if empty or kept is None:
-            txn.put(_LOG_CREATED, created.encode(), db=st.dbs["local"])
+            txn.put(store.LOG_CREATED, created.encode(), db=st.dbs["local"])
             return created
         return bytes(kept).decode()
 

@@ -130,7 +130,6 @@ class Snapshots:
         self.view = view
         self.every = every
         self.newest: int | None = None
-        self.made = 0
 
     async def run(self) -> None:
         while not self.applier.stopping:
@@ -165,6 +164,5 @@ class Snapshots:
         finally:
             shutil.rmtree(where, ignore_errors=True)
         self.newest = manifest.seq
-        self.made += 1
         events.event("estate_snapshot_made", seq=manifest.seq, size=manifest.size,
                      took=round(time.monotonic() - started, 3))

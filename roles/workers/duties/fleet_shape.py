@@ -27,6 +27,7 @@ import asyncio
 from typing import Any, Iterable
 
 from crewlet import log
+from crewlet.coord import capacity
 from crewlet.coord.sweep import NodeView, SeatView, may_hold
 from roles.workers.duties import Duty, going_on
 
@@ -63,10 +64,8 @@ def problems(nodes: dict[str, dict[str, Any]], replicas: int,
                      if "data" in n.get("roles", ()) and n.get("broker") == "leaf")
     if on_leaf:
         found["fleet_data_on_leaf"] = {"nodes": on_leaf}
-    members = sorted(i for i, n in nodes.items() if n.get("broker", "member") == "member")
-    if any(n.get("broker", "member") != "external" for n in nodes.values()) \
-            and len(members) < replicas:
-        found["fleet_replicas_short"] = {"members": members, "replicas": replicas}
+    if capacity.short_of_replicas(nodes, replicas) is not None:
+        found["fleet_replicas_short"] = {"members": capacity.members(nodes), "replicas": replicas}
     protocols = sorted({n.get("protocol") for n in nodes.values() if n.get("protocol") is not None})
     if len(protocols) > 1:
         found["fleet_protocol_mixed"] = {
