@@ -88,6 +88,8 @@ PAGE_TIMEOUT = 30.0
 # rows are read: without it no floor can be set, and nothing is removed.
 VIEW_WAIT = 10.0
 # What a walk counts over time, carried from holder to holder.
+# Seconds before a walk that could not read the file rows is tried again.
+UNREAD_RETRY = 30.0
 TOTALED = ("removed", "removed_bytes", "swept")
 
 # The rows' side of a walk: every object name some file row gives, or an
@@ -258,8 +260,11 @@ async def run(ctx) -> None:
         collector = Collector(ctx, store)
         await collector.carry_totals()
         while going_on():
-            await collector.once()
-            await asyncio.sleep(ctx.config.files.collect_every)
+            found = await collector.once()
+            # A walk that could not read the rows (the copies not in service yet,
+            # as at a node's start) is tried again soon, not a whole interval on.
+            every = ctx.config.files.collect_every
+            await asyncio.sleep(min(every, UNREAD_RETRY) if found.get("named") is None else every)
     finally:
         await store.close()
 
