@@ -465,7 +465,10 @@ def test_a_trigger_worked_by_a_turn_cut_short_before_its_record_gets_its_done_re
     wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
 
     async def worked_elsewhere(nc, js) -> None:
-        entry = {"seat": "ceo", "node": "gone", "token": 1, "outcome": "done", "at": 1000.0, "rounds": 2}
+        # Worked a moment ago: a record dated 1970 is the maintenance duty's turn
+        # retention's to remove, whenever its first sweep comes.
+        entry = {"seat": "ceo", "node": "gone", "token": 1, "outcome": "done", "at": time.time() - 5,
+                 "rounds": 2}
         await js.publish("$KV.ledger.cut-1", json.dumps(entry).encode())
         # The same trigger worked by another seat: not the ceo's turn to record.
         await js.publish("$KV.ledger.cut-2", json.dumps({**entry, "seat": "cto"}).encode())
