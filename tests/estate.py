@@ -246,18 +246,30 @@ async def until(predicate: Callable[[], Any], timeout: float = 10.0, what: str =
 
 
 @contextlib.asynccontextmanager
-async def routed(url: str, node_id: str = "tester", **router_args) -> AsyncIterator[Router]:
-    """A router of the test process's own: a node without data, over NATS."""
+async def routed(url: str, node_id: str = "tester", *, serving: tuple[str, ...] = (),
+                 **router_args) -> AsyncIterator[Router]:
+    """A router of the test process's own: a node without data, over NATS,
+    once the data nodes *serving* are in service as its view sees them (a
+    node's first applier record may come a while after its copy applies)."""
     nc = await nats.connect(url)
     view = EstateView(nc.jetstream(timeout=2))
     watch = asyncio.create_task(view.run())
     try:
         assert await view.wait_ready(10), "the estate view never listed the buckets"
+        await in_service(view, *serving)
         yield Router(nc, node_id=node_id, view=view, **router_args)
     finally:
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
         await nc.close()
+
+
+async def in_service(view: EstateView, *nodes: str, within: float = 15.0) -> None:
+    """Until *view* lists every one of *nodes* as a data node in service."""
+    def serving() -> bool:
+        states = {s.id: s for s in view.data_nodes()}
+        return all(n in states and states[n].in_service for n in nodes)
+    await until(serving, within, f"{nodes} in service")
 
 
 def run(coro, within: float = RUN_CAP):

@@ -288,7 +288,7 @@ def test_the_fleet_answers_while_a_data_node_is_down_and_it_catches_up(natsd, ma
         return made
 
     async def scenario() -> None:
-        async with routed(natsd.url, read_wait=3, write_wait=10) as router:
+        async with routed(natsd.url, read_wait=3, write_wait=10, serving=("a", "b", "c")) as router:
             await write_and_read(router, 20, "before")
             c.kill_all()
             await write_and_read(router, 20, "during")

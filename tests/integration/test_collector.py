@@ -165,7 +165,7 @@ def test_the_duty_on_a_node_collects_orphans_after_grace_and_never_a_named_objec
             assert len(query(n, "file.list")["files"]) == 6
 
             # The estate reader pages through file.list whole (2 rows a page).
-            async with routed(url) as router:
+            async with routed(url, serving=("t1",)) as router:
                 assert await estate_names(router, page=2)() == set(named)
 
             for name in named:

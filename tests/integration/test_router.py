@@ -48,7 +48,7 @@ from crewlet.estate.router import NobodyAnswered, OutcomeUnknown, Router, order
 from crewlet.estate.view import EstateView, NodeState
 from roles.data_applier import serve_nats
 from roles.data_applier.applier import Applier
-from tests.estate import run, until
+from tests.estate import in_service, run, until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Short per-node waits: a silent node costs a test this long, not 10 or 60 s.
@@ -179,10 +179,7 @@ class Fleet:
         return copy
 
     async def in_service(self, view: EstateView, *nodes: str) -> None:
-        def ready():
-            states = {s.id: s for s in view.data_nodes()}
-            return all(n in states and states[n].in_service for n in nodes)
-        await until(ready, 15, f"{nodes} in service")
+        await in_service(view, *nodes)
 
     def requests(self) -> dict[str, int]:
         return {n: a.stats["requests"] for n, a in self.appliers.items()}
