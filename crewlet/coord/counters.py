@@ -17,9 +17,14 @@ budgets     ``org``, ``seat.<id>``     tokens spent so far (an integer)
 
 Writes are plain publishes on :func:`crewlet.bus.kv_subject`, so they are
 answered from a leaf too. Budgets are counted locally and flushed with a
-compare-and-set about once a second: a turn's spend reaches the fleet within
-a flush, and the hot path of a turn never waits on a counter. Caps stay in
-the company config (in memory); only usage is shared.
+compare-and-set: the org total and every capped seat's about once a second
+(a turn's spend reaches the fleet within a flush, and the hot path of a turn
+never waits on a counter), an uncapped seat's once a minute
+(:data:`TALLY_EVERY`). A seat without a cap is only tallied, and at 10,000
+busy seats a write per seat per second was nearly a key write per turn; a
+node killed between two tallies loses at most that minute of its uncapped
+seats' tallies (never the org total's). Caps stay in the company config (in
+memory); only usage is shared.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from crewlet.bus import WRONG_LAST_SEQUENCE as _WRONG_LAST_SEQUENCE
 _CAS_ATTEMPTS = 8
 # Keys one budget flush writes at once.
 _FLUSH_PARALLEL = 16
+# Seconds between flushes of an uncapped seat's spend (see the module doc).
+TALLY_EVERY = 60.0
 
 
 class CounterError(Exception):
@@ -174,15 +181,22 @@ class Budgets:
     Invariant: ``_known[key]`` is the fleet's total as last read or written
     by this process; ``_pending[key]`` is what this process spent since and
     has not flushed. :meth:`spent` is their sum — what this node knows.
+    The watched keys (the org, the capped seats this node runs) are flushed
+    every ``flush_every``; the others every ``tally_every``, and all of them
+    by :meth:`flush` with ``everything``.
     """
 
-    def __init__(self, js: JetStreamContext, *, flush_every: float = 1.0):
+    def __init__(self, js: JetStreamContext, *, flush_every: float = 1.0,
+                 tally_every: float = TALLY_EVERY, clock: Callable[[], float] = time.monotonic):
         self.js = js
         self._put = kv_subject(js, BUDGETS.name)
         self.flush_every = flush_every
+        self.tally_every = tally_every
+        self.clock = clock
         self._known: dict[str, int] = defaultdict(int)
         self._pending: dict[str, int] = defaultdict(int)
         self._watched: set[str] = {"org"}
+        self._tallied = clock()   # when the unwatched keys were last flushed
         self._lock = asyncio.Lock()
 
     def add(self, seat: str, tokens: int) -> None:
@@ -209,10 +223,16 @@ class Budgets:
         """Tokens spent here that the fleet's totals do not hold yet."""
         return self._pending.get("org", 0)
 
-    async def flush(self) -> None:
-        """Add what this node spent to the shared totals; re-read the watched ones."""
+    async def flush(self, *, everything: bool = False) -> None:
+        """Add what this node spent to the shared totals of the watched keys
+        (and of every key, once ``tally_every`` passed or *everything*);
+        re-read the watched ones."""
         async with self._lock:
-            keys = sorted(self._watched | {k for k, v in self._pending.items() if v})
+            keys = set(self._watched)
+            if everything or self.clock() - self._tallied >= self.tally_every:
+                self._tallied = self.clock()
+                keys |= {k for k, v in self._pending.items() if v}
+            keys = sorted(keys)
             limit = asyncio.Semaphore(_FLUSH_PARALLEL)
 
             async def one(key: str) -> None:
@@ -239,7 +259,8 @@ class Budgets:
             await asyncio.sleep(random.uniform(0, 0.01 * (attempt + 1)))
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Flush every ``flush_every`` seconds until *stopping*, and once more then."""
+        """Flush every ``flush_every`` seconds until *stopping* (the role
+        flushes everything as it stops)."""
         while not stopping.is_set():
             try:
                 await asyncio.wait_for(stopping.wait(), self.flush_every)

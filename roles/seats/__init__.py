@@ -165,6 +165,6 @@ async def main(ctx: RoleContext) -> None:
 
 async def _flush_spend(engine: TurnEngine) -> None:
     try:
-        await engine.budgets.flush()
+        await engine.budgets.flush(everything=True)
     except CounterError as exc:  # no quorum as the node stops: this spend is not counted
         log.event("budget_flush_failed", "warning", error=str(exc), unflushed=engine.budgets.unflushed())

@@ -89,7 +89,7 @@ def test_budgets_add_up_across_nodes_flushing_at_once(natsd):
     async def main():
         conns = await _connections(natsd, 3)
         try:
-            nodes = [Budgets(c.jetstream()) for c in conns]
+            nodes = [Budgets(c.jetstream(), tally_every=0) for c in conns]
             nodes[0].watch("s0")
             for round_ in range(5):
                 for i, budget in enumerate(nodes):
@@ -103,6 +103,45 @@ def test_budgets_add_up_across_nodes_flushing_at_once(natsd):
             await nodes[2].flush()
             assert nodes[2].spent("s1") == (org, 55)
             assert nodes[2].spent("s0") == (org, 0)
+        finally:
+            for c in conns:
+                await c.close()
+    asyncio.run(main())
+
+
+def test_an_uncapped_seats_spend_is_tallied_once_a_minute_and_all_of_it_at_stop(natsd):
+    """The org total and the watched (capped) seats go out at every flush;
+    an unwatched seat's spend only once ``tally_every`` passed, or when the
+    role stops (``everything``): at 10,000 busy seats a write per seat per
+    second was nearly a key write per turn."""
+    async def main():
+        conns = await _connections(natsd, 2)
+        now = [1000.0]
+        try:
+            node = Budgets(conns[0].jetstream(), tally_every=60, clock=lambda: now[0])
+            reader = Budgets(conns[1].jetstream())
+            node.watch("capped")
+            node.add("capped", 5)
+            node.add("free", 7)
+            await node.flush()
+
+            async def totals() -> tuple[int, int, int]:
+                reader.watch("capped")
+                reader.watch("free")
+                await reader.flush()
+                return reader.spent("capped")[0], reader.spent("capped")[1], reader.spent("free")[1]
+
+            assert await totals() == (12, 5, 0)       # the org and the capped seat, not the free one
+            now[0] += 59
+            await node.flush()
+            assert await totals() == (12, 5, 0)
+            now[0] += 1
+            await node.flush()
+            assert await totals() == (12, 5, 7)       # a minute on: tallied
+            node.add("free", 3)
+            await node.flush(everything=True)         # as the seats role stops
+            assert await totals() == (15, 5, 10)
+            assert node.unflushed() == 0
         finally:
             for c in conns:
                 await c.close()
