@@ -13,6 +13,7 @@ import email.utils
 import hashlib
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -500,6 +501,37 @@ def test_cli_cancelled_turn_kills_the_whole_group(short_tmp):
     pgid = asyncio.run(main())
     assert pgid != os.getpgid(0)
     wait_for(lambda: not group_alive(pgid), 5, what="the agent's process group to be gone")
+
+
+def test_cli_turn_cancelled_while_its_agent_starts_ends_at_once_and_leaves_nothing():
+    """A cancel that lands while asyncio is still connecting the new agent's
+    pipes (a seat released at that moment): Python's own handling there
+    kills the agent and then waits for its pipes to close, which a child it
+    left behind holds open — the turn hung for as long as that child lived
+    (CI, once). Cancelled at each of the first loop turns of the start, the
+    turn ends within seconds and no process of its group is left."""
+    marker = f"{random.randint(100, 199)}.{os.getpid()}"   # a sleep nobody else runs
+    command = ["sh", "-c", f"sleep {marker} & sleep {marker}"]
+
+    def left() -> list[int]:
+        return [p.pid for p in psutil.process_iter(["cmdline"])
+                if (p.info["cmdline"] or [])[-1:] == [marker]]
+
+    async def main(turns: int) -> float:
+        p = make_provider("agent", cli_spec(command))
+        turn = asyncio.ensure_future(p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(60)))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        turn.cancel()
+        started = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(turn, 20)
+        return time.monotonic() - started
+
+    for turns in range(6):
+        took = asyncio.run(main(turns))
+        assert took < 10, (turns, took)
+        wait_for(lambda: not left(), 5, what=f"no agent process left (cancelled after {turns} loop turns)")
 
 
 def test_cli_max_concurrent_bounds_agents_at_once(short_tmp):

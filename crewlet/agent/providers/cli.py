@@ -25,6 +25,7 @@ spawned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -68,7 +69,11 @@ class CliProvider(Provider):
             out = await self._run(prompt, deadline)
         else:
             try:
-                await asyncio.wait_for(self._slots.acquire(), max(0.0, deadline - time.monotonic()))
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns
+                # the acquire that completed as a cancel arrived, losing the cancel
+                # (a released seat's turn then ran its agent to the end; CI, once).
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._slots.acquire()
             except TimeoutError:
                 raise ProviderError(f"provider {self.name}: deadline passed waiting for one of "
                                     f"{self.max_concurrent} agent slots", retryable=True) from None
@@ -82,16 +87,13 @@ class CliProvider(Provider):
 
     async def _run(self, prompt: str, deadline: float) -> str:
         env = {**self._env, SPAWNED_BY_ENV: self._env.get(SPAWN_MARK_ENV, "")}
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
-        except OSError as exc:
-            raise ProviderError(f"provider {self.name}: cannot run {self.command[0]}: {exc}",
-                                retryable=False) from exc
+        proc = await self._spawn(env)
         io = asyncio.ensure_future(_talk(proc, prompt.encode()))
+        exited = False  # by itself: its output is read to the end below
         try:
-            await asyncio.wait_for(proc.wait(), max(0.0, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await proc.wait()
+            exited = True
         except TimeoutError:
             raise ProviderError(f"provider {self.name}: timed out: {self.command[0]} ran past the "
                                 f"deadline and was killed with its process group",
@@ -107,7 +109,7 @@ class CliProvider(Provider):
             except TimeoutError:
                 log.event("cli_agent_unreaped", "warning", provider=self.name, pid=proc.pid)
             finally:
-                if not io.done():
+                if not exited and not io.done():
                     io.cancel()
         try:
             out, err = await asyncio.wait_for(io, _DRAIN)
@@ -122,6 +124,30 @@ class CliProvider(Provider):
             raise ProviderError(f"provider {self.name}: {self.command[0]} failed, {how}: {tail}",
                                 retryable=False)
         return out.decode(errors="replace").strip()
+
+    async def _spawn(self, env: dict[str, str]) -> asyncio.subprocess.Process:
+        """The agent, started in a process group of its own.
+
+        Shielded from cancellation: asyncio, cancelled while it connects a new
+        process's pipes, kills the process and then waits for those pipes to
+        close (Python 3.11, measured) — which never happens while a child the
+        agent left behind holds them, so the cancelled turn hung and the
+        group ran on. A cancel here lets the start finish, ends the group,
+        then goes on."""
+        starting = asyncio.ensure_future(asyncio.create_subprocess_exec(
+            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True))
+        try:
+            return await asyncio.shield(starting)
+        except OSError as exc:
+            raise ProviderError(f"provider {self.name}: cannot run {self.command[0]}: {exc}",
+                                retryable=False) from exc
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                proc = await asyncio.wait_for(asyncio.shield(starting), REAP_WAIT)
+                _kill_group(proc.pid)
+                await asyncio.wait_for(proc.wait(), REAP_WAIT)
+            raise
 
 
 async def _talk(proc: asyncio.subprocess.Process, prompt: bytes) -> tuple[bytes, bytes]:

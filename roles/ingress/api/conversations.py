@@ -361,8 +361,11 @@ async def _stream(f: Front, conversation: str, run: str, after: int, *, cancel_o
             yield b"retry: 1000\n\n"
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), HEARTBEAT)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for can
+                    # lose a client's disconnect (a cancel) as an item arrives.
+                    async with asyncio.timeout(HEARTBEAT):
+                        item = await queue.get()
+                except TimeoutError:
                     yield b": heartbeat\n\n"
                     continue
                 if item is None:

@@ -61,8 +61,11 @@ async def events(request: Request, last_event_id: str | None = Header(None, alia
                 yield event.sse
             while True:
                 try:
-                    event = await asyncio.wait_for(sub.queue.get(), KEEPALIVE)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for can
+                    # lose a client's disconnect (a cancel) as an item arrives.
+                    async with asyncio.timeout(KEEPALIVE):
+                        event = await sub.queue.get()
+                except TimeoutError:
                     yield b": keepalive\n\n"
                     continue
                 if event is None:  # dropped for falling behind: the client resumes by id
