@@ -134,6 +134,12 @@ class Mailbox(ABC):
         """The turn is done: the message is not delivered again. With a
         monotonic *deadline*, an unconfirmed ack is sent again until then."""
 
+    async def ack_unconfirmed(self, d: Delivery) -> None:
+        """:meth:`ack`, sent once without waiting for the server's word: for a
+        delivery something else already answers for (the turn ledger), so an
+        ack lost on the way costs only a redelivery that is skipped."""
+        await self.ack(d)
+
     @abstractmethod
     async def nak(self, d: Delivery, delay: float | None = None) -> None:
         """Give it back, to be delivered again now (or after *delay* s)."""

@@ -87,14 +87,15 @@ async def check_durable_mailbox_keeps_mail(factory: Factory) -> None:
 
 async def check_reattach_replays_in_order(factory: Factory) -> None:
     """What one client fetched and never acked is replayed to the next one, first
-    unacked first; what it acked is not."""
+    unacked first; what it acked is not, an ack sent unconfirmed included (as
+    a turn acks: the ledger answers for it)."""
     async with factory(ack_wait=SHORT_ACK_WAIT) as (a, b):
         seat = _seat("replay")
         await a.ensure([seat])
         await _send_all(a, seat, 3, "r")
         first = a.attach(seat)
         done = await _one(first)
-        await first.ack(done)
+        await first.ack_unconfirmed(done)
         held = [await _one(first), await _one(first)]      # fetched, never acked
         await first.detach()
         second = b.attach(seat)                              # the other client

@@ -267,6 +267,12 @@ class JetStreamMailbox(Mailbox):
     async def ack(self, d: Delivery, deadline: float | None = None) -> None:
         await self._owner.ack(d.ack_token, deadline)
 
+    async def ack_unconfirmed(self, d: Delivery) -> None:
+        try:
+            await self._owner._nc.publish(d.ack_token, b"+ACK")
+        except Exception as exc:  # the connection's trouble: the ack wait brings it back
+            raise MailboxError(f"+ACK not sent for {d.ack_token}: {type(exc).__name__}: {exc}") from exc
+
     async def nak(self, d: Delivery, delay: float | None = None) -> None:
         await self._owner.nak(d.ack_token, delay)
 

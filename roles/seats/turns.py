@@ -20,8 +20,9 @@ A turn, in order:
 3. **the ledger** — a trigger already worked is acked and skipped;
 4. **the rounds** (:func:`crewlet.agent.turn.run_rounds`), the fence checked
    before each round's side effects;
-5. **the ledger** written, then the **turn record**, then the **ack**, each
-   sent again through a stream leader election (:data:`SETTLE_PATIENCE`); a
+5. **the ledger** written, then the **turn record**, each sent again through
+   a stream leader election (:data:`SETTLE_PATIENCE`), then the **ack**, sent
+   once and not waited on (the ledger answers for the trigger by then); a
    ledger entry that cannot be written leaves the delivery unacked (see
    ``SeatWork._settle``). The record goes on ``EVENTS``
    (``events.turn.<seat>``, the live feed, kept by one data node's event
@@ -858,9 +859,10 @@ class SeatWork:
         record, then ack. True once the record was published (so it is not
         published again).
 
-        In that order, each sent again through stream leader elections for
-        :data:`SETTLE_PATIENCE` seconds. Once the ledger holds the trigger a
-        redelivery is skipped, so an ack that never lands costs nothing; an
+        In that order, the ledger and the record each sent again through
+        stream leader elections for :data:`SETTLE_PATIENCE` seconds, the ack
+        sent once. Once the ledger holds the trigger a redelivery is skipped,
+        so an ack that never lands costs nothing; an
         ack before the ledger could leave the trigger unrecorded, and the
         same trigger sent again would be worked twice. The record goes before
         the ack for the same reason: a process killed between an ack and the
@@ -892,13 +894,15 @@ class SeatWork:
         record.took_ms = round((time.monotonic() - started) * 1000, 3)
         await engine.publish_record(record, max(0.0, deadline - time.monotonic()))
         try:
-            # An ack of its own patience: a record that took all of it (no
-            # quorum for the estate) must not cost the ack its one try.
-            await self.mailbox.ack(delivery, deadline=time.monotonic() + SETTLE_PATIENCE)
+            # Not waited on: the ledger answers for the trigger now, so an ack
+            # lost on the way (an election, the connection dropping) costs a
+            # redelivery after the ack wait that the ledger skips — and a
+            # confirmed ack was a broker round trip and reply on every turn.
+            await self.mailbox.ack_unconfirmed(delivery)
         except MailboxError as exc:
             # Worked and recorded in the ledger: a redelivery (after the ack
-            # wait, if this ack truly never landed) is skipped. The turn is done.
-            record.error = f"the ack was not confirmed: {exc}"
+            # wait) is skipped. The turn is done.
+            record.error = f"the ack was not sent: {exc}"
             log.event("turn_ack_unconfirmed", "warning", seat=self.seat, trigger=delivery.trigger,
                       error=str(exc))
         return True
