@@ -76,7 +76,10 @@ async def bootstrap(js, objects: ObjectStore, data_dir: str) -> int | None:
             return None  # no log yet: a new fleet, applied from its first op
         except Exception as exc:  # no JetStream yet
             if time.monotonic() > deadline:
-                events.event("estate_bootstrap_skipped", "warning",
+                # A copy with rows is asked once, briefly (its readiness waits
+                # here): unanswered is no news for it, restart_for_a_snapshot
+                # covers a copy below the log. An empty copy's is worth a warning.
+                events.event("estate_bootstrap_skipped", "warning" if applied == 0 else "info",
                              reason=f"the log's bounds unread: {type(exc).__name__}: {exc}")
                 return None
             await asyncio.sleep(0.5)
