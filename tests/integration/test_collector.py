@@ -92,6 +92,43 @@ def test_a_walk_removes_only_the_old_orphan(natsd):
     run(main(), 60)
 
 
+def test_a_walk_removes_the_old_snapshots_the_slot_does_not_name(natsd):
+    """A snapshot whose publish died between its object and the slot, or an
+    old one whose delete failed, goes once older than grace; the ones the
+    slot names stay, and nothing goes while the slot cannot be read."""
+    async def main():
+        ncs: list = []
+        try:
+            store = await _store(natsd.url, ncs)
+            named_one, orphan, young = (f"snapshots/{seq:020d}.mdb" for seq in (20, 10, 30))
+            for name in (named_one, orphan):
+                await store.put(name, b"m" * 400, max_bytes=MAX)
+            await _older_than_grace(store, orphan)
+            await store.put(young, b"y" * 40, max_bytes=MAX)
+
+            async def no_rows() -> set[str]:
+                return set()
+
+            async def unreadable() -> set[str]:
+                raise TimeoutError("the slot's leader is being elected")
+
+            found = await walk(store, no_rows, grace=GRACE, snapshots_named=unreadable)
+            assert await _names(store) == {named_one, orphan, young}
+            assert found["removed"] == 0 and "no snapshot was removed" in found["error"], found
+
+            async def slot() -> set[str]:
+                return {named_one}
+
+            found = await walk(store, no_rows, grace=GRACE, snapshots_named=slot)
+            assert await _names(store) == {named_one, young}
+            assert (found["snapshots"], found["removed"], found["removed_bytes"], found["error"]) == \
+                (3, 1, 400, None)
+        finally:
+            for nc in ncs:
+                await nc.close()
+    run(main(), 60)
+
+
 def test_a_walk_that_cannot_read_the_rows_removes_nothing(natsd):
     async def main():
         ncs: list = []
@@ -173,7 +210,7 @@ def test_the_duty_on_a_node_collects_orphans_after_grace_and_never_a_named_objec
             orphan = object_name("p")
             await store.put(orphan, b"x" * 700, max_bytes=MAX)
             created = (await store.info(orphan)).created   # by the store's clock, as the walk sees it
-            other = "snapshots/never-collected"
+            other = "backups/never-collected"   # neither a file's nor a snapshot's
             await store.put(other, b"s", max_bytes=MAX)
 
             # The orphan lasts until grace, then goes; nothing else does.

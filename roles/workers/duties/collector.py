@@ -13,14 +13,19 @@ A **walk** runs when this node takes the duty and every ``files.collect_every``
 seconds after the last one ended:
 
 1. **List the objects** (``store.names()``), keeping each file object's name,
-   size and ``created`` (objects outside ``files/``, see
-   :func:`~crewlet.objects.files.is_file_object` — the estate's snapshots —
-   are counted, never touched).
+   size and ``created`` (see :func:`~crewlet.objects.files.is_file_object`),
+   and each of the estate's snapshots' (``snapshots/…``); any other object
+   is counted, never touched.
 2. **Read the rows**: the ``object`` of every file row, paged through
    ``file.list`` (:func:`estate_names`). If any page fails — no copy answers,
    none is current enough — the walk **removes nothing** and says why.
 3. **Remove** each listed file object that no row names and whose ``created``
-   is before ``start − grace``, *start* being when step 1 began.
+   is before ``start − grace``, *start* being when step 1 began; then each
+   listed snapshot the ``objects`` slot's ``snapshots`` key (read after the
+   listing) does not name, on the same age rule — a snapshot whose publish
+   died between its object and the slot, or an old one whose delete failed
+   (:func:`crewlet.estate.snapshot.publish` names a snapshot within moments
+   of putting it, far inside any grace).
 4. **Sweep** the leftovers of uploads killed mid-way (``store.sweep(grace)``).
 5. **Report**: the ``objects`` slot's ``collector`` key
    (:func:`crewlet.objects.slot.write_found`), the ``status`` key
@@ -70,6 +75,7 @@ from typing import Any, Awaitable, Callable
 
 from crewlet import log
 from crewlet.coord import duty_reports
+from crewlet.estate import snapshot
 from crewlet.estate.ops import LIST_MAX
 from crewlet.estate.router import Router
 from crewlet.objects import slot
@@ -148,23 +154,38 @@ def estate_names(router: Any, *, page: int = PAGE, timeout: float = PAGE_TIMEOUT
     return named
 
 
-async def walk(store: ObjectStore, named: Named, *, grace: float) -> dict[str, Any]:
+def slot_snapshots(js) -> Named:
+    """The snapshots' side of a walk: the objects the ``objects`` slot names."""
+    async def named() -> set[str]:
+        return {m.name + snapshot.DATA for m in await snapshot.manifests(js)}
+    return named
+
+
+async def walk(store: ObjectStore, named: Named, *, grace: float,
+               snapshots_named: Named | None = None) -> dict[str, Any]:
     """One walk of *store* (the module doc's steps 1-4) against the names
-    *named* answers: what it found (``objects``/``bytes``: the file objects
-    listed; ``named``: of them, those a row names, None when the rows could
-    not be read; ``kept_young``: unnamed but younger than grace; ``removed``,
-    ``removed_bytes``; ``others``: objects that are no file's; ``swept``;
-    ``error``: None, or why the walk did less than all of it)."""
+    *named* answers (and the snapshots *snapshots_named* does): what it found
+    (``objects``/``bytes``: the file objects listed; ``named``: of them, those
+    a row names, None when the rows could not be read; ``kept_young``:
+    unnamed but younger than grace; ``removed``, ``removed_bytes``, snapshots
+    included; ``snapshots``: the snapshot objects listed; ``others``: objects
+    that are neither; ``swept``; ``error``: None, or why the walk did less
+    than all of it)."""
     start = time.time()
     cutoff = start - grace
     found: dict[str, Any] = {"at": start, "grace": grace, "objects": 0, "bytes": 0, "named": None,
-                             "kept_young": 0, "removed": 0, "removed_bytes": 0, "others": 0,
-                             "swept": 0, "error": None}
+                             "kept_young": 0, "removed": 0, "removed_bytes": 0, "snapshots": 0,
+                             "others": 0, "swept": 0, "error": None}
     errors: list[str] = []
     listed = []
+    snapshots = []
     try:
         async for info in store.names():                        # 1. the objects first
             going_on()
+            if info.name.startswith(snapshot.PREFIX) and snapshots_named is not None:
+                snapshots.append(info)
+                found["snapshots"] += 1
+                continue
             if not is_file_object(info.name):
                 found["others"] += 1
                 continue
@@ -192,19 +213,22 @@ async def walk(store: ObjectStore, named: Named, *, grace: float) -> dict[str, A
                 found["named"] += 1
             elif info.created >= cutoff:
                 found["kept_young"] += 1
-            else:
-                try:
-                    await store.delete(info.name)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # the next walk finds it again
-                    errors.append(f"removing {info.name}: {type(exc).__name__}: {exc}; "
-                                  f"the walk stopped removing")
-                    break
-                found["removed"] += 1
-                found["removed_bytes"] += info.size
-                log.event("object_collected", object=info.name, size=info.size,
-                          age_s=round(start - info.created, 1))
+            elif not await _remove(store, info, start, found, errors):
+                break
+    if snapshots and not errors:
+        try:
+            kept = await snapshots_named()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            errors.append(f"the snapshots slot could not be read, so no snapshot was removed: "
+                          f"{type(exc).__name__}: {exc}")
+        else:
+            for info in snapshots:
+                going_on()
+                if info.name not in kept and info.created < cutoff:
+                    if not await _remove(store, info, start, found, errors):
+                        break
     try:
         found["swept"] = await store.sweep(older_than=grace)     # 4. dead writers' leftovers
     except asyncio.CancelledError:
@@ -214,6 +238,24 @@ async def walk(store: ObjectStore, named: Named, *, grace: float) -> dict[str, A
     found["took_ms"] = round((time.time() - start) * 1000, 1)
     found["error"] = "; ".join(errors) or None
     return found
+
+
+async def _remove(store: ObjectStore, info, start: float, found: dict[str, Any],
+                  errors: list[str]) -> bool:
+    """Remove one object a walk found unnamed and old; False (said in
+    *errors*) when that failed and the walk stops removing."""
+    try:
+        await store.delete(info.name)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the next walk finds it again
+        errors.append(f"removing {info.name}: {type(exc).__name__}: {exc}; the walk stopped removing")
+        return False
+    found["removed"] += 1
+    found["removed_bytes"] += info.size
+    log.event("object_collected", object=info.name, size=info.size,
+              age_s=round(start - info.created, 1))
+    return True
 
 
 class Collector:
@@ -233,13 +275,15 @@ class Collector:
     async def once(self) -> dict[str, Any]:
         """A walk, recorded in the slot and the duty's report; what it found."""
         files = self.ctx.config.files
-        found = await walk(self.store, self.named, grace=files.grace)
+        found = await walk(self.store, self.named, grace=files.grace,
+                           snapshots_named=slot_snapshots(self.js))
         found.update(node=self.ctx.config.node.id, token=self.ctx.token, store=self.store.identity())
         for what in TOTALED:
             self.totals[what] += found[what]
         log.event("objects_collected", "warning" if found["error"] else "info",
                   **{k: found[k] for k in ("objects", "bytes", "named", "kept_young", "removed",
-                                           "removed_bytes", "others", "swept", "took_ms", "error")})
+                                           "removed_bytes", "snapshots", "others", "swept", "took_ms",
+                                           "error")})
         try:
             await slot.write_found(self.js, found)
         except Exception as exc:  # the next walk writes again
