@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
-from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
 
 from crewlet import credentials, log
 
@@ -158,6 +158,8 @@ async def close(nc: Client, timeout: float = CLOSE_TIMEOUT) -> None:
 # Pauses between resends of an unanswered publish: the first, doubling up to the last.
 RESEND_PAUSE = 0.1
 RESEND_PAUSE_MAX = 1.0
+# "duplicate message id is in process": a clustered leader proposing that id already.
+DUPLICATE_IN_PROCESS = 10158
 # A compare-and-set on a subject (a KV key): the header naming the last
 # sequence the writer expects (0: the key must not exist), and the error codes
 # of a write that lost (the key moved on, or exists).
@@ -183,6 +185,12 @@ async def publish_until(js: JetStreamContext, subject: str, data: bytes, *, msg_
     must name this one write: an id reused by another write inside the
     window would be answered without being stored.
 
+    A clustered stream's leader answers a publish of an id it is still
+    proposing (another process's write of the same thing, or our own first
+    try) with :data:`DUPLICATE_IN_PROCESS`: not a refusal, for that copy may
+    yet land, so it is sent again like an unanswered one, and once the copy
+    is stored the broker answers with its duplicate ack.
+
     Raises :class:`Unanswered` once the deadline passed; a refusal
     (``APIError``: a compare-and-set that lost, a bad subject) at once.
     """
@@ -194,6 +202,10 @@ async def publish_until(js: JetStreamContext, subject: str, data: bytes, *, msg_
             return await js.publish(subject, data, headers=headers,
                                     timeout=max(0.05, min(timeout, left)), **options)
         except (NoStreamResponseError, NatsTimeoutError, NoRespondersError) as exc:
+            why = exc
+        except APIError as exc:
+            if exc.err_code != DUPLICATE_IN_PROCESS:
+                raise
             why = exc
         if time.monotonic() + pause >= deadline:
             raise Unanswered(f"publishing on {subject}: no answer in time: {type(why).__name__}")

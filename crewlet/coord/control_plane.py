@@ -103,7 +103,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from nats.js.kv import KeyValue
 
 from crewlet.company.model import REVISION_MAX, Company
-from crewlet.bus import kv_subject
+from crewlet.bus import DUPLICATE_IN_PROCESS, kv_subject
 from crewlet.coord.buckets import CONFIG, ensure, follow, last, subjects
 from crewlet.bus import EXPECTED_LAST as _EXPECTED_LAST
 from crewlet.bus import WRONG_LAST_SEQUENCE as _WRONG_LAST_SEQUENCE
@@ -138,8 +138,10 @@ _UNANSWERED = (NoStreamResponseError, NatsTimeoutError, asyncio.TimeoutError)
 # members are still meeting), "JetStream system temporarily unavailable", and
 # "stream not found" from a member of a fresh cluster that has not caught up
 # with a bucket its peers made a moment ago (the official CI saw crewletctl
-# apply refused so right after a three-member fleet said it was ready).
-_NOT_YET = (10005, 10023, 10008, 10059)
+# apply refused so right after a three-member fleet said it was ready); and
+# a resend of a write whose first try the leader is still proposing
+# (crewlet.bus.DUPLICATE_IN_PROCESS: once stored, the resend is its duplicate).
+_NOT_YET = (10005, 10023, 10008, 10059, DUPLICATE_IN_PROCESS)
 
 T = TypeVar("T")
 

@@ -113,3 +113,27 @@ def test_an_ack_sent_during_a_leader_election_is_confirmed(nats_cluster):
             info = await retry(lambda: js.consumer_info("AGENTS", "inbox-w"))
             assert info.num_ack_pending == 0 and info.num_pending == 0
     asyncio.run(main())
+
+
+def test_one_write_sent_by_two_processes_at_once_lands_once_and_both_are_answered(nats_cluster):
+    """Two nodes storing the same webhook delivery at the same moment (the
+    claim's loser stores too, in case the winner died): an R3 leader answers
+    the second publish of a message id it is still proposing with 10158,
+    "duplicate message id is in process" — not a refusal, the write may yet
+    land — so each is sent again until the duplicate ack comes (CI once
+    answered such a delivery 503)."""
+    async def main():
+        async with _connect([nats_cluster[0].url]) as (nc1, js1), \
+                _connect([nats_cluster[1].url]) as (nc2, js2):
+            await retry(lambda: js1.add_stream(name="TWICE", subjects=["twice.>"], num_replicas=3))
+            await retry(lambda: js1.publish("twice.warm", b"w", timeout=5))
+            deadline = time.monotonic() + PATIENCE
+            for i in range(150):
+                acks = await asyncio.gather(*(
+                    publish_until(js, f"twice.{i}", b"x", msg_id=f"delivery-{i}", deadline=deadline)
+                    for js in (js1, js2)))
+                assert sorted(bool(a.duplicate) for a in acks) == [False, True], acks
+                assert acks[0].seq == acks[1].seq
+            info = await js1.stream_info("TWICE")
+            assert info.state.messages == 151
+    asyncio.run(main())
