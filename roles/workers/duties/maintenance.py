@@ -157,9 +157,15 @@ class Maintenance:
 
 async def _trim_log(ctx, js) -> None:
     """The estate log's trim (roles/workers/duties/log_trim.py), said when it fails."""
+    presences = {k.removeprefix("node."): o.info for k, o in ctx.holders.of("node.").items()} \
+        if ctx.holders is not None and ctx.holders.listed.is_set() else {}
+    if not presences:
+        # Not listed yet, or not even this node's own presence seen yet (the
+        # first sweep after a start): every broker member would look gone, and
+        # the trim be refused with a warning. The next look trims.
+        log.event("estate_log_trim_skipped", reason="the node presences are not known yet")
+        return
     try:
-        presences = {k.removeprefix("node."): o.info for k, o in ctx.holders.of("node.").items()} \
-            if ctx.holders is not None else {}
         await log_trim.trim(js, ctx.estate.view.data_nodes(), presences, ctx.config.stream.replicas)
     except Exception as exc:  # no quorum, the view not ready: the next look tries again
         log.event("estate_log_trim_failed", "warning", error=f"{type(exc).__name__}: {exc}")
