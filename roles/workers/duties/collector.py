@@ -81,7 +81,7 @@ from crewlet.estate.router import Router
 from crewlet.objects import slot
 from crewlet.objects.base import ObjectStore
 from crewlet.objects.files import is_file_object, store_of
-from roles.workers.duties import Duty, going_on
+from roles.workers.duties import Duty, a_copy_serves, going_on
 
 NAME = "collector"
 # Rows a file.list page asks for: the most a query gives, so a company of a
@@ -303,7 +303,7 @@ async def run(ctx) -> None:
     try:
         collector = Collector(ctx, store)
         await collector.carry_totals()
-        await _a_copy_serves(ctx.estate, UNREAD_RETRY)
+        await a_copy_serves(ctx.estate, UNREAD_RETRY)
         while going_on():
             found = await collector.once()
             # A walk that could not read the rows (the copies not in service yet,
@@ -312,19 +312,6 @@ async def run(ctx) -> None:
             await asyncio.sleep(min(every, UNREAD_RETRY) if found.get("named") is None else every)
     finally:
         await store.close()
-
-
-async def _a_copy_serves(router: Any, within: float) -> None:
-    """Until some data node's copy is in service, or *within* s passed: a walk
-    taken at once at a node's start found no copy to read the rows from, and
-    said so as a warning every time."""
-    if router is None:
-        return
-    deadline = time.monotonic() + within
-    while going_on() and time.monotonic() < deadline:
-        if router.view.ready and any(s.in_service for s in router.view.data_nodes()):
-            return
-        await asyncio.sleep(0.5)
 
 
 DUTY = Duty(NAME, run)

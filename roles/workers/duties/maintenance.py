@@ -52,7 +52,7 @@ from crewlet.company import Company
 from crewlet.coord import duty_reports
 from crewlet.estate.ops import TURN_TRIM_DEFAULT, make_op, op_id
 from crewlet.queue.jetstream import JetStreamMailboxes
-from roles.workers.duties import Duty, going_on, log_trim
+from roles.workers.duties import Duty, a_copy_serves, going_on, log_trim
 from roles.workers.duties.mailbox_retirement import Retirement, Trimmer
 
 NAME = "maintenance"
@@ -72,6 +72,9 @@ TRIM_BUDGET = SWEEP_EVERY / 4
 TRIM_TIMEOUT = 60.0
 # What a sweep counts, in the order a report shows them.
 COUNTED = ("turns", "mail", "mailboxes")
+# Seconds the first sweep waits for a copy of the estate to serve (its turn
+# records are read through one), at most: a node's start takes a second or two.
+COPY_WAIT = 30.0
 
 
 def cutoff(now: float, turns_days: int) -> int:
@@ -174,6 +177,7 @@ async def _trim_log(ctx, js) -> None:
 async def run(ctx) -> None:
     work = Maintenance(ctx, JetStreamMailboxes(ctx.role.jetstream(), ctx.role.nats))
     await work.carry_totals()
+    await a_copy_serves(ctx.estate, COPY_WAIT)
     last_sweep: float | None = None  # monotonic; None: not yet (the first look sweeps)
     last_trim: float | None = None   # of the estate log, likewise
     retention = None                 # the company's retention at the last sweep
