@@ -43,10 +43,9 @@ default 100,1000 turns in flight), in one run, on 127.0.0.1 only:
   data node, ``model``; JSON-encoded per request) and the answer parsed. This
   is the provider's own latency and the turns/s the fake server allows on
   this machine at N in flight: the baseline of the ratios.
-* **bare httpx2** — the same with ``httpx2``'s ``AsyncClient``, the HTTP
-  library crewlet's openai provider uses, one client with no pool limit
-  (crewlet's has httpx2's default, 100 connections and 20 kept alive): what
-  the library alone costs at N connections.
+* **bare aiohttp** — the same with ``aiohttp``'s ``ClientSession``, the HTTP
+  library crewlet's providers use, one session with no pool limit (as
+  crewlet's): what the library alone costs at N connections.
   ``--bare-stream`` adds a fourth side, the bare client asking for streams
   (``stream: true``, 100 chunks an answer): what a streamed conversation
   run's wire costs the provider and a client.
@@ -117,6 +116,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import aiohttp  # noqa: E402
 import httpx2  # noqa: E402
 import nats  # noqa: E402
 import psutil  # noqa: E402
@@ -147,7 +147,7 @@ OTHER_THREAD = "Thread._bootstrap"  # the root frame of a thread that is not the
 ROOT_SHARE = 0.9                   # a frame this near the commonest is the loop's root, not a hot spot
 LOG_EVERY = 5.0                    # s between progress notes in a round
 OUTSIDE_NODE = ("provider", "bench")   # metered processes that are not crewletd's
-SIDES = ("crewlet", "bare", "bare httpx2", "bare stream")
+SIDES = ("crewlet", "bare", "bare aiohttp", "bare stream")
 
 
 # --------------------------------------------------------------------------
@@ -454,32 +454,32 @@ def request_body(stream: bool = False) -> dict[str, Any]:
 class Bare:
     """The bare client: the bench's own HTTP/1.1 keep-alive client over asyncio streams
     (bench/api.py's, a connection per worker), crewlet's request body encoded per
-    request, the answer parsed; or (*httpx*) httpx2's AsyncClient, crewlet's HTTP
-    library, with no pool limit."""
+    request, the answer parsed; or (*library*) aiohttp's ClientSession, crewlet's
+    HTTP library, with no pool limit."""
 
-    def __init__(self, provider: Provider, stream: bool = False, httpx: bool = False):
+    def __init__(self, provider: Provider, stream: bool = False, library: bool = False):
         self.port, self.path = provider.port, "/v1/chat/completions"
         self.url = provider.base_url + "/chat/completions"
         self.stream = stream
         self.body = request_body(stream)
         self.headers = {"content-type": "application/json"}
         self.conns: dict[str, Conn] = {}
-        self.client = httpx2.AsyncClient(limits=httpx2.Limits(max_connections=None,
-                                                              max_keepalive_connections=None)) if httpx else None
+        self.library = library
+        self.client: aiohttp.ClientSession | None = None  # made on the loop that uses it
 
     async def close(self) -> None:
         for conn in self.conns.values():
             conn.close()
         if self.client is not None:
-            await self.client.aclose()
+            await self.client.close()
 
     def _body(self, tag: str) -> dict[str, Any]:
         return {**self.body, "messages": [self.body["messages"][0], {"role": "user", "content": tag}]}
 
     async def turn(self, tag: str) -> tuple[float, float, dict]:
         t = time.monotonic()
-        if self.client is not None:
-            await self._httpx(tag)
+        if self.library:
+            await self._aiohttp(tag)
         else:
             await self._raw(tag)
         return t, time.monotonic(), {}
@@ -509,12 +509,16 @@ class Bare:
         if not ended:
             raise BenchError("bare stream: the stream ended before [DONE]")
 
-    async def _httpx(self, tag: str) -> None:
-        assert self.client is not None
-        r = await self.client.post(self.url, headers=self.headers, json=self._body(tag), timeout=REQUEST_TIMEOUT)
-        if r.status_code != 200:
-            raise BenchError(f"bare httpx2: HTTP {r.status_code}: {r.text[:200]}")
-        r.json()["choices"][0]["message"]["content"]
+    async def _aiohttp(self, tag: str) -> None:
+        if self.client is None:
+            self.client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT))
+        async with self.client.post(self.url, headers=self.headers,
+                                    data=json.dumps(self._body(tag)).encode()) as r:
+            body = await r.read()
+        if r.status != 200:
+            raise BenchError(f"bare aiohttp: HTTP {r.status}: {body[:200]!r}")
+        json.loads(body)["choices"][0]["message"]["content"]
 
 
 class Mail:
@@ -642,7 +646,7 @@ def find_py_spy() -> str | None:
 
 def _package(frame: str) -> str:
     """Where a py-spy frame (``name (path:line)``) lives: the path's top directory
-    (``httpx2``, ``nats``, ``asyncio``), two levels for crewlet's own (``crewlet/agent``)."""
+    (``aiohttp``, ``nats``, ``asyncio``), two levels for crewlet's own (``crewlet/agent``)."""
     path = frame.rpartition(" (")[2].rstrip(")").rpartition(":")[0]
     parts = path.split("/")
     if parts[0] in ("crewlet", "roles", "supervisor") and len(parts) > 2:
@@ -749,7 +753,7 @@ async def measure(provider: Provider, node: SlowNode, seats: list[str], args: ar
     n = len(seats)
     try:
         # Per side: the processes metered, the turn, a short tag.
-        bares = {"bare": Bare(provider), "bare httpx2": Bare(provider, httpx=True)}
+        bares = {"bare": Bare(provider), "bare aiohttp": Bare(provider, library=True)}
         if args.bare_stream:
             bares["bare stream"] = Bare(provider, stream=True)
         for short, (name, client) in zip("bhs", bares.items()):
@@ -850,7 +854,7 @@ def build_report(results: list[dict[str, Any]], args: argparse.Namespace, binary
                          "cpu_ms_per_turn": got.get("cpu_ms_per_turn")}
         c = row["crewlet"]["per_s"]
         row["ratio"] = ratio(c, row["bare"]["per_s"])
-        row["ratio_httpx2"] = ratio(c, row["bare httpx2"]["per_s"])
+        row["ratio_aiohttp"] = ratio(c, row["bare aiohttp"]["per_s"])
         rows.append(row)
     return {"rows": rows, "results": results,
             "targets": {"per_s_at_1000": TARGET_PER_S, "added_p99_ms": TARGET_ADDED_P99},
@@ -859,7 +863,7 @@ def build_report(results: list[dict[str, Any]], args: argparse.Namespace, binary
                        "providers": args.providers, "max_concurrent": args.max_concurrent,
                        "fleet": {"sweep": args.sweep, "heartbeat": args.heartbeat, "lease_ttl": args.lease_ttl},
                        "nats_server": server_version(binary), "nats_py": NATS_PY_VERSION,
-                       "httpx2": httpx2.__version__, "python": sys.version.split()[0],
+                       "aiohttp": aiohttp.__version__, "python": sys.version.split()[0],
                        "cpus": os.cpu_count()}}
 
 
@@ -884,20 +888,20 @@ def _cpu(cpu: dict[str, float | None] | None) -> str:
 def print_text(rep: dict[str, Any]) -> None:
     cfg = rep["config"]
     print(f"crewlet slow turns benchmark  (python {cfg['python']}, {cfg['cpus']} cpus, nats-server "
-          f"{cfg['nats_server']}, nats-py {cfg['nats_py']}, httpx2 {cfg['httpx2']}; the provider answers "
+          f"{cfg['nats_server']}, nats-py {cfg['nats_py']}, aiohttp {cfg['aiohttp']}; the provider answers "
           f"{cfg['tokens']} tokens at {cfg['rate']:g}/s = {cfg['answer_s']:.1f} s; node.max_concurrent "
           f"{cfg['max_concurrent']}, {cfg['providers']} provider(s); {cfg['rounds']} interleaved rounds of "
           f"{cfg['seconds']:g} s per side, medians)")
     print()
-    print(f"{'in flight':>9} {'crewlet':>8} {'bare':>8} {'x':>5} {'httpx2':>8} {'x':>5}  "
+    print(f"{'in flight':>9} {'crewlet':>8} {'bare':>8} {'x':>5} {'aiohttp':>8} {'x':>5}  "
           f"{'added ms p50 / p95 / p99, end to end':>38}")
     print(f"{'':>9} {'turns/s':>8} {'req/s':>8} {'':>5} {'req/s':>8} {'':>5}  "
-          f"{'crewlet':>22} | {'bare':>20} | {'httpx2':>20}")
+          f"{'crewlet':>22} | {'bare':>20} | {'aiohttp':>20}")
     for row in rep["rows"]:
         print(f"{row['in_flight']:9d} {_f(row['crewlet']['per_s'], '8.1f')} {_f(row['bare']['per_s'], '8.1f')} "
-              f"{_f(row['ratio'], '5.2f')} {_f(row['bare httpx2']['per_s'], '8.1f')} "
-              f"{_f(row['ratio_httpx2'], '5.2f')}  {_lat(row['crewlet']['added_ms']):>22} | "
-              f"{_lat(row['bare']['added_ms']):>20} | {_lat(row['bare httpx2']['added_ms']):>20}")
+              f"{_f(row['ratio'], '5.2f')} {_f(row['bare aiohttp']['per_s'], '8.1f')} "
+              f"{_f(row['ratio_aiohttp'], '5.2f')}  {_lat(row['crewlet']['added_ms']):>22} | "
+              f"{_lat(row['bare']['added_ms']):>20} | {_lat(row['bare aiohttp']['added_ms']):>20}")
     print()
     for row, r in zip(rep["rows"], rep["results"]):
         print(f"{r['in_flight']} in flight:")

@@ -946,28 +946,28 @@ class SeatWork:
     def _remember_inflight(self, delivery: Delivery, crashes: int, how: str | None = None) -> None:
         # One line, ``<ack token> <stream seq> <crashes> <writer>``: the token to
         # NAK, and what tells a poison mail (see "Poison mail").
-        # Not fsynced: it must survive this process being killed, not the machine.
-        # The file stays open and is overwritten in place: creating, renaming
-        # and unlinking a file on every turn cost a third of the seats process
-        # under load (measured). Written before it is cut to length, and read
-        # to its first newline, so a kill in between leaves a whole record, this
-        # one or the last (already acked, and a NAK of it is ignored).
-        if self._inflight_fd is None:
-            self._inflight_fd = os.open(self.engine.inflight_path(self.seat), os.O_RDWR | os.O_CREAT, 0o600)
-        data = " ".join((delivery.ack_token, str(delivery.seq), str(crashes),
-                         how or self.engine.incarnation))
-        data = (data + "\n").encode()
-        os.pwrite(self._inflight_fd, data, 0)
-        os.ftruncate(self._inflight_fd, len(data))
+        self._write_inflight(" ".join((delivery.ack_token, str(delivery.seq), str(crashes),
+                                       how or self.engine.incarnation)))
 
     def _mark_fetching(self) -> None:
         # Written before the fetch goes out, overwritten by the delivery's own
         # record once it is in hand (or cleared when there was none).
+        self._write_inflight(f"{_FETCHING} 0 0 {self.engine.incarnation}")
+
+    def _write_inflight(self, record: str) -> None:
+        # Not fsynced: it must survive this process being killed, not the machine.
+        # The file stays open and its first line is overwritten in place, one
+        # pwrite a record: creating, renaming and unlinking a file on every
+        # turn cost a third of the seats process under load, and cutting it
+        # to length after each write (an ftruncate) doubled the syscalls for
+        # nothing (bench/slow_turns.py). It is read to its first newline
+        # (:func:`parse_inflight`), so what an older, longer record left
+        # after it means nothing, and one pwrite is whole or not there at a
+        # kill: the record is this one or the last (already acked, and a
+        # NAK of it is ignored).
         if self._inflight_fd is None:
             self._inflight_fd = os.open(self.engine.inflight_path(self.seat), os.O_RDWR | os.O_CREAT, 0o600)
-        data = f"{_FETCHING} 0 0 {self.engine.incarnation}\n".encode()
-        os.pwrite(self._inflight_fd, data, 0)
-        os.ftruncate(self._inflight_fd, len(data))
+        os.pwrite(self._inflight_fd, (record + "\n").encode(), 0)
 
     def _forget_inflight_quietly(self) -> None:
         with contextlib.suppress(OSError):
@@ -975,7 +975,7 @@ class SeatWork:
 
     def _forget_inflight(self) -> None:
         if self._inflight_fd is not None:
-            os.ftruncate(self._inflight_fd, 0)
+            os.pwrite(self._inflight_fd, b"\n", 0)  # an empty first line: nothing in flight
             return
         try:
             os.unlink(self.engine.inflight_path(self.seat))

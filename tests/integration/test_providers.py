@@ -24,6 +24,7 @@ import pytest
 
 from crewlet.agent.providers import CoolingDown, ProviderError, make_provider
 from crewlet.agent.providers.scripted import NO_MATCH
+from crewlet.agent.providers.base import env_proxy
 from crewlet.agent.types import Message, Reply, Sink, ToolCall, ToolSpec, Usage
 from crewlet.company.model import Provider as ProviderSpec
 from crewlet.coord import buckets
@@ -264,8 +265,37 @@ def test_connection_errors_are_retried_until_the_deadline():
         await p.close()
         # Attempts at 0, 0.5 and 1.5 s; the next backoff (2 s) would pass the deadline.
         assert 1.4 < time.monotonic() - started < 2.5
-        assert caught.value.retryable and "ConnectError" in str(caught.value)
+        assert caught.value.retryable and "Cannot connect to host" in str(caught.value)
     asyncio.run(main())
+
+
+def test_a_proxy_the_providers_environment_names_carries_its_requests(wire):
+    async def main():
+        wire.queue(openai_reply("Through the proxy."))
+        wire.queue(openai_reply("Again."))
+        spec = ProviderSpec(kind="openai", model="gpt-wire", base_url="http://model.invalid/v1",
+                            api_key_env="WIRE_KEY")
+        p = make_provider("oai", spec, env={**ENV, "HTTP_PROXY": wire.url, "no_proxy": "localhost"})
+        for said in ("Through the proxy.", "Again."):
+            r = await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(10))
+            assert r.text == said
+        await p.close()
+        # Absolute-form request lines: what a client says to a forward proxy.
+        assert [req.path for req in wire.received()] == ["http://model.invalid/v1/chat/completions"] * 2
+    asyncio.run(main())
+
+
+def test_env_proxy_reads_scheme_proxies_and_no_proxy_as_curl_does():
+    url = "https://api.openai.com/v1"
+    assert env_proxy(url, {}) is None
+    assert env_proxy(url, {"HTTPS_PROXY": "http://p:3128"}) == "http://p:3128"
+    assert env_proxy(url, {"HTTP_PROXY": "http://p:3128"}) is None, "the scheme's own proxy only"
+    both = {"HTTPS_PROXY": "http://upper:1", "https_proxy": "http://lower:2"}
+    assert env_proxy(url, both) == "http://lower:2"
+    assert env_proxy(url, {"https_proxy": "http://p:3128", "NO_PROXY": ".openai.com"}) is None
+    assert env_proxy(url, {"https_proxy": "http://p:3128", "no_proxy": "*"}) is None
+    assert env_proxy(url, {"https_proxy": "http://p:3128", "no_proxy": "example.com"}) == "http://p:3128"
+    assert env_proxy(url, {"https_proxy": ""}) is None
 
 
 def test_openai_4xx_fails_at_once_with_the_endpoints_words(wire):
@@ -655,7 +685,7 @@ def test_openai_stream_cut_midway_restarts_the_sink_and_is_retried(wire):
         with pytest.raises(ProviderError) as caught:
             await p.complete(SYSTEM, [Message("user", "status?")], [], deadline=soon(0.4), sink=sink)
         await p.close()
-        assert caught.value.retryable and "RemoteProtocolError" in str(caught.value)
+        assert caught.value.retryable and "payload is not completed" in str(caught.value)
         assert sink.told == [*deltas("Half"), ("restart",)]
     asyncio.run(main())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from crewlet.agent.providers.base import sse_events
+from crewlet.agent.providers.base import body_lines, sse_events
 
 
 def read(*lines: str) -> list[tuple[str, str]]:
@@ -29,3 +29,23 @@ def test_events_their_names_and_joined_data():
 def test_an_event_the_stream_ends_in_is_dropped():
     assert read("data: whole", "", 'data: {"cut sh') == [("message", "whole")]
     assert read("event: ping", "", "") == [], "an event without data is nothing"
+
+
+def lines_of(*chunks: bytes) -> list[str]:
+    async def source():
+        for chunk in chunks:
+            yield chunk
+
+    async def main():
+        return [line async for line in body_lines(source())]
+    return asyncio.run(main())
+
+
+def test_body_lines_end_at_crlf_lf_or_cr_wherever_the_chunks_are_cut():
+    assert lines_of(b"data: a\r\n\r\ndata: b\n\ndata: c\r\rtail") == [
+        "data: a", "", "data: b", "", "data: c", "", "tail"]
+    # A CRLF cut between two chunks is one end; a CR that ends the body ends its line.
+    assert lines_of(b"data: a\r", b"\n", b"\r", b"\nevent: x\r") == ["data: a", "", "event: x"]
+    assert lines_of(b"da", b"ta: ", b"\xc3", b"\xa9t\xc3\xa9\n") == ["data: été"], "a character cut in two"
+    assert lines_of(b"bad \xff byte\n") == ["bad \ufffd byte"]
+    assert lines_of() == [] and lines_of(b"") == []

@@ -47,17 +47,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import email.utils
 import hashlib
 import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import httpx2
+import aiohttp
 
 from crewlet import log
 from crewlet.agent.types import Message, Reply, Sink, ToolSpec
@@ -212,13 +213,15 @@ def retry_after(headers: Mapping[str, str], now: float | None = None) -> float |
     return max(0.0, when.timestamp() - now)
 
 
-def endpoint_says(response: httpx2.Response) -> str:
-    """The endpoint's own words about a failed request."""
+def endpoint_says(raw: bytes, reason: str | None = None) -> str:
+    """The endpoint's own words about a failed request, from its body *raw*
+    (and the status line's *reason* when the body says nothing)."""
+    text = raw.decode("utf-8", "replace")
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
         body = None
-    return error_words(body) or response.text.strip()[:_ERROR_QUOTE] or response.reason_phrase or "no body"
+    return error_words(body) or text.strip()[:_ERROR_QUOTE] or reason or "no body"
 
 
 def error_words(body: Any) -> str | None:
@@ -234,6 +237,31 @@ def error_words(body: Any) -> str | None:
     if body.get("message"):
         return str(body["message"])
     return None
+
+
+# A line of a server-sent event stream ends at CRLF, LF or a lone CR.
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+async def body_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of a response body read as *chunks* (bytes as they arrive),
+    each without its end (CRLF, LF or CR, as an event stream may end them),
+    UTF-8 decoded (an invalid byte becomes U+FFFD). A CR that ends a chunk
+    is held until the next one says whether an LF follows it, so a CRLF cut
+    between two chunks is one end, not two. What follows the last end is the
+    last line."""
+    rest = b""
+    async for chunk in chunks:
+        rest += chunk
+        held = rest.endswith(b"\r")
+        *lines, rest = _EOL.split(rest[:-1] if held else rest)
+        for line in lines:
+            yield line.decode("utf-8", "replace")
+        if held:
+            rest += b"\r"
+    if rest:
+        for line in _EOL.split(rest[:-1] if rest.endswith(b"\r") else rest):
+            yield line.decode("utf-8", "replace")
 
 
 async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
@@ -288,7 +316,7 @@ class HttpProvider(Provider):
         self._env = env
         # What this instance itself learnt from a 429, for when the fleet's bucket cannot answer.
         self._local_until = 0.0
-        self._clients = _Clients()
+        self._session = _Session()
         # Tool lists' JSON by the ids of their specs; each entry keeps its
         # specs, so an id is never another spec's while it is here.
         self._tools_json: dict[tuple[int, ...], tuple[tuple[ToolSpec, ...], bytes]] = {}
@@ -413,7 +441,7 @@ class HttpProvider(Provider):
                 if sink is None:
                     return await self._attempt(headers, data, timeout)
                 return await self._stream(headers, data, timeout, sink)
-            except (httpx2.TransportError, TimeoutError, StreamCut) as exc:
+            except (aiohttp.ClientError, TimeoutError, StreamCut) as exc:
                 last = self._redact(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
                 wait = backoff
             except Refused as refused:
@@ -446,13 +474,12 @@ class HttpProvider(Provider):
 
     async def _attempt(self, headers: dict[str, str], data: bytes, timeout: float) -> Reply:
         """One request answered in one JSON body."""
-        # httpx2's timeout bounds each phase; the outer one bounds the whole attempt.
-        with self._clients.one() as client:
-            async with asyncio.timeout(timeout):  # not wait_for: no task of its own per request
-                response = await client.post(self._url(), headers=headers, content=data, timeout=timeout)
-        if not 200 <= response.status_code < 300:
-            raise _refused(response)
-        return self._parsed(lambda: self._reply(response.json()), response.text)
+        async with asyncio.timeout(timeout):  # the whole attempt: connect, send, the body read
+            async with self._session.post(self._url(), data, headers, self._env) as response:
+                raw = await response.read()
+                if not 200 <= response.status < 300:
+                    raise _refused(response, raw)
+        return self._parsed(lambda: self._reply(json.loads(raw)), raw)
 
     async def _stream(self, headers: dict[str, str], data: bytes, timeout: float,
                       sink: Sink) -> Reply:
@@ -461,50 +488,41 @@ class HttpProvider(Provider):
         streamed = False
         seen = ""  # the event being read: quoted if it is malformed
         try:
-            # The outer timeout bounds the whole attempt, as _attempt's does.
-            with self._clients.one() as client:
-                async with asyncio.timeout(timeout), client.stream(
-                        "POST", self._url(), headers=headers, content=data, timeout=timeout) as response:
-                    if not 200 <= response.status_code < 300:
-                        await response.aread()
-                        raise _refused(response)
-                    async for event, seen in sse_events(response.aiter_lines()):
-                        text = self._parsed(lambda: assembly.feed(event, seen), seen)
-                        if text:
-                            streamed = True
-                            await sink.delta(text)
-                        if assembly.done:
-                            break
+            # The timeout bounds the whole attempt, as _attempt's does.
+            async with asyncio.timeout(timeout), self._session.post(
+                    self._url(), data, headers, self._env) as response:
+                if not 200 <= response.status < 300:
+                    raise _refused(response, await response.read())
+                async for event, seen in sse_events(body_lines(response.content.iter_any())):
+                    text = self._parsed(lambda: assembly.feed(event, seen), seen)
+                    if text:
+                        streamed = True
+                        await sink.delta(text)
+                    if assembly.done:
+                        break
             if not assembly.done:
                 raise StreamCut("the stream ended before its end marker")
             return self._parsed(lambda: self._reply(assembly.body()), seen)
-        except (httpx2.TransportError, TimeoutError, StreamCut, Refused, ProviderError):
+        except (aiohttp.ClientError, TimeoutError, StreamCut, Refused, ProviderError):
             # The stream's own failures, not the sink's: what the sink was told is void.
             if streamed:
                 await sink.restart()
             raise
 
-    def _parsed(self, read: Callable[[], Any], quoted: str) -> Any:
-        """*read*() — reading what the endpoint sent — or a ProviderError quoting it."""
+    def _parsed(self, read: Callable[[], Any], quoted: str | bytes) -> Any:
+        """*read*() — reading what the endpoint sent (*quoted*, decoded only
+        if it must be quoted) — or a ProviderError quoting it."""
         try:
             return read()
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            if isinstance(quoted, bytes):
+                quoted = quoted[:_ERROR_QUOTE * 4].decode("utf-8", "replace")
             raise ProviderError(self._redact(
                 f"provider {self.name}: unexpected response ({type(exc).__name__}: {exc}): "
                 f"{quoted[:_ERROR_QUOTE]}"), retryable=False) from exc
 
     async def close(self) -> None:
-        await self._clients.close()
-
-
-# Requests one HTTP client carries at once. httpx2's pool looks at every one of
-# its connections on each request (a getpeername and a readability poll each):
-# one client of 1,000 connections cost 2-3 ms of CPU a request, and at its
-# default limit of 100 the 101st turn waited for a connection; clients of 100
-# still spent a fifth of the seats process there at 1,000 turns in flight
-# (bench/slow_turns.py: 276 turns/s, 356 with clients of 16). Clients of this
-# many stay cheap, and a provider has as many as its requests in flight need.
-CLIENT_REQUESTS = 16
+        await self._session.close()
 
 
 # Tool lists whose JSON a provider keeps (a seat's list changes only with its MCP servers).
@@ -516,37 +534,75 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
-class _Clients:
-    """A provider's HTTP clients. Invariant: each entry is ``[client, requests
-    it carries now]``, that count never above :data:`CLIENT_REQUESTS`."""
+class _Session:
+    """A provider's HTTP client: one aiohttp session (and its pool of
+    keep-alive connections) for the event loop it is used on.
+
+    Why aiohttp: bench/slow_turns.py at 1,000 turns in flight measured the
+    HTTP client at 0.67 ms of CPU a request with httpx2 (already cut into
+    clients of 16 connections: its pool scans every connection on each
+    request) against 0.21 ms with aiohttp, whose pool is a queue per host and
+    whose response parser is C; the client was ~half the seats process.
+
+    The pool has no bound of its own: the node's turn slots
+    (``node.max_concurrent``) bound the requests in flight. A proxy is taken
+    from the provider's environment as httpx and curl do (``HTTPS_PROXY``,
+    ``HTTP_PROXY``, ``NO_PROXY``, any case), read once per URL: aiohttp's own
+    ``trust_env`` looks it up again in a thread on every request (two
+    executor jobs a request, measured).
+
+    Invariant: ``_session`` is None or a session made on ``_loop``. A session
+    belongs to the loop it was made on, so a provider used from another loop
+    (a test's second ``asyncio.run``) gets a session of its own there."""
 
     def __init__(self) -> None:
-        self._clients: list[list[Any]] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._proxies: dict[str, str | None] = {}  # url -> its proxy from the environment
 
-    @contextlib.contextmanager
-    def one(self) -> Iterator[httpx2.AsyncClient]:
-        """A client with room for one more request, for the length of the block."""
-        entry = next((e for e in self._clients if e[1] < CLIENT_REQUESTS), None)
-        if entry is None:
-            limits = httpx2.Limits(max_connections=CLIENT_REQUESTS,
-                                   max_keepalive_connections=CLIENT_REQUESTS)
-            entry = [httpx2.AsyncClient(limits=limits), 0]
-            self._clients.append(entry)
-        entry[1] += 1
-        try:
-            yield entry[0]
-        finally:
-            entry[1] -= 1
+    def post(self, url: str, data: bytes, headers: dict[str, str], env: Mapping[str, str]) -> Any:
+        """``session.post`` through the proxy *env* names for *url*, if any: use as ``async with``."""
+        proxy = self._proxies.get(url, "")
+        if proxy == "":
+            proxy = self._proxies[url] = env_proxy(url, env)
+        return self._get().post(url, data=data, headers=headers, proxy=proxy)
+
+    def _get(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=None))  # each attempt's own asyncio.timeout bounds it
+            self._loop = loop
+        return self._session
 
     async def close(self) -> None:
-        clients, self._clients = self._clients, []
-        for client, _ in clients:
-            await client.aclose()
+        session, self._session = self._session, None
+        if session is not None and not session.closed and self._loop is asyncio.get_running_loop():
+            await session.close()
 
 
-def _refused(response: httpx2.Response) -> Refused:
-    status = response.status_code
-    return Refused(status, f"HTTP {status}: {endpoint_says(response)}", retry_after(response.headers))
+def env_proxy(url: str, env: Mapping[str, str]) -> str | None:
+    """The proxy *env* names for *url*: ``<scheme>_proxy`` (``HTTPS_PROXY``…;
+    the lower-case name wins over the upper), unless ``no_proxy`` covers its
+    host (as :mod:`urllib.request` reads it); None for none."""
+    proxies: dict[str, str] = {}
+    for name in sorted(env, key=str.islower):  # lower case last: it wins
+        if name.lower().endswith("_proxy") and env[name]:
+            proxies[name[:-6].lower()] = env[name]
+    parts = urllib.parse.urlsplit(url)
+    if not proxies.get(parts.scheme):
+        return None
+    no = proxies.get("no")
+    if no and urllib.request.proxy_bypass_environment(parts.hostname or "", {"no": no}):
+        return None
+    return proxies[parts.scheme]
+
+
+def _refused(response: aiohttp.ClientResponse, raw: bytes) -> Refused:
+    status = response.status
+    return Refused(status, f"HTTP {status}: {endpoint_says(raw, response.reason)}",
+                   retry_after(response.headers))
 
 
 def tool_args(raw: Any) -> dict[str, Any]:
