@@ -20,7 +20,7 @@ import os
 import sys
 import uuid
 
-from crewlet import disk, log
+from crewlet import disk, heap, log
 from crewlet.agent.janitor import kill_marked
 from crewlet.company import Company
 from crewlet.company.model import Retention
@@ -127,7 +127,9 @@ async def main(ctx: RoleContext) -> None:
         engine.wake(msg.subject.rpartition(".")[2])
 
     wakes = await ctx.nats.subscribe("agents.inbox.*", cb=wake)
+    heap.take_over()  # no full collection in the middle of a thousand turns (crewlet.heap)
     helpers = [asyncio.create_task(_follow(ctx, sweeper, engine)),
+               asyncio.create_task(heap.collect_fully()),
                asyncio.create_task(holders.run()),
                asyncio.create_task(engine.budgets.run(ctx.stopping)),
                asyncio.create_task(engine.cooldowns.run()),
