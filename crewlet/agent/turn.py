@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from crewlet.agent.providers import Provider
 from crewlet.agent.tools import Registry, ToolContext
@@ -108,8 +108,9 @@ DENIED = "A person denied this call{note}. Do not make it again; go on without i
 async def run_rounds(record: TurnRecord, *, text: str | None = None, history: list[Message] | None = None,
                      persona: str, provider: Provider, registry: Registry, services: Any,
                      fence: Callable[[], bool], deadline: float, sink: Sink | None = None,
-                     hooks: Hooks | None = None, pending: tuple[int, list[tuple[int, ToolCall]]] | None = None
-                     ) -> Usage:
+                     hooks: Hooks | None = None,
+                     pending: tuple[int, list[tuple[int, ToolCall]]] | None = None,
+                     gate: Callable[[], Awaitable[None]] | None = None) -> Usage:
     """Run the rounds of one turn into *record*; the tokens used.
 
     The model reads *history* (a conversation's messages so far), or one
@@ -125,7 +126,9 @@ async def run_rounds(record: TurnRecord, *, text: str | None = None, history: li
     whatever *hooks* raise, and whatever the provider raises
     (:class:`~crewlet.agent.providers.ProviderError`). *record* says how far
     the turn got either way. *sink*: told the turn's progress as it happens
-    (none: the provider is asked without streaming).
+    (none: the provider is asked without streaming). *gate*: awaited once,
+    before the first tool call (the turn's first side effect), and it may
+    raise to end the turn there — what may run before it is only the model.
     """
     messages: list[Message] = list(history) if history is not None else [Message("user", text or "")]
     hooks = hooks or Hooks()
@@ -133,6 +136,9 @@ async def run_rounds(record: TurnRecord, *, text: str | None = None, history: li
     round_no, calls = pending if pending is not None else (0, [])
     for asked_count in range(MAX_ROUNDS + 1):
         if calls:
+            if gate is not None:
+                await gate()
+                gate = None
             if not fence():
                 raise Fenced(f"lease of seat {record.seat} lost before round {round_no}'s tool calls")
             for index, call in calls:

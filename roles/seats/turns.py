@@ -17,14 +17,16 @@ A turn, in order:
 2. **budget** — the org and seat caps of the company; a seat over one fetches
    nothing (its mail waits in the mailbox) and says so once (``turn_deferred``);
    a provider key cooling after a 429 is waited out the same way;
-3. **the ledger** — a trigger already worked is acked and skipped;
+3. **the ledger** — a trigger already worked is acked and skipped (for
+   plain mail, read while the model is first asked: only that call comes
+   before its answer);
 4. **the rounds** (:func:`crewlet.agent.turn.run_rounds`), the fence checked
    before each round's side effects;
-5. **the ledger** written, then the **turn record**, each sent again through
-   a stream leader election (:data:`SETTLE_PATIENCE`), then the **ack**, sent
-   once and not waited on (the ledger answers for the trigger by then); a
-   ledger entry that cannot be written leaves the delivery unacked (see
-   ``SeatWork._settle``). The record goes on ``EVENTS``
+5. **the ledger** entry and the **turn record**, together, each sent again
+   through a stream leader election (:data:`SETTLE_PATIENCE`), then the
+   **ack**, sent once and not waited on (the ledger answers for the trigger
+   by then); a ledger entry that cannot be written leaves the delivery
+   unacked (see ``SeatWork._settle``). The record goes on ``EVENTS``
    (``events.turn.<seat>``, the live feed, kept by one data node's event
    log) and, durably, as a ``turn.record`` op on the estate's log (the
    ``turns`` table of every data node's copy; refused there if the seat's
@@ -503,6 +505,22 @@ class TurnEngine:
                           error=f"{type(result).__name__}: {result}")
 
 
+async def _answer(ledger: asyncio.Future) -> dict[str, Any] | None:
+    """What the ledger read *ledger* answered; None when it failed."""
+    try:
+        return await ledger
+    except Exception:
+        return None
+
+
+class _Worked(Exception):
+    """The ledger answered, during a turn's first model call, that its trigger was worked."""
+
+    def __init__(self, worked: dict[str, Any]):
+        super().__init__("the trigger was worked")
+        self.worked = worked
+
+
 class SeatWork:
     """One held seat: its MCP servers, its tools and its mailbox loop.
 
@@ -746,20 +764,25 @@ class SeatWork:
             return
         settled = False  # acked, NAKed or dead-lettered: no longer in our hands
         recorded = False  # the turn record was published before the ack
+        # The ledger is read while the model is first asked: nothing of the
+        # turn happens before the ledger answers but that call, whose answer
+        # is thrown away if the trigger was worked (a redelivery after a
+        # crash between ledger and ack; the same trigger mailed again) — a
+        # broker round trip less on every turn for a model call more on
+        # those. Not for a suspect (its model call may be what kills the
+        # process) nor a conversation's run (its work reads and writes the
+        # estate from the start).
+        ledger = asyncio.ensure_future(engine.ledger.done(delivery.trigger))
         try:
-            worked = await engine.ledger.done(delivery.trigger)
-            if worked is not None:
-                record.outcome = "skipped"
-                await self.mailbox.ack(delivery)
-                settled = True
-                # The turn that worked it may have been cut short between its
-                # ledger entry and its durable record: write that record again
-                # (it lands once, under the same op id).
-                await engine.record_done_again(self.seat, delivery.trigger, worked)
-                run = self._run_of(delivery, self._seat_cfg())
-                if run is not None:
-                    await run.end_again()  # and the run's end, which may not have been told
-                return
+            seat_cfg, provider = self._seat_cfg(), self._provider()
+            run = self._run_of(delivery, seat_cfg)
+            early = self._crashes == 0 and run is None and seat_cfg is not None and provider is not None
+            if not early:
+                worked = await ledger
+                if worked is not None:
+                    await self._skip(delivery, record, worked, run)
+                    settled = True
+                    return
             if self._crashes >= POISON_CRASHES:
                 # Its turn kills the process: working it again would drop every
                 # seat of the node once more. The other seats go on meanwhile.
@@ -770,17 +793,23 @@ class SeatWork:
                 engine.poisoned += 1
                 settled = True
                 return
-            seat_cfg, provider = self._seat_cfg(), self._provider()
             if seat_cfg is None or provider is None:
                 record.outcome, record.error = "failed", "seat or provider not in the company"
                 await self._hand_back(delivery, RETRY_DELAY)
                 settled = True
                 return
+
+            async def unworked() -> None:
+                try:
+                    worked = await ledger
+                except Exception as exc:  # not the turn's own timeout: the ledger's trouble (below)
+                    raise RuntimeError(f"the ledger did not answer: {type(exc).__name__}: {exc}") from exc
+                if worked is not None:
+                    raise _Worked(worked)
             try:
                 async with asyncio.timeout(TURN_TIMEOUT):
                     fence = lambda: engine.fence(self.seat, self.token) and not self.stopped  # noqa: E731
                     deadline = time.monotonic() + TURN_TIMEOUT
-                    run = self._run_of(delivery, seat_cfg)
                     if run is not None:
                         # A conversation's run: its history, messages and end
                         # are the run's (crewlet.conversations.turn).
@@ -790,7 +819,14 @@ class SeatWork:
                         await run_rounds(
                             record, text=delivery.data.decode(errors="replace"), persona=seat_cfg.persona,
                             provider=provider, registry=self.registry, services=engine.services,
-                            fence=fence, deadline=deadline)
+                            fence=fence, deadline=deadline, gate=unworked if early else None)
+                        if early:
+                            await unworked()  # a turn of no tool calls: before its settling
+            except _Worked as skipped:
+                engine.budgets.add(self.seat, sum(record.tokens.values()))
+                await self._skip(delivery, record, skipped.worked, run)
+                settled = True
+                return
             except Fenced as exc:
                 record.outcome, record.error = "fenced", str(exc)
                 log.event("turn_fenced", "warning", seat=self.seat, trigger=delivery.trigger)
@@ -803,7 +839,10 @@ class SeatWork:
                 engine.budgets.add(self.seat, sum(record.tokens.values()))
                 record.outcome, record.error = "failed", str(exc)
                 if isinstance(exc, CoolingDown) or exc.retryable:
+                    # The redo reads the ledger first.
                     await self._hand_back(delivery, self._retry_delay(delivery, exc))
+                elif early and (worked := await _answer(ledger)) is not None:
+                    await self._skip(delivery, record, worked, run)  # worked before: not a dead letter
                 else:
                     # A failure that will not pass (a bad request, a missing key).
                     await self.mailbox.dead_letter(delivery, f"turn failed: {record.error}")
@@ -836,6 +875,10 @@ class SeatWork:
                 log.event("seat_nak_failed", "warning", seat=self.seat,
                           error=f"{type(nak_exc).__name__}: {nak_exc}")
         finally:
+            if not ledger.done():
+                ledger.cancel()  # the turn ended before it mattered (a failure, a cancel)
+            elif not ledger.cancelled():
+                ledger.exception()  # retrieved: a failed read ended the turn already, or never mattered
             if settled:
                 self._forget_inflight()
             if not recorded:
@@ -854,45 +897,64 @@ class SeatWork:
             if not recorded:
                 await engine.publish_record(record, JETSTREAM_TIMEOUT if self.stopped else SETTLE_PATIENCE)
 
-    async def _settle(self, delivery: Delivery, record: TurnRecord, started: float) -> bool:
-        """The turn's side effects are done: write the ledger, then the turn
-        record, then ack. True once the record was published (so it is not
-        published again).
+    async def _skip(self, delivery: Delivery, record: TurnRecord, worked: dict[str, Any],
+                    run: RunTurn | None) -> None:
+        """The ledger says the trigger was *worked*: ack the delivery, unworked."""
+        record.outcome = "skipped"
+        await self.mailbox.ack(delivery)
+        # The turn that worked it may have been cut short between its ledger
+        # entry and its durable record: write that record again (it lands
+        # once, under the same op id).
+        await self.engine.record_done_again(self.seat, delivery.trigger, worked)
+        if run is not None:
+            await run.end_again()  # and the run's end, which may not have been told
 
-        In that order, the ledger and the record each sent again through
-        stream leader elections for :data:`SETTLE_PATIENCE` seconds, the ack
-        sent once. Once the ledger holds the trigger a redelivery is skipped,
-        so an ack that never lands costs nothing; an
-        ack before the ledger could leave the trigger unrecorded, and the
-        same trigger sent again would be worked twice. The record goes before
-        the ack for the same reason: a process killed between an ack and the
-        record would leave a worked trigger with no ``done`` record anywhere,
-        for nothing comes back to write it; killed before the ack, the
-        delivery comes back, the ledger skips it and writes the record again
-        (:meth:`TurnEngine.record_done_again`, landing once under its op id).
+    async def _settle(self, delivery: Delivery, record: TurnRecord, started: float) -> bool:
+        """The turn's side effects are done: write the ledger entry and the
+        turn record, then ack. True once the record was published (so it is
+        not published again).
+
+        The ledger entry and the record go out together, each sent again
+        through stream leader elections for :data:`SETTLE_PATIENCE` seconds,
+        and the ack is sent once both are in, not waited on. Once the ledger
+        holds the trigger a redelivery is skipped, so an ack that never
+        lands costs nothing; an ack before the ledger could leave the
+        trigger unrecorded, and the same trigger sent again would be worked
+        twice. The record goes before the ack for the same reason: a process
+        killed between an ack and the record would leave a worked trigger
+        with no ``done`` record anywhere, for nothing comes back to write
+        it; killed before the ack, the delivery comes back, the ledger skips
+        it and writes the record again (:meth:`TurnEngine.record_done_again`,
+        landing once under its op id). Neither needs the other first: the
+        ``done`` record of a trigger lands once however often it is sent,
+        so a record whose ledger entry was lost (the process killed between
+        the two) is sent again, as the same record, by the redo. Together
+        they are one broker round trip of the turn, not two.
 
         A ledger entry that cannot be written in that time (no quorum) is
-        not acked as if all were well: the turn's record says ``unsettled``,
-        the node counts it (``unsettled`` in the stats), and the delivery is
+        not acked as if all were well: the node counts it (``unsettled`` in
+        the stats), a second record says ``unsettled``, and the delivery is
         NAKed to be worked again once the fleet answers — its side effects
-        may then happen twice (the README's "does not promise").
+        may then happen twice (the README's "does not promise"); its redo's
+        ``done`` record is the one already sent.
         """
         engine = self.engine
         deadline = time.monotonic() + SETTLE_PATIENCE
-        try:
-            await engine.ledger.record(delivery.trigger, {
-                "seat": self.seat, "node": engine.node, "token": self.token,
-                "outcome": record.outcome, "at": time.time(), "rounds": record.rounds},
-                deadline=deadline)
-        except CounterError as exc:
+        record.took_ms = round((time.monotonic() - started) * 1000, 3)
+        entry = {"seat": self.seat, "node": engine.node, "token": self.token,
+                 "outcome": record.outcome, "at": time.time(), "rounds": record.rounds}
+        ledger, _ = await asyncio.gather(engine.ledger.record(delivery.trigger, entry, deadline=deadline),
+                                         engine.publish_record(record, SETTLE_PATIENCE),
+                                         return_exceptions=True)
+        if isinstance(ledger, BaseException):
+            if not isinstance(ledger, CounterError):
+                raise ledger  # a bug, or a cancel: the turn's own handlers have it
             engine.unsettled += 1
-            record.outcome, record.error = "unsettled", f"the ledger entry was not written: {exc}"
+            record.outcome, record.error = "unsettled", f"the ledger entry was not written: {ledger}"
             log.event("ledger_write_failed", "error", seat=self.seat, trigger=delivery.trigger,
-                      error=str(exc))
+                      error=str(ledger))
             await self._hand_back(delivery, self._retry_delay(delivery, None))
             return False
-        record.took_ms = round((time.monotonic() - started) * 1000, 3)
-        await engine.publish_record(record, max(0.0, deadline - time.monotonic()))
         try:
             # Not waited on: the ledger answers for the trigger now, so an ack
             # lost on the way (an election, the connection dropping) costs a

@@ -453,6 +453,37 @@ def test_a_turn_whose_ledger_entry_cannot_be_written_is_not_acked_and_is_worked_
     assert row["in_flight"] == 0 and row["dead_letters"] == 0, row
 
 
+def test_a_worked_trigger_read_beside_the_model_call_does_nothing_but_that_call(make_node):
+    """The ledger is read while the model is first asked (plain mail): a
+    trigger already worked is skipped before the turn's first side effect —
+    the model's answer here asks for a `send`, which never happens — while
+    fresh mail, read the same way, is worked and settled as always."""
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    wait_for(lambda: held(node).get("ceo") == "t1" and held(node).get("cto") == "t1", 30,
+             what="ceo and cto held")
+
+    async def worked_before(nc, js) -> None:
+        entry = {"seat": "ceo", "node": "t1", "token": 1, "outcome": "done", "at": time.time(), "rounds": 2}
+        await js.publish("$KV.ledger.early-1", json.dumps(entry).encode())
+    read(node, worked_before)
+    ctl_json(node, "send", "ceo", "ask cto to review the old plan", "--trigger", "early-1")
+    ctl_json(node, "send", "ceo", "ask cto to review the new plan", "--trigger", "early-2")
+
+    def cto_saw(trigger: str) -> bool:
+        return any(r["seat"] == "cto" and r["trigger"] == trigger and r["outcome"] == "done"
+                   for r in read(node, turn_records))
+    # Mail to one seat is worked in order: once the cto worked early-2's
+    # mail, early-1's (sent first) would have been worked before it.
+    wait_for(lambda: cto_saw("early-2.1.0"), 30, what="the fresh trigger's send worked by the cto")
+    records = read(node, turn_records)
+    mine = {r["outcome"]: r for r in records if r["seat"] == "ceo" and r["trigger"] == "early-1"}
+    assert sorted(mine) == ["done", "skipped"], "skipped, and its done record written from the ledger"
+    assert mine["done"]["rounds"] == 2 and mine["skipped"]["rounds"] == 1, "the skip's one round: the model's"
+    assert not [r for r in records if r["trigger"].startswith("early-1.")], "no side effect of a worked trigger"
+    assert [r["outcome"] for r in records if r["seat"] == "ceo" and r["trigger"] == "early-2"] == ["done"]
+    assert "early-2" in read(node, ledger_keys)
+
+
 def test_a_trigger_worked_by_a_turn_cut_short_before_its_record_gets_its_done_record(make_node):
     """A turn whose process died between its ledger entry and its durable
     record (here: the ledger entry written by hand, no record) — its mail
