@@ -42,11 +42,14 @@ A message counts as in this node's hands from its fetch to its ack. Its ack
 token is written to ``<run>/inflight/<seat>`` first, so when the seats role
 is killed mid-turn its next incarnation (or crewletd's, within the lease's
 TTL) NAKs it on claiming the seat again, and the turn is redone at once
-rather than after the 30-minute ack wait. A node that dies whole has no next
-incarnation to do this; its mail comes back after the ack wait, as DESIGN
-says. A record that cannot be written (the disk filled under the turn) is
-no reason to keep the delivery: it is handed back to come again in
-:data:`RETRY_DELAY` s, unworked — never left to the ack wait.
+rather than after the 30-minute ack wait. After the ack (sent once, not
+waited on) the record stays, marked acked, until the next fetch: the next
+incarnation sends that ack again, confirmed, for one cut off on its way out
+by the kill. A node that dies whole has no next incarnation to do this; its
+mail comes back after the ack wait, as DESIGN says. A record that cannot be
+written (the disk filled under the turn) is no reason to keep the delivery:
+it is handed back to come again in :data:`RETRY_DELAY` s, unworked — never
+left to the ack wait.
 
 **Poison mail.** The in-flight record also counts the crashes of the seats
 process its delivery was in hand at, one after the other (``<token> <seq>
@@ -163,6 +166,12 @@ _STOPPED = "stopped"
 # The in-flight record's token while a fetch is out: the broker may hand a
 # delivery to this process that it dies before noting (see "Lost to a crash").
 _FETCHING = "fetching"
+# The last field of a record whose delivery was worked, in the ledger, and its
+# ack sent unconfirmed — queued on the connection, which a kill may cut before
+# it is written. Whoever finds this sends the ack again, confirmed (an ack of
+# a delivery acked already is answered and changes nothing): else such a
+# delivery would wait out the ack wait (30 min) to be skipped by the ledger.
+_ACKED = "acked"
 
 
 if TYPE_CHECKING:
@@ -879,7 +888,7 @@ class SeatWork:
                 ledger.cancel()  # the turn ended before it mattered (a failure, a cancel)
             elif not ledger.cancelled():
                 ledger.exception()  # retrieved: a failed read ended the turn already, or never mattered
-            if settled:
+            if settled and not recorded:  # a recorded turn's _settle left its _ACKED record
                 self._forget_inflight()
             if not recorded:
                 record.took_ms = round((time.monotonic() - started) * 1000, 3)
@@ -967,6 +976,10 @@ class SeatWork:
             record.error = f"the ack was not sent: {exc}"
             log.event("turn_ack_unconfirmed", "warning", seat=self.seat, trigger=delivery.trigger,
                       error=str(exc))
+        try:
+            self._remember_inflight(delivery, 0, _ACKED)  # in place of forgetting it (see _ACKED)
+        except OSError:
+            self._forget_inflight_quietly()
         return True
 
     async def _hand_back(self, delivery: Delivery, delay: float) -> None:
@@ -1071,6 +1084,12 @@ class SeatWork:
                               reason="a process of this node died with a fetch out")
                 except MailboxError as exc:  # the broker away: the ack wait has it
                     log.event("mailbox_reset_failed", "warning", seat=self.seat, error=str(exc))
+        elif token and how == _ACKED:
+            # Worked; its ack may not have left the process that died (see _ACKED).
+            try:
+                await self.engine.mailboxes.ack(token)
+            except MailboxError as exc:  # its consumer is gone, or the broker away: the ack wait has it
+                log.event("turn_ack_failed", "warning", seat=self.seat, error=str(exc))
         elif token:
             if how not in (_STOPPED, self.engine.incarnation):  # left by a process that died
                 crashes += 1

@@ -178,8 +178,12 @@ def test_killing_the_seats_child_mid_turn_loses_nothing_and_duplicates_nothing(m
     assert read(node, ledger_keys) == {f"job-{i}" for i in range(jobs)}
     sink = read(node, lambda nc, js: mail_of("sink", nc, js))
     assert sorted(sink) == sorted(f"job {i} done" for i in range(jobs)), sink
-    rows = {r["seat"]: r for r in ctl_json(node, "seats")["seats"]}
-    assert rows["w"]["pending"] == 0 and rows["w"]["in_flight"] == 0
+    # The last ack is sent unconfirmed after the ledger entry: it may still be
+    # on its way; one a kill cut off is sent again by the next seats child.
+    def w_mailbox() -> tuple[int, int]:
+        row = next(r for r in ctl_json(node, "seats")["seats"] if r["seat"] == "w")
+        return row["pending"], row["in_flight"]
+    wait_for(lambda: w_mailbox() == (0, 0), 20, what="nothing of w's mail pending or in flight")
     assert any(e.get("event") == "turn_recovered" for e in node.events())
 
 
@@ -212,6 +216,49 @@ def test_a_delivery_lost_to_a_crash_mid_fetch_comes_back_at_once(make_node):
     (record,) = wait_for(worked, 30, what="the lost delivery worked")
     assert record["deliveries"] == 1  # a reset forgets the delivery count with the delivery
     assert read(node, ledger_keys) >= {"lost-1"}
+
+
+def test_an_ack_a_kill_cut_off_is_sent_again_by_the_next_seats_child(make_node):
+    """A turn's ack goes out unconfirmed, after its ledger entry; a kill can
+    cut it off before the connection writes it. The in-flight record then
+    says ``acked`` (what the process wrote after queueing the ack), and the
+    next incarnation sends the ack again, confirmed: the delivery is settled
+    at once — not redelivered as a crash's would be (no skip, no crash
+    counted), nor left to the 30-minute ack wait."""
+    node = make_node(fleet=FAST)
+    node.start(args=("--company", write_company(node.dir, POISON_COMPANY)))
+    wait_for(lambda: held(node).get("other") == "t1", 30, what="seat other held")
+    seats = node.process_pids()["seats"]
+    os.kill(seats, signal.SIGSTOP)
+    try:
+        send_all(node, [("other", "hello acked", "acked-1")])
+
+        async def take(nc, js):  # the broker hands it over, as to the process about to die
+            return await JetStreamMailboxes(js, nc).attach("other").next(wait=5)
+        delivery = read(node, take)
+        assert delivery is not None and delivery.trigger == "acked-1"
+
+        async def worked(nc, js) -> None:  # its turn was done and in the ledger
+            entry = {"seat": "other", "node": "t1", "token": 1, "outcome": "done", "at": time.time(),
+                     "rounds": 1}
+            await js.publish("$KV.ledger.acked-1", json.dumps(entry).encode())
+        read(node, worked)
+        with open(os.path.join(node.run_dir, "inflight", "other"), "w") as f:
+            f.write(f"{delivery.ack_token} {delivery.seq} 0 acked\n")
+    finally:
+        os.kill(seats, signal.SIGKILL)
+    node.wait_running(exclude={"seats": seats})
+
+    def other_mailbox() -> tuple[int, int]:
+        row = next(r for r in ctl_json(node, "seats")["seats"] if r["seat"] == "other")
+        return row["pending"], row["in_flight"]
+    wait_for(lambda: other_mailbox() == (0, 0), 20, what="the delivery acked by the next seats child")
+    send_all(node, [("other", "hello after", "after-1")])
+    def after() -> bool:
+        return any(r["trigger"] == "after-1" and r["outcome"] == "done" for r in read(node, turn_records))
+    wait_for(after, 30, what="the next mail worked")
+    assert not [r for r in read(node, turn_records) if r["trigger"] == "acked-1"], "not delivered again"
+    assert not [e for e in node.events() if e.get("event") == "turn_recovered"], "no crash counted"
 
 
 POISON_COMPANY = """
@@ -479,7 +526,7 @@ def test_a_worked_trigger_read_beside_the_model_call_does_nothing_but_that_call(
     mine = {r["outcome"]: r for r in records if r["seat"] == "ceo" and r["trigger"] == "early-1"}
     assert sorted(mine) == ["done", "skipped"], "skipped, and its done record written from the ledger"
     assert mine["done"]["rounds"] == 2 and mine["skipped"]["rounds"] == 1, "the skip's one round: the model's"
-    assert not [r for r in records if r["trigger"].startswith("early-1.")], "no side effect of a worked trigger"
+    assert not [r for r in records if r["trigger"].startswith("early-1.")], "no side effect of the worked one"
     assert [r["outcome"] for r in records if r["seat"] == "ceo" and r["trigger"] == "early-2"] == ["done"]
     assert "early-2" in read(node, ledger_keys)
 
