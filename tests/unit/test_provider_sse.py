@@ -1,5 +1,6 @@
 """The server-sent event reader the HTTP providers share
-(crewlet.agent.providers.base.sse_events), on lines as a response gives them."""
+(crewlet.agent.providers.base.sse_events), on lines as a response gives them,
+and the lines of a body as its chunks come (body_lines)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,19 @@ import asyncio
 from crewlet.agent.providers.base import body_lines, sse_events
 
 
-def read(*lines: str) -> list[tuple[str, str]]:
+def through(reader, items: tuple) -> list:
+    """What *reader* makes of an async iterator of *items*."""
     async def source():
-        for line in lines:
-            yield line
+        for item in items:
+            yield item
 
     async def main():
-        return [e async for e in sse_events(source())]
+        return [out async for out in reader(source())]
     return asyncio.run(main())
+
+
+def read(*lines: str) -> list[tuple[str, str]]:
+    return through(sse_events, lines)
 
 
 def test_events_their_names_and_joined_data():
@@ -32,13 +38,7 @@ def test_an_event_the_stream_ends_in_is_dropped():
 
 
 def lines_of(*chunks: bytes) -> list[str]:
-    async def source():
-        for chunk in chunks:
-            yield chunk
-
-    async def main():
-        return [line async for line in body_lines(source())]
-    return asyncio.run(main())
+    return through(body_lines, chunks)
 
 
 def test_body_lines_end_at_crlf_lf_or_cr_wherever_the_chunks_are_cut():
