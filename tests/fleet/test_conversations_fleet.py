@@ -90,8 +90,15 @@ def fleet():
         made.close()
 
 
-def status(api: Api, conv: str) -> str:
-    return api.ok("GET", f"/v1/conversations/{conv}")["conversation"]["status"]
+def status(api: Api, conv: str) -> str | None:
+    """The conversation's status as *api*'s node sees it; None while that node's
+    copy has not applied its creation yet — reads carry the floor of the node
+    they are made on (README, Reads), and this one may be another node's."""
+    r = api.http.get(f"/v1/conversations/{conv}")
+    if r.status_code == 404:
+        return None
+    assert r.status_code == 200, (r.status_code, r.text)
+    return r.json()["conversation"]["status"]
 
 
 def node_id(api: Api) -> str:
