@@ -68,7 +68,9 @@ over the provider's own time for that request** (the server's note):
   server's time; bare, request started -> response body read, minus the
   server's time;
 * inside the turn (crewlet): the record's ``took_ms`` (the turn from its
-  start after the fetch to its ledger write) minus the server's time, and
+  start after the fetch to its side effects done, before its ledger entry
+  and record are written; until 2026-12-03 it ended after the ledger write)
+  minus the server's time, and
   ``provider_ms`` (the provider call: cooldown read, HTTP) minus it.
 
 Then the workers stop issuing and the turns in flight are let finish. Sides

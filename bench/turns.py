@@ -1336,7 +1336,7 @@ def print_text(rep: dict[str, Any]) -> None:
                   + "; bare msgs/s: " + ", ".join(f"{x['per_s']:.0f}" for x in r["bare"]["rounds"]))
             gaps = ", ".join(f"{x['longest_gap_s']:.2f}" for x in c["rounds"])
             again = ", ".join(str(x["redelivered"]) for x in c["rounds"])
-            print(f"   a turn inside the seats process (fetched -> acked), median ms per round: "
+            print(f"   a turn inside the seats process (took_ms: fetched -> side effects done), median ms per round: "
                   f"{', '.join(f'{t:.1f}' for t in took)}; the longest pause between finished "
                   f"turns, s: {gaps}; turns of a redelivered message: {again}")
             print(f"   CPU % while the turns ran: {_pcts(row['busy_cpu']['crewlet'])}; "

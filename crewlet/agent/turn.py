@@ -56,6 +56,8 @@ class TurnRecord:
     tokens: dict[str, int] = field(default_factory=lambda: {"input": 0, "output": 0})
     reply: str = ""
     started_at: float = field(default_factory=time.time)
+    # From the turn's start (its delivery in hand) to its side effects done: a
+    # worked turn's ledger entry and this record are written after it, together.
     took_ms: float = 0.0
     provider_ms: float = 0.0
 
