@@ -213,7 +213,7 @@ class Node:
             sysd.notify("STOPPING=1")
             for task in (serving, sampler, pinger, looker):
                 task.cancel()
-            self._kill_leftovers()
+            await self._kill_leftovers()
             watchdog.stop()
             control_sock.close()
             self._events.close()
@@ -291,7 +291,7 @@ class Node:
         for child in self._process_children():
             procs.signal_group(child["pid"], sig)
 
-    def _kill_leftovers(self) -> None:
+    async def _kill_leftovers(self) -> None:
         """After a stop nothing we started may remain: SIGKILL any descendant
         still alive (the zygote aside, which exits on its own)."""
         try:
@@ -304,7 +304,7 @@ class Node:
                     proc.kill()
                 except psutil.Error:
                     pass
-        self.zygote.close()
+        await self.zygote.aclose()
         self.host.reap()
 
     # ---------------------------------------------------------------- status

@@ -209,6 +209,7 @@ class Zygote:
         self._ids = itertools.count(1)
         self._forks: dict[int, asyncio.Future[int]] = {}
         self._exits: dict[int, asyncio.Future[int]] = {}
+        self._reaping: set[asyncio.Task] = set()   # _end of a zygote that died, running
 
     def start(self) -> None:
         """Fork+exec the zygote (synchronous; safe from a threaded process)."""
@@ -327,12 +328,28 @@ class Zygote:
             if not fut.done():
                 fut.set_exception(ZygoteGone("zygote exited"))
         self._forks.clear()
-        self._reap(timeout=0.5)
+        pid, self.pid = self.pid, None
+        if pid is not None:
+            # Its socket closed, so it is ending: reaped off the loop's path.
+            reaping = asyncio.get_running_loop().create_task(_end(pid, 0.5))
+            self._reaping.add(reaping)
+            reaping.add_done_callback(self._reaping.discard)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the zygote (it exits on its socket's EOF) and reap it."""
+        """Stop the zygote (it exits on its socket's EOF) and reap it, blocking
+        up to *timeout* (+5 s after a SIGKILL): for when no loop runs."""
         self._detach()
         self._reap(timeout)
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """:meth:`close` on the running loop, which goes on turning meanwhile:
+        a zygote still importing its preloads (a node that fails at once) may
+        take seconds to read its socket's EOF, and crewletd's watchdog would
+        call a loop blocked that long wedged."""
+        self._detach()
+        pid, self.pid = self.pid, None
+        if pid is not None:
+            await _end(pid, timeout)
 
     def _detach(self) -> None:
         if self._sock is None:
@@ -363,6 +380,35 @@ class Zygote:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass  # reaped by crewletd's reaper
+
+
+async def _end(pid: int, timeout: float) -> None:
+    """Wait up to *timeout* for *pid* to exit (SIGKILL it after, and wait up to
+    5 s more), then reap it, without blocking the loop: its pidfd is readable
+    once it has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # exited and already reaped (crewletd's reaper got it)
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+    try:
+        for wait, then_kill in ((timeout, True), (5.0, False)):
+            try:
+                async with asyncio.timeout(wait):
+                    await asyncio.shield(ended)
+                break
+            except TimeoutError:
+                if then_kill:
+                    os.kill(pid, signal.SIGKILL)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # reaped by crewletd's reaper
 
 
 if __name__ == "__main__":
