@@ -14,6 +14,8 @@ process:
   is iff a message saying ``in_service`` was heard in the last
   :data:`LOCAL_STALE` seconds (the applier publishes after every commit and
   every second). Silence means the applier is not running: "applier stopped".
+  Before the clock alone says so, what already waits on the socket is read:
+  this process's own loop may have been too busy to read it.
 
 :meth:`LocalCopy.ask` takes a request of the wire's shape
 (:mod:`crewlet.estate.wire`) and answers the wire's answers — ``ok``,
@@ -51,9 +53,12 @@ from crewlet.estate.ops import SEARCH_DEFAULT, OpError, check_query
 from crewlet.estate.search import SearchIndex, SearchUnavailable, check_shards, index_path
 from crewlet.estate.view import STOPPED
 
-# In service iff the applier said so within this many seconds: it publishes
-# every second, so three missed messages mean it is stopped or stuck.
-LOCAL_STALE = 3.0
+# In service iff the applier said so within this many seconds. It publishes
+# every second, and its loop may stall for up to the watchdog's wedge_after
+# (2 s by default) without being wedged: 1 + 2 s of silence is a busy
+# applier, not a stopped one. (At 3 s a busy CI machine saw a live copy
+# called stopped, and /readyz answered 503.)
+LOCAL_STALE = 5.0
 # A read waiting for its floor re-reads LMDB's applied at least this often,
 # in case an ``applied`` message was lost (a SUB may miss any message).
 FLOOR_POLL = 0.1
@@ -134,19 +139,32 @@ class LocalCopy:
         """Follow the applier's ``applied`` messages."""
         assert self._sub is not None
         while True:
-            frames = await self._sub.recv_multipart()
-            try:
-                body = frames[-1]
-                if len(frames) == 1:  # one frame: the topic is its prefix
-                    body = body[len(APPLIED_TOPIC):]
-                message = ipc.unpack(body)
-            except Exception:
-                continue
-            if not isinstance(message, dict):
-                continue
-            self._heard, self._heard_at = message, time.monotonic()
-            tick, self._tick = self._tick, asyncio.Event()
-            tick.set()
+            self._hear(await self._sub.recv_multipart())
+
+    def _hear(self, frames: list[bytes]) -> None:
+        try:
+            body = frames[-1]
+            if len(frames) == 1:  # one frame: the topic is its prefix
+                body = body[len(APPLIED_TOPIC):]
+            message = ipc.unpack(body)
+        except Exception:
+            return
+        if not isinstance(message, dict):
+            return
+        self._heard, self._heard_at = message, time.monotonic()
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
+
+    def _hear_waiting(self) -> None:
+        """Read the messages already on the socket, without waiting: after a
+        stall of this process's loop, the applier's last messages may be
+        there unread while the clock says they never came."""
+        while self._sub is not None:
+            # A non-blocking recv of zmq.asyncio answers at once, in a done future.
+            got = self._sub.recv_multipart(zmq.NOBLOCK)
+            if got.exception() is not None:
+                return  # zmq.Again: nothing more waits
+            self._hear(got.result())
 
     async def _replies(self) -> None:
         """Hand each of the applier's replies to the request that carries its id."""
@@ -168,12 +186,17 @@ class LocalCopy:
 
     def reason(self) -> str | None:
         """Why this copy is out of service; None when it is in service."""
-        if self._heard is None or self._heard_at is None \
-                or time.monotonic() - self._heard_at > self.stale:
-            return STOPPED
+        if self._is_stale():
+            self._hear_waiting()
+            if self._is_stale():
+                return STOPPED
         if not self._heard.get("in_service"):
             return self._heard.get("reason") or "out of service"
         return None
+
+    def _is_stale(self) -> bool:
+        return self._heard is None or self._heard_at is None \
+            or time.monotonic() - self._heard_at > self.stale
 
     def applied(self) -> int:
         """The copy's applied seq, read from LMDB (StoreUnavailable: no copy)."""
