@@ -64,6 +64,7 @@ from crewlet.conversations import turn as run_turn
 from crewlet.conversations.lease import ConversationBusy, Drivers, Driving, key as lease_key
 from crewlet.estate.apply import BUSY, CONFLICT, NOT_FOUND, PENDING_APPROVAL
 from crewlet.estate.ops import EXPIRED, RUN_ENDED, make_op, op_id
+from crewlet.estate.router import START_WAIT
 from crewlet.queue.post import FROM_HEADER
 
 # Seconds an interrupt (or a rollback) waits for the running run to stop and
@@ -465,6 +466,8 @@ class Conductor:
     async def run_sessions(self) -> None:
         """The session runner: until cancelled (the module doc)."""
         failing: str | None = None  # the last sweep's failure, said once until it changes
+        # At a node's start: not before a copy serves (the first sweep would fail).
+        await self.router.serving(START_WAIT, lambda: not self.stopping)
         while not self.stopping:
             self.sessions.nudged.clear()
             try:
@@ -477,7 +480,7 @@ class Conductor:
             except Exception as exc:  # the estate or the broker did not answer: next sweep
                 error = f"{type(exc).__name__}: {exc}"
                 if error != failing:
-                    # A node just started sweeps before its copy is in service:
+                    # No copy in service (none came at the start, or all went):
                     # said once, not every sweep.
                     log.event("session_sweep_failed", "warning", error=error)
                     failing = error

@@ -95,6 +95,11 @@ READ_WAIT = wire.READ_WAIT      # 10 s
 WRITE_WAIT = wire.WRITE_WAIT    # 60 s
 # A node that did not answer within its wait is asked last for this long.
 SILENT_FOR = 30.0
+# How often :meth:`Router.serving` looks again for a copy in service.
+SERVING_POLL = 0.2
+# How long a role's first reads at a node's start wait for a copy in service
+# (the node's own applier starts beside the role) before trying anyway.
+START_WAIT = 30.0
 # The applier is told to answer this much before the router stops listening
 # (a fifth of the wait, at most half a second): "behind" and "unvouched" are
 # answers worth having, and they travel back.
@@ -309,6 +314,29 @@ class Router:
             self._floor = seq
             if self.shared_floor is not None:
                 self.shared_floor.raise_to(seq)
+
+    # ---------------------------------------------------------- service
+
+    def serves(self) -> bool:
+        """Would a request find a copy in service now? As :meth:`_ask` chooses:
+        this node's own copy by what its applier last told this process (its
+        status record may say "in service" sooner), the others by their records."""
+        if self.local is not None and self.local.reason() is None:
+            return True
+        return self.view.ready and any(s.in_service for s in self.view.data_nodes()
+                                       if self.local is None or s.id != self.node_id)
+
+    async def serving(self, within: float, going_on: Callable[[], bool] = lambda: True) -> bool:
+        """Wait until :meth:`serves`, for at most *within* s (or while
+        *going_on*); whether it does. For a role's first reads at a node's
+        start, which would otherwise find no copy in service yet and say so
+        as a warning every time."""
+        deadline = time.monotonic() + within
+        while not self.serves():
+            if not going_on() or time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(SERVING_POLL)
+        return True
 
     # ------------------------------------------------------------- api
 

@@ -802,7 +802,10 @@ class Applier:
         try:
             first, last = await estate_log.bounds(self.js)
         except NotFoundError:
-            events.event("estate_log_missing", "warning", stream=estate_log.STREAM)
+            # Deleted under us, if it was here; at a first start the log loop
+            # makes it a moment later.
+            events.event("estate_log_missing", "warning" if self.log_last is not None else "info",
+                         stream=estate_log.STREAM)
             self._log_missing = True
             return
         except Exception:

@@ -45,6 +45,7 @@ from crewlet.conversations.driver import Conductor
 from crewlet.conversations.lease import Drivers
 from crewlet.coord.holders import Holders
 from crewlet.estate.access import EstateAccess
+from crewlet.estate.router import START_WAIT
 from crewlet.queue import notify
 from crewlet.queue.jetstream import JetStreamMailboxes
 from crewlet.runtime import RoleContext
@@ -125,10 +126,7 @@ async def main(ctx: RoleContext) -> None:
         asyncio.create_task(projection.run(), name="projection"),
         asyncio.create_task(_follow_company(ctx, front), name="company"),
         asyncio.create_task(_open_control_plane(front), name="control plane"),
-        asyncio.create_task(notify.deliver(js, ctx.nats, front.mailboxes, roles=cfg.node.roles,
-                                           stopping=ctx.stopping.is_set, known=_known(front),
-                                           on_mail=lambda i, s: front.metrics.webhook(i, "mailed")),
-                            name="notify"),
+        asyncio.create_task(_deliver_notices(ctx, front), name="notify"),
         asyncio.create_task(conductor.run_sessions(), name="sessions"),
     ]
     for task in background:
@@ -144,6 +142,14 @@ async def main(ctx: RoleContext) -> None:
     await asyncio.gather(*background, return_exceptions=True)
     await conductor.close()
     await access.close()
+
+
+async def _deliver_notices(ctx: RoleContext, front: Front) -> None:
+    # Not before a company is heard: NOTIFY is made before the roles hear of one.
+    await front.projection.company_heard.wait()
+    await notify.deliver(front.js, ctx.nats, front.mailboxes, roles=ctx.config.node.roles,
+                         stopping=ctx.stopping.is_set, known=_known(front),
+                         on_mail=lambda i, s: front.metrics.webhook(i, "mailed"))
 
 
 def _known(front: Front):
@@ -164,6 +170,8 @@ async def _follow_company(ctx: RoleContext, front: Front) -> None:
 
 
 async def _seed_turns(front: Front) -> bool:
+    # At a node's start the copies come into service a moment after ingress.
+    await front.router.serving(START_WAIT)
     try:
         answer = await front.router.read("turn.list", {"limit": SEED_TURNS}, timeout=10.0)
     except Exception as exc:  # the feed starts empty; live turns fill it

@@ -96,6 +96,9 @@ class Projection:
         self.clock = clock
         self.feed = Feed()
         self.company: dict[str, Any] | None = None     # {rev, epoch, digest, company}
+        # Set once a company was heard: crewletd makes the mailboxes' streams
+        # (MAIL, its dead letters, NOTIFY) before it tells the roles of one.
+        self.company_heard = asyncio.Event()
         self.seat_names: list[str] = []
         self.mailboxes: dict[str, dict[str, int]] = {}  # seat -> {pending, in_flight}
         self.dead: dict[str, int] = {}                   # seat -> dead letters
@@ -133,6 +136,7 @@ class Projection:
     def set_company(self, current: dict[str, Any]) -> None:
         """The company revision in force changed (``ctx.companies()``)."""
         self.company = current
+        self.company_heard.set()
         names = [s["name"] for s in current["company"]["seats"]]
         self.seat_names = names
         for seat in names:
@@ -209,6 +213,7 @@ class Projection:
         seats, their rows are a little older and the broker is left alone."""
         failing = False
         next_listing = 0.0  # monotonic
+        await self.company_heard.wait()  # before: no stream to list
         while True:
             try:
                 if time.monotonic() >= next_listing:

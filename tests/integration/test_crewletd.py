@@ -17,6 +17,7 @@ import pytest
 from crewlet import tokens
 
 from tests.conftest import CREWLETCTL, CREWLETD, alive, wait_for
+from tests.seats import SAMPLE, held
 
 ROLES = ("data_applier", "ingress", "seats", "workers")
 
@@ -213,6 +214,23 @@ def test_ingress_health_and_readiness(make_node):
             return False
     body = wait_for(ready, 30, what="/readyz 200")
     assert body["ready"] is True and body["not_running"] == [] and body["estate"] is None
+
+
+def test_a_fresh_node_with_the_sample_company_starts_without_a_warning(make_node):
+    """The quick start, as a new user meets it: a node on a fresh data dir
+    starts its roles before its streams and its copy of the estate are in
+    service. Its roles wait for them (their first reads, the session runner's
+    first sweep, notify's consumer, the mailboxes' sampling) instead of
+    failing first and warning about it."""
+    node = make_node()
+    node.start(args=("--company", SAMPLE))
+    wait_for(lambda: len(held(node)) == 30, 60, what="all 30 seats held")
+    # The last of the start-up readers: notify's consumer (on NOTIFY, made with
+    # the mailboxes) and the collector's first walk (once a copy serves).
+    node.wait_event("notify_attached", 30)
+    node.wait_event("objects_collected", 30)
+    said = [e for e in node.events() if e.get("level") in ("warning", "error")]
+    assert not said, "\n".join(json.dumps(e) for e in said)
 
 
 def test_once_ready_a_new_node_answers_from_the_estate(make_node):

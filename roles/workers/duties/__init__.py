@@ -12,7 +12,6 @@ To add a duty: write a module with ``DUTY = Duty(name, run)`` and list it in
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -41,27 +40,6 @@ def going_on() -> bool:
     if task is not None and task.cancelling() > 0:
         raise asyncio.CancelledError()
     return True
-
-
-async def a_copy_serves(router: Any, within: float) -> None:
-    """Until some data node's copy is in service, or *within* s passed: a
-    duty's first work at a node's start (the collector's walk, the maintenance
-    sweep's turn records) found no copy to read the estate from, and said so
-    as a warning every time."""
-    if router is None:
-        return
-    deadline = time.monotonic() + within
-    while going_on() and time.monotonic() < deadline:
-        # As the router asks: this node's own copy by what its applier last
-        # told this process (the status record may say "in service" first),
-        # the others by their records.
-        local = router.local
-        if local is not None and local.reason() is None:
-            return
-        if router.view.ready and any(s.in_service for s in router.view.data_nodes()
-                                     if local is None or s.id != router.node_id):
-            return
-        await asyncio.sleep(0.5)
 
 
 def _registry() -> tuple[Duty, ...]:

@@ -81,7 +81,7 @@ from crewlet.estate.router import Router
 from crewlet.objects import slot
 from crewlet.objects.base import ObjectStore
 from crewlet.objects.files import is_file_object, store_of
-from roles.workers.duties import Duty, a_copy_serves, going_on
+from roles.workers.duties import Duty, going_on
 
 NAME = "collector"
 # Rows a file.list page asks for: the most a query gives, so a company of a
@@ -303,7 +303,8 @@ async def run(ctx) -> None:
     try:
         collector = Collector(ctx, store)
         await collector.carry_totals()
-        await a_copy_serves(ctx.estate, UNREAD_RETRY)
+        if ctx.estate is not None:
+            await ctx.estate.serving(UNREAD_RETRY, going_on)
         while going_on():
             found = await collector.once()
             # A walk that could not read the rows (the copies not in service yet,

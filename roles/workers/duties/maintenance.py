@@ -52,7 +52,7 @@ from crewlet.company import Company
 from crewlet.coord import duty_reports
 from crewlet.estate.ops import TURN_TRIM_DEFAULT, make_op, op_id
 from crewlet.queue.jetstream import JetStreamMailboxes
-from roles.workers.duties import Duty, a_copy_serves, going_on, log_trim
+from roles.workers.duties import Duty, going_on, log_trim
 from roles.workers.duties.mailbox_retirement import Retirement, Trimmer
 
 NAME = "maintenance"
@@ -177,7 +177,8 @@ async def _trim_log(ctx, js) -> None:
 async def run(ctx) -> None:
     work = Maintenance(ctx, JetStreamMailboxes(ctx.role.jetstream(), ctx.role.nats))
     await work.carry_totals()
-    await a_copy_serves(ctx.estate, COPY_WAIT)
+    if ctx.estate is not None:
+        await ctx.estate.serving(COPY_WAIT, going_on)
     last_sweep: float | None = None  # monotonic; None: not yet (the first look sweeps)
     last_trim: float | None = None   # of the estate log, likewise
     retention = None                 # the company's retention at the last sweep
