@@ -5,7 +5,8 @@
   above ``node.disk_floor`` and some copy of the estate is in service (its
   own, or a peer's the router would ask): 200, else 503 with the children
   that are not, ``disk`` (the reason naming the path and its free bytes,
-  :mod:`crewlet.disk`; asked of crewletd over ``control``) and ``estate``.
+  :mod:`crewlet.disk`; asked of crewletd over ``control``, its brief
+  ``children`` answer, not the whole ``status``) and ``estate``.
   No token.
 * ``/v1/...`` — the API (:mod:`roles.ingress.api`); its OpenAPI 3.1 document
   is ``/v1/openapi.json``, browsable at ``/docs``.
@@ -226,13 +227,13 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
         try:
-            reply = await ipc.acall(ctx.zmq, ctx.run_dir, "status", timeout=2.0)
+            reply = await ipc.acall(ctx.zmq, ctx.run_dir, "children", timeout=2.0)
         except ipc.NodeUnreachable as exc:
             return JSONResponse({"ready": False, "node": ctx.node_id, "reason": str(exc)}, 503)
         children = reply["result"]["children"]
         waiting = [{"name": c["name"], "state": c["state"]}
                    for c in children if c["state"] != "running"]
-        space = (reply["result"].get("node") or {}).get("disk") or {}
+        space = reply["result"].get("disk") or {}
         # Not ready while the disk is low, or the broker waits for space to be restarted.
         no_space = space.get("reason") if space.get("low") else space.get("broker")
         no_estate = _no_estate(front)
