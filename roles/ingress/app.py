@@ -141,11 +141,17 @@ class Observe:
         method = scope["method"]
         if self.front is not None and self.front.metrics is not None and template != "/v1/events":
             self.front.metrics.api.labels(method, template, str(status)).observe(took)
-        if method != "GET" or status >= 500:
+        if (method != "GET" or status >= 500) and (template, status) not in _ANSWERS:
             caller = (scope.get("state") or {}).get("caller")
             log.event("api_request", "info" if status < 500 else "warning", method=method,
                       route=template, status=status, ms=round(took * 1000, 1),
                       caller=caller.name if caller is not None else None)
+
+
+# Statuses a route answers by design, not failures: not logged (a load
+# balancer probing a starting node, or one whose disk is low, would fill the
+# log with them; what keeps the node unready is logged where it happens).
+_ANSWERS = frozenset({("/readyz", 503)})
 
 
 def _document_problems(doc: dict) -> dict:

@@ -223,7 +223,21 @@ def test_a_fresh_node_with_the_sample_company_starts_without_a_warning(make_node
     first sweep, notify's consumer, the mailboxes' sampling) instead of
     failing first and warning about it."""
     node = make_node()
-    node.start(args=("--company", SAMPLE))
+    node.start(wait_ready=False, args=("--company", SAMPLE))
+    base = f"http://{node.config['ingress']['listen']}"
+    answers = []
+
+    def ready():  # probed as a load balancer would: its 503s while starting are answers, not failures
+        try:
+            with urllib.request.urlopen(base + "/readyz", timeout=5) as r:
+                answers.append(r.status)
+                return r.status == 200
+        except urllib.error.HTTPError as exc:
+            answers.append(exc.code)
+            return False
+        except OSError:
+            return False
+    wait_for(ready, 60, interval=0.05, what="/readyz 200")
     wait_for(lambda: len(held(node)) == 30, 60, what="all 30 seats held")
     # The last of the start-up readers: notify's consumer (on NOTIFY, made with
     # the mailboxes) and the collector's first walk (once a copy serves).
@@ -231,6 +245,7 @@ def test_a_fresh_node_with_the_sample_company_starts_without_a_warning(make_node
     node.wait_event("objects_collected", 30)
     said = [e for e in node.events() if e.get("level") in ("warning", "error")]
     assert not said, "\n".join(json.dumps(e) for e in said)
+    assert 503 in answers, f"never probed while starting: {answers}"  # the 503 path was taken
 
 
 def test_once_ready_a_new_node_answers_from_the_estate(make_node):
