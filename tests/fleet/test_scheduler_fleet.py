@@ -105,7 +105,15 @@ def test_each_tick_is_worked_once_while_the_holder_is_killed_and_the_duty_moves(
     assert set(times) <= set(grid), "a tick off its schedule's grid"
     # What catch_up: latest documents: of the ticks due while no node held the
     # duty, the most recent is fired once and the others are skipped, said so.
-    (said,) = events(workers[other], "schedule_ticks_skipped")
+    skipped = events(workers[other], "schedule_ticks_skipped")
+    if not missing:
+        # The duty came free within a period of the last tick fired (a holder
+        # whose renewals ran late on a loaded machine leaves its lease to
+        # expire sooner than TTL after the kill): one tick came due unheld,
+        # and it was fired. Nothing to skip, and nothing said.
+        assert not skipped, skipped
+        return
+    (said,) = skipped
     assert said["catch_up"] == "latest" and said["skipped"] >= len(missing) >= 1, (said, missing)
     lo, hi = from_iso(said["first"]), from_iso(said["last"])
     assert all(lo <= t <= hi for t in missing), (missing, said)
