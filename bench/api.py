@@ -55,7 +55,7 @@ every process of each side is kept while its rounds ran.
    ``started_at + took_ms / 1000``, wall clock of this machine) to the moment
    it parsed the ``turn`` event of that trigger (outcome ``done``). Also the
    delay to the bench's own core-NATS subscription on the node's
-   ``events.turn.>`` (what ingress hears: the broker's hop), first over a
+   ``feed.turn.>`` (what ingress hears: the broker's hop), first over a
    few turns with no SSE subscriber open, then beside them. Baseline: as
    many bare nats-py connections each subscribed to one subject on the bare
    server, one message (a captured turn record, same size) published per
@@ -753,7 +753,7 @@ class SseReader:
 async def feed_crewlet(node: ApiNode, args: argparse.Namespace, rounds: list[int], store: dict,
                        subscribers: int) -> None:
     """Open *subscribers* SSE readers (0: none, only the bench's own core-NATS subscription on
-    the node's ``events.turn.>``), then per round one mail -> one turn -> its event at each."""
+    the node's ``feed.turn.>``), then per round one mail -> one turn -> its event at each."""
     n = subscribers
     arrivals = Arrivals(n)
     hop = Arrivals(1)
@@ -771,7 +771,7 @@ async def feed_crewlet(node: ApiNode, args: argparse.Namespace, rounds: list[int
             ends.setdefault(record.get("trigger"), record["started_at"] + record["took_ms"] / 1000.0)
 
     try:
-        await nc.subscribe("events.turn.>", cb=on_record)
+        await nc.subscribe("feed.turn.>", cb=on_record)
         await nc.flush()
         t0 = time.perf_counter()
         for r in readers:
@@ -800,7 +800,7 @@ async def feed_crewlet(node: ApiNode, args: argparse.Namespace, rounds: list[int
                 end = ends.get(trigger)
                 got = arrivals.at[trigger]
                 if end is None:
-                    store["missing"].append({"trigger": trigger, "why": "no done record on events.turn"})
+                    store["missing"].append({"trigger": trigger, "why": "no done record on feed.turn"})
                     continue
                 store["hop"] += [(t - end) * 1000.0 for t in hop.at[trigger].values()]
                 if n:
@@ -1173,7 +1173,7 @@ def print_text(rep: dict[str, Any]) -> None:
               f"{feed['record_bytes']} B message, delay from publish)")
         print(f"    x        p50 {_f(feed['ratio']['p50'], '7.2f')}              p99 {_f(feed['ratio']['p99'], '7.2f')}")
         quiet = feed.get("hop_alone", {}).get("hop_ms") or {}
-        print(f"    the turn record at the bench's own core-NATS subscription on events.turn.> (where ingress hears "
+        print(f"    the turn record at the bench's own core-NATS subscription on feed.turn.> (where ingress hears "
               f"it): p50 {_f(quiet.get('median'), '.1f')} max {_f(quiet.get('max'), '.1f')} ms with no SSE "
               f"subscriber open (n {quiet.get('n', 0)}); p50 {_f(hop.get('median'), '.1f')} max "
               f"{_f(hop.get('max'), '.1f')} ms with the {cfg['subscribers']} open")

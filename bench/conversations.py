@@ -58,7 +58,7 @@ over the rounds (p50/p95/p99, nearest rank), rates are the median round.
    run: ``bench/turns.py``'s turns per second (its own ``Turns`` class
    imported: as many mails published straight to ``agents.inbox.<seat>``,
    256 in flight, round-robin over the same seats, counted by their ``done``
-   records on ``events.turn.>``; open loop, no HTTP), the ratio runs/s ÷
+   records on ``feed.turn.>``; open loop, no HTTP), the ratio runs/s ÷
    turns/s; and, closed loop like the runs, as many ``POST
    /v1/seats/{seat}/mail {wait}`` from the same workers (each answered when
    its turn ended). CPU of every process of the node meanwhile.

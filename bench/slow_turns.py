@@ -33,7 +33,7 @@ default 100,1000 turns in flight), in one run, on 127.0.0.1 only:
   publishes one mail to ``agents.inbox.<seat>`` (headers ``Crewlet-Trigger``
   and ``Nats-Msg-Id``, the text is the trigger, so the provider's note names
   the turn) and, once that turn's ``done`` record arrives on
-  ``events.turn.<seat>`` (a core subscription made first), the next one; so
+  ``feed.turn.<seat>`` (a core subscription made first), the next one; so
   N turns are in flight, one per seat (a seat runs one turn at a time).
 * **bare** — N workers in the bench process, each posting to the same server
   one request after the other in a closed loop over a keep-alive connection
@@ -536,7 +536,7 @@ class Mail:
         self.nc = await nats.connect(self.url, name="bench-slow-turns", connect_timeout=2,
                                      allow_reconnect=False, pending_size=64 * 1024 * 1024)
         self.js = self.nc.jetstream(timeout=JS_TIMEOUT)
-        await self.nc.subscribe("events.turn.>", cb=self._on_record, pending_msgs_limit=1_000_000)
+        await self.nc.subscribe("feed.turn.>", cb=self._on_record, pending_msgs_limit=1_000_000)
         await self.nc.flush()
 
     async def close(self) -> None:

@@ -19,7 +19,7 @@ each figure beside a same-run baseline where one makes sense:
    answers, publishes one mail per seat (headers ``Crewlet-Trigger`` and
    ``Nats-Msg-Id``, as ``Mailboxes.send`` sets them; ``--window`` in flight)
    as soon as the ``AGENTS`` stream exists, and counts the ``done`` turn
-   records on ``events.turn.>`` (a core subscription made before the first
+   records on ``feed.turn.>`` (a core subscription made before the first
    publish). The node's log gives the stages (each child ready, mailboxes
    created, the seats process's life begun, the claims). Baseline: the bare
    server started, N consumers created (64 at a time, as crewlet does), one
@@ -314,7 +314,7 @@ class Bare:
 
 
 class Turns:
-    """A client of the node: publishes mail, and counts turn records on ``events.turn.>``."""
+    """A client of the node: publishes mail, and counts turn records on ``feed.turn.>``."""
 
     def __init__(self, node: "CrewletNode"):
         self.node = node
@@ -348,7 +348,7 @@ class Turns:
                 raise BenchError(f"the node's broker did not admit us: {type(last).__name__}: {last}")
             await asyncio.sleep(LOOK_EVERY)
         self.js = self.nc.jetstream(timeout=JS_TIMEOUT)
-        await self.nc.subscribe("events.turn.>", cb=self._on_record)
+        await self.nc.subscribe("feed.turn.>", cb=self._on_record)
         await self.nc.flush()  # the subscription is in place before the first publish
 
     async def wait_stream(self, name: str, deadline: float) -> None:

@@ -107,7 +107,7 @@ from crewlet.coord import buckets, duty_reports, fired
 from crewlet.estate import log as estate_log
 from crewlet.estate import wire
 from crewlet.queue import jetstream as mail
-from crewlet.queue import notify
+from crewlet.queue import notify, post
 
 # The JetStream API verbs of each ability, ``{s}`` the stream's name.
 ABILITIES: dict[str, tuple[str, ...]] = {
@@ -159,7 +159,7 @@ ANSWER_WITHIN = 120
 ESTATE_ASK = wire.SUBJECT_PREFIX + "*"  # a request to any data node's applier
 EVENTS = mail.EVENTS_STREAM
 NOTIFICATIONS = outbox.SUBJECT + ">"  # the notify tool, crewlet's notices (crewlet.outbox)
-TURN_EVENTS = "events.turn.>"  # crewlet.queue.post and the ingress projection
+TURN_FEED = post.TURN_SUBJECT + ">"  # the live feed: crewlet.queue.post, the ingress projection
 RUN_EVENTS = runs.SUBJECT + ">"  # a conversation run's events (crewlet.conversations.runs)
 DRIVER_LEASES = conversation_lease.KEY_PREFIX + ">"  # conv.<id>: a run's driver
 
@@ -193,7 +193,8 @@ def grants(node: str) -> dict[str, Grant]:
                 estate_log.SUBJECT,
                 mail.SUBJECT + ">",        # the send tool: mail to any seat
                 mail.DLQ_SUBJECT + ">",    # dead letters
-                TURN_EVENTS,               # turn records for the live feed and custody
+                TURN_FEED,                 # turn records for the live feed
+                mail.KEPT_TURNS,           # ... and, in batches, for custody
                 RUN_EVENTS,                # a conversation turn's progress (its RunSink)
                 NOTIFICATIONS,             # the notify tool; a dead letter's notice
                 ESTATE_ASK),
@@ -238,7 +239,7 @@ def grants(node: str) -> dict[str, Grant]:
             writes={buckets.CONFIG.name: ANY, buckets.CLAIMS.name: ANY,
                     buckets.LEASES.name: DRIVER_LEASES},
             files=True,                      # uploads and downloads through the API
-            subscribe=(TURN_EVENTS,)),      # the live feed, send --wait
+            subscribe=(TURN_FEED,)),        # the live feed, send --wait
         "workers": Grant(
             publish=(
                 mail.SUBJECT + ">",        # the scheduler's ticks

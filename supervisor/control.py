@@ -13,7 +13,6 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import zmq
-from nats.js.errors import NotFoundError
 
 from crewlet import bus, disk, ipc, log, outbox
 from crewlet.company.model import Company
@@ -127,6 +126,7 @@ async def seats(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     fleet, mailboxes, company = _mail(node)
     js = fleet.js
     owners = {s["name"].removeprefix("seat."): s for s in fleet.view()["seats"]}
+    router = getattr(fleet, "router", None)
     limit = asyncio.Semaphore(SEATS_PARALLEL)
 
     async def one(seat: str) -> dict[str, Any]:
@@ -138,13 +138,12 @@ async def seats(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {exc}"
             row["last_turn"] = None
-            try:
-                msg = await js.get_last_msg("EVENTS", f"events.turn.{seat}")
-                row["last_turn"] = json.loads(msg.data)
-            except NotFoundError:
-                pass
-            except Exception as exc:  # one seat's trouble (a leader election) is that row's
-                row["error"] = f"{type(exc).__name__}: {exc}"
+            if router is not None:  # from the estate's turns table: its newest row of the seat
+                try:
+                    turns = await router.read("turn.list", {"seat": seat, "limit": 1}, timeout=SEAT_TURN_WAIT)
+                    row["last_turn"] = ((turns or {}).get("turns") or [None])[0]
+                except Exception as exc:  # one seat's trouble (no copy answering) is that row's
+                    row["error"] = f"{type(exc).__name__}: {exc}"
             return row
 
     rows = await asyncio.gather(*(one(s.name) for s in company.seats))
@@ -292,6 +291,8 @@ async def evict(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
 
 # Mailbox infos asked at once by `seats`.
 SEATS_PARALLEL = 32
+# How long `seats` waits for a seat's last turn from the estate.
+SEAT_TURN_WAIT = 5.0
 
 COMMANDS: dict[str, Callable[["Node", dict[str, Any]], Awaitable[dict[str, Any]]]] = {
     "status": status,

@@ -17,7 +17,7 @@ import nats
 
 from crewlet.coord import buckets
 from crewlet.credentials import client_url as credentials_url
-from crewlet.queue.jetstream import JetStreamMailboxes
+from crewlet.queue.jetstream import KEPT_TURNS, JetStreamMailboxes
 from tests.conftest import CREWLETCTL
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -129,8 +129,8 @@ async def _all(js, subject: str) -> list[bytes]:
 
 
 async def turn_records(nc, js) -> list[dict]:
-    """Every turn record on EVENTS, oldest first."""
-    return [json.loads(data) for data in await _all(js, "events.turn.>")]
+    """Every turn record custody has on EVENTS (in batches), oldest first."""
+    return [record for data in await _all(js, KEPT_TURNS) for record in json.loads(data)["records"]]
 
 
 async def mail_of(seat: str, nc, js) -> list[str]:

@@ -41,7 +41,8 @@ class Fenced(Exception):
 
 @dataclass
 class TurnRecord:
-    """What one turn did; published on ``EVENTS`` as ``events.turn.<seat>``."""
+    """What one turn did; published on the live feed as ``feed.turn.<seat>``, kept
+    by custody (``EVENTS``, in batches) and in the estate's ``turns`` table."""
 
     seat: str
     trigger: str

@@ -68,6 +68,9 @@ CONSUMER = "inbox-"                  # + seat: the durable's name
 DLQ_STREAM = "DLQ"
 DLQ_SUBJECT = "dlq."                 # + seat
 EVENTS_STREAM = "EVENTS"
+# Turn records as custody keeps them: ``{"records": [record, ...]}``, a batch
+# of the records a seats process had to send at once (roles/seats/kept.py).
+KEPT_TURNS = "events.turns"
 # The turn events' age limit when nobody names one (the company's
 # retention.events_days, whose default this is): custody keeps each event in
 # one data node's table for as long (roles/data_applier/custody.py), and the

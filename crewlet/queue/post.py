@@ -27,8 +27,11 @@ from crewlet.queue.base import Mailboxes, check_mail, check_trigger
 if TYPE_CHECKING:
     from crewlet.coord.counters import Ledger
 
-# Turn records: every seat publishes each of its turns here (roles.seats.turns).
-TURN_SUBJECT = "events.turn."
+# The live feed of turn records: every seat publishes each of its turns here
+# (roles.seats.turns), on core NATS only. Nothing stores them here: custody
+# keeps them from their batches on EVENTS (crewlet.queue.jetstream.KEPT_TURNS),
+# the estate's ``turns`` table from the log.
+TURN_SUBJECT = "feed.turn."
 FROM_HEADER = "Crewlet-From"
 
 

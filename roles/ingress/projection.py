@@ -11,7 +11,7 @@ seats,      watch): presences, seat and duty leases
 duties
 copies      the estate view (``status`` ``estate.*``)        a watch, looked
                                                              at every second
-turns       ``events.turn.>``: every turn record as the      a subscription:
+turns       ``feed.turn.>``: every turn record as the        a subscription:
             seat publishes it                                ~1 ms
 mailboxes,  the ``AGENTS`` consumers and ``DLQ`` subjects,   a busy seat's:
 dead        sampled: a seat whose turn was seen at the next  every :data:`SAMPLE`
@@ -33,12 +33,10 @@ A node whose presence went is kept as ``gone`` for ``ingress.gone_for``
 seconds, so a dashboard shows a node that died rather than one that
 silently vanished.
 
-The turn subscription is plain NATS, not a JetStream consumer: the feed is
-live, a gap while the connection is down is repaired by the next snapshot,
-and a consumer per ingress would count against ``EVENTS``' limit. A seat may
-publish one record twice (a resend under the same message id, which the
-stream drops but a subscriber sees), so records are told apart by seat,
-trigger, outcome and start.
+The turn subscription is plain NATS, as the feed is (nothing stores it):
+live, a gap while the connection is down is repaired by the next snapshot.
+A seat may publish one record twice (a trigger's ``done`` record sent again
+after a redo), so records are told apart by seat, trigger, outcome and start.
 """
 
 from __future__ import annotations
@@ -53,6 +51,7 @@ from crewlet import ipc, log
 from crewlet.coord import duty_reports
 from crewlet.coord.holders import Holders
 from crewlet.queue.base import MailboxError
+from crewlet.queue.post import TURN_SUBJECT
 from crewlet.queue.jetstream import (CONSUMER, DLQ_STREAM, DLQ_SUBJECT, STREAM, JetStreamMailboxes,
                                     api_prefix, jetstream_api)
 from roles.ingress.feed import Feed
@@ -73,7 +72,6 @@ TURNS_PER_SEAT = 10
 LIST_PAGE = 256
 # Seconds one broker request of the sampler may take.
 SAMPLE_TIMEOUT = 5.0
-TURN_SUBJECT = "events.turn."
 
 
 def _final(record: dict[str, Any]) -> bool:

@@ -26,11 +26,12 @@ A turn, in order:
    through a stream leader election (:data:`SETTLE_PATIENCE`), then the
    **ack**, sent once and not waited on (the ledger answers for the trigger
    by then); a ledger entry that cannot be written leaves the delivery
-   unacked (see ``SeatWork._settle``). The record goes on ``EVENTS``
-   (``events.turn.<seat>``, the live feed, kept by one data node's event
-   log) and, durably, as a ``turn.record`` op on the estate's log (the
-   ``turns`` table of every data node's copy; refused there if the seat's
-   fence moved on). A turn that ends any other way (failed, handed back,
+   unacked (see ``SeatWork._settle``). The record goes on the live feed
+   (``feed.turn.<seat>``, core NATS), to custody on ``EVENTS`` in a batch
+   with the records of other turns ending meanwhile (one data node's event
+   log; roles/seats/kept.py) and, durably, as a ``turn.record`` op on the
+   estate's log (the ``turns`` table of every data node's copy; refused
+   there if the seat's fence moved on). A turn that ends any other way (failed, handed back,
    skipped) is recorded after it settled.
 
 A seat's tools reach the estate (tracker, knowledge base, files) through the
@@ -114,6 +115,9 @@ from crewlet.coord.counters import Budgets, Cooldowns, CounterError, Ledger
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import make_op, op_id
 from crewlet.queue.base import Delivery, Mailbox, MailboxError, Mailboxes
+from crewlet.queue.jetstream import KEPT_TURNS
+from crewlet.queue.post import TURN_SUBJECT
+from roles.seats.kept import KeptTurns
 from roles.seats.sweeper import SeatSweeper
 
 # Seconds between a seat's own looks at its mailbox when no mail wakes it:
@@ -251,6 +255,8 @@ class TurnEngine:
         # not land: each a failure an operator must see.
         self.unsettled = 0
         self.records_failed = 0
+        # Turn records to custody, batched while many turns end at once.
+        self.kept = KeptTurns(self._store_kept)
         self.company: Company | None = None
         self.revision: int | None = None  # the company revision in force here
         # Earlier revisions a conversation run pinned, and their providers
@@ -409,6 +415,7 @@ class TurnEngine:
 
     async def close(self) -> None:
         await self.quiesce()
+        await self.kept.close()
         for task in list(self._pending):
             task.cancel()  # providers waiting to retire: close them now, below
         if self._pending:
@@ -425,6 +432,7 @@ class TurnEngine:
         return {"running": self.running, "max_concurrent": self.max_concurrent, "peak": self.peak,
                 "turns": self.turns, "held": len(self.work), "org_spent": self.budgets.spent("")[0],
                 "unsettled": self.unsettled, "records_failed": self.records_failed,
+                "record_batches": self.kept.batches, "records_kept": self.kept.records,
                 "poisoned": self.poisoned,
                 "seats": {seat: self.work[seat].stats() for seat in sorted(shown)}}
 
@@ -466,6 +474,10 @@ class TurnEngine:
                      id=op_id(record.seat, "turn", record.trigger, which))
         await estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT, deadline=deadline)
 
+    async def _store_kept(self, body: bytes, msg_id: str, deadline: float) -> None:
+        """A batch of turn records, stored on ``EVENTS`` for custody (roles/seats/kept.py)."""
+        await publish_until(self.js, KEPT_TURNS, body, msg_id=msg_id, deadline=deadline)
+
     async def record_done_again(self, seat: str, trigger: str, worked: dict[str, Any]) -> None:
         """Publish again the ``done`` record of a trigger the ledger says was
         worked, from its ledger entry (*worked*): on the live feed and as the
@@ -489,22 +501,19 @@ class TurnEngine:
 
     async def publish_record(self, record: TurnRecord, patience: float = SETTLE_PATIENCE,
                              token: int | None = None) -> None:
-        """The live feed and the durable row (under *token*, else the
-        record's), at once, each sent again through a stream leader election
-        for *patience* seconds. A record that still did not land is counted
-        (``records_failed`` in the stats) and said: the turn itself is settled
-        by then, its ledger entry written. A trigger's ``done`` record has one
-        message id, so published again (:meth:`record_done_again`) it lands
-        on the feed once within the stream's dedupe window.
+        """The live feed, custody's copy and the durable row (under *token*,
+        else the record's), at once; custody's and the row each sent again
+        through a stream leader election for *patience* seconds. A record
+        that still did not land is counted (``records_failed`` in the stats)
+        and said: the turn itself is settled by then, its ledger entry
+        written. The feed is core NATS, heard by whoever listens now.
 
         A seat that is stopping gives its last record only a moment: its stop
         must end within the role's shutdown time, quorum or not."""
         body = record.as_dict()
+        data = json.dumps(body).encode()
         deadline = time.monotonic() + patience
-        msg_id = (f"turn:{record.seat}:{record.trigger}:done" if record.outcome == "done" and record.trigger
-                  else f"turn:{uuid.uuid4().hex}")
-        published = [publish_until(self.js, f"events.turn.{record.seat}", json.dumps(body).encode(),
-                                   msg_id=msg_id, deadline=deadline)]
+        published = [self.nc.publish(TURN_SUBJECT + record.seat, data), self.kept.keep(data, deadline)]
         if self.estate is not None and record.trigger:  # a deferral is news, not a turn worked
             published.append(self._durable_record(record, body, deadline, token))
         for result in await asyncio.gather(*published, return_exceptions=True):

@@ -37,8 +37,8 @@ failures are reported together):
   of writes is its stream's last sequence: it must equal the count of keys),
   exactly one ``done`` turn record, and the two name the same node and
   token. Turn records are read from the estate's ``turns`` table, not from
-  ``events.turn.*``: EVENTS is the live feed (limits retention, each event
-  kept by one data node only), while the ``turn.record`` op is the durable
+  custody's batches on EVENTS (limits retention, each batch kept by one data
+  node only, a record sent again kept again), while the ``turn.record`` op is the durable
   row every data node's copy holds, deduplicated per delivery by its op id;
 - **duplicate side effects** — each extra effect of a job must be excused by
   a distinct interruption of the job's seat on the node that made the

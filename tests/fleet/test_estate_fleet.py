@@ -19,6 +19,7 @@ import pytest
 
 from crewlet import groups
 from crewlet.estate import store
+from crewlet.queue.jetstream import KEPT_TURNS
 from tests.conftest import wait_for
 from tests.estate import (applied, copy_of, log_last, op, publish_all, publish_to, query, random_log,
                           random_ops, routed, run)
@@ -197,16 +198,19 @@ def test_a_node_without_data_writes_and_reads_the_estate_through_the_router(nats
         assert hits["searched"] and [h["path"] for h in hits["hits"]] == ["eng/deploy"]
     assert ctl_json(a, "pages", "eng/deploy")["page"]["version"] == 1
 
-    # Custody: each turn event of w in exactly one data node's event log.
-    def kept() -> dict[int, list[str]]:
+    # Custody: each batch of turn records in exactly one data node's event
+    # log, and w's four records among them.
+    def kept() -> tuple[dict[int, list[str]], int]:
         where: dict[int, list[str]] = {}
+        of_w = 0
         for node in (a, b):
             for e in query(node, "event.list", limit=500)["events"]:
-                if e["event"]["subject"] == "events.turn.w":
+                if e["event"]["subject"] == KEPT_TURNS:
                     where.setdefault(e["seq"], []).append(node.config["node"]["id"])
-        return where
-    wait_for(lambda: len(kept()) >= 4, 20, what="the four turn events kept")
-    assert all(len(nodes) == 1 for nodes in kept().values()), kept()
+                    of_w += sum(r["seat"] == "w" for r in e["event"]["data"]["records"])
+        return where, of_w
+    wait_for(lambda: kept()[1] >= 4, 20, what="the four turn records kept")
+    assert all(len(nodes) == 1 for nodes in kept()[0].values()), kept()
 
     # Every durable consumer the fleet made belongs to a group of the table.
     durables = [(st, name) for st, name, durable in run(_consumers(natsd.url)) if durable]

@@ -39,7 +39,7 @@ from crewlet import groups, hooks
 from crewlet.coord import buckets
 from crewlet.queue import notify
 from crewlet.queue.base import TRIGGER_HEADER
-from crewlet.queue.jetstream import EVENTS_STREAM as EVENTS, STREAM as AGENTS, SUBJECT as INBOX
+from crewlet.queue.jetstream import EVENTS_STREAM as EVENTS, KEPT_TURNS, STREAM as AGENTS, SUBJECT as INBOX
 from tests.conftest import Nodes, wait_for
 from tests.seats import SAMPLE, held, node_url, read_nats
 
@@ -218,7 +218,7 @@ def notify_count(node) -> int:
 
 
 async def _turn_records(nc, js) -> list[dict]:
-    return [json.loads(m.data) for m in await _each(js, EVENTS, "events.turn.>")]
+    return [r for m in await _each(js, EVENTS, KEPT_TURNS) for r in json.loads(m.data)["records"]]
 
 
 def done_turns(node, delivery: str) -> list[dict]:

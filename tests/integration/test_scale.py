@@ -16,6 +16,7 @@ import time
 
 import nats
 
+from crewlet.queue.post import TURN_SUBJECT
 from tests.conftest import wait_for
 from tests.seats import MCP_SERVER, held, node_url, seats_stats, write_company
 
@@ -48,7 +49,7 @@ async def _serve_all(url: str, seats: list[str], tag: str, timeout: float) -> fl
             done.add(msg.subject.rpartition(".")[2])
             if len(done) == len(seats):
                 finished.set()
-    sub = await nc.subscribe("events.turn.>", cb=seen)
+    sub = await nc.subscribe(TURN_SUBJECT + ">", cb=seen)
     try:
         t0 = time.monotonic()
         await asyncio.gather(*(js.publish(f"agents.inbox.{s}", b"hello",
