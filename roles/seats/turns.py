@@ -480,11 +480,12 @@ class TurnEngine:
 
     async def record_done_again(self, seat: str, trigger: str, worked: dict[str, Any]) -> None:
         """Publish again the ``done`` record of a trigger the ledger says was
-        worked, from its ledger entry (*worked*): on the live feed and as the
-        durable row, under this seat's token. Each lands once (the feed's
-        dedupe and the row's op id), so this is a no-op when the record landed
-        (the usual case); it is the record the turn's own process did not
-        live to publish otherwise."""
+        worked, from its ledger entry (*worked*): on the live feed, to custody
+        and as the durable row, under this seat's token. The row lands once
+        (its op id), so for the estate this is a no-op when the record landed
+        (the usual case); the feed's listeners and custody may see it twice
+        (roles/seats/kept.py). It is the record the turn's own process did
+        not live to publish otherwise."""
         if worked.get("seat") != seat:
             return  # the ledger is by trigger: another seat's turn is that seat's to record
         try:
