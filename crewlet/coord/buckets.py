@@ -232,6 +232,13 @@ async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Ca
     (``kv_watch_failed``), then the watch is opened again after a pause
     (:data:`WATCH_RETRY_MIN`, doubling up to :data:`WATCH_RETRY_MAX`).
 
+    A bucket not found before this watch ever opened is not yet made, not
+    lost: a node's roles come up while crewletd joins the fleet and makes
+    the buckets (``supervisor/fleet.py``), so that is said once as
+    ``kv_watch_waiting`` (info), and the watch opens as soon as the bucket
+    is there. Not found after it had opened is a bucket deleted under the
+    fleet, a warning like any other failure.
+
     A watch does not fail when its consumer is lost (its member killed, a
     partition): nats-py notices only after two missed heartbeats (10–20 s)
     and then quietly resumes from where it was, so what lapsed meanwhile may
@@ -240,12 +247,13 @@ async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Ca
     that are rewritten that often while the watch is sound: leases), and
     every *refresh* seconds whatever happens.
     """
-    pause, complained = WATCH_RETRY_MIN, False
+    pause, complained, ever_opened = WATCH_RETRY_MIN, False, False
     while not stopping():
         watcher = None
         try:
             kv = await open_kv()
             watcher = await open_watch(kv, keys)
+            ever_opened = True
             opened()
             until = None if refresh is None else asyncio.get_running_loop().time() + refresh
             entries = aiter(watcher)
@@ -271,7 +279,10 @@ async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Ca
             raise
         except Exception as exc:
             if not complained:
-                log.event("kv_watch_failed", "warning", watch=name or keys,
+                # (BucketNotFoundError is a NotFoundError.)
+                waiting = not ever_opened and isinstance(exc, NotFoundError)
+                log.event("kv_watch_waiting" if waiting else "kv_watch_failed",
+                          "info" if waiting else "warning", watch=name or keys,
                           error=f"{type(exc).__name__}: {exc}")
                 complained = True
         finally:

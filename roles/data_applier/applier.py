@@ -262,6 +262,7 @@ class Applier:
             self._out["reapplying"] = (f"the copy was applied under rules {kept or 1}, "
                                        f"this version's are {apply.RULES}")
         self._status_failing = False
+        self._status_written = False  # once: a failure before means status is not made yet
         # Who is told when this copy goes out of service (Tier A smtp.notices_to).
         self.notices_to: list[str] = []
         self.custody = None
@@ -776,13 +777,17 @@ class Applier:
                                   timeout=PUBLISH_TIMEOUT)
         except Exception as exc:
             if not self._status_failing:  # said once, not every 2 s while the broker is away
-                events.event("estate_status_write_failed", "warning",
-                             error=f"{type(exc).__name__}: {exc}")
+                # Before any write landed, the node is still joining: crewletd
+                # makes the status bucket as it joins, a moment after this
+                # role starts. After, the bucket (or the broker) went away.
+                waiting = not self._status_written
+                events.event("estate_status_waiting" if waiting else "estate_status_write_failed",
+                             "info" if waiting else "warning", error=f"{type(exc).__name__}: {exc}")
             self._status_failing = True
             return
         if self._status_failing:
             events.event("estate_status_written")
-        self._status_failing = False
+        self._status_failing, self._status_written = False, True
 
     def _check_space(self) -> None:
         """Out of service while the node's disk is below its floor, back once it is not."""

@@ -19,6 +19,10 @@ presence with what the company needs and logs, once per change:
   some node runs seats (else the role is unmanned, said above).
 
 A presence that does not say its broker kind counts as a member.
+
+The first look waits until the watch shows this node's own presence (at most
+:data:`OWN_PRESENCE_WAIT` seconds): a node's roles come up while its crewletd
+joins the fleet, and a fleet judged before then is one of no nodes at all.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ from roles.workers.duties import Duty, going_on
 ROLES = ("data", "ingress", "seats", "workers")
 # Names of unplaceable seats a report carries; the count says how many in all.
 UNPLACEABLE_SHOWN = 20
+# Seconds the first look waits for this node's own presence to show; a node
+# that has not joined by then is judged as the watch shows it.
+OWN_PRESENCE_WAIT = 30.0
+# Seconds between looks for it meanwhile.
+OWN_PRESENCE_POLL = 0.1
 
 
 def seat_views(company: dict[str, Any] | None) -> list[SeatView]:
@@ -77,9 +86,18 @@ def problems(nodes: dict[str, dict[str, Any]], replicas: int,
     return found
 
 
+async def _own_presence(ctx) -> None:
+    """Until the lease watch shows this node's presence, or :data:`OWN_PRESENCE_WAIT`."""
+    await ctx.holders.listed.wait()
+    own = f"node.{ctx.config.node.id}"
+    deadline = asyncio.get_running_loop().time() + OWN_PRESENCE_WAIT
+    while ctx.holders.get(own) is None and asyncio.get_running_loop().time() < deadline and going_on():
+        await asyncio.sleep(OWN_PRESENCE_POLL)
+
+
 async def run(ctx) -> None:
     reported: dict[str, dict[str, Any]] = {}
-    await ctx.holders.listed.wait()
+    await _own_presence(ctx)
     while going_on():
         nodes = {key.removeprefix("node."): owner.info for key, owner in ctx.holders.of("node.").items()}
         company = ctx.company()
