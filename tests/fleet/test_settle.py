@@ -73,6 +73,22 @@ def test_a_ledger_entry_written_during_a_leader_election_lands_once(nats_cluster
     print(f"ledger write through the election: {took:.1f}s")
 
 
+def test_a_ledger_of_three_replicas_is_read_from_its_leader(nats_cluster):
+    """A replica may lag a write by a moment, and a trigger worked a moment
+    ago must not read as unworked: with three replicas the ledger reads from
+    the stream's leader (tests/integration/test_counters.py: with one, by a
+    direct get). The members' API counters are no witness here (they are
+    each member's own, and moved by direct gets too), so the choice is read."""
+    async def main():
+        async with _connect([s.url for s in nats_cluster]) as (nc, js):
+            await retry(lambda: buckets.ensure(js, buckets.LEDGER, 3))
+            ledger = Ledger(js, ttl=60)
+            await ledger.record("job-1", {"seat": "w"}, deadline=time.monotonic() + PATIENCE)
+            assert (await ledger.done("job-1"))["seat"] == "w"
+            assert await ledger._leader() is True
+    asyncio.run(main())
+
+
 def test_turn_records_published_during_a_leader_election_land_once(nats_cluster):
     async def main():
         async with _connect([s.url for s in nats_cluster]) as (nc, js):

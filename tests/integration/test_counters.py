@@ -38,6 +38,31 @@ def test_ledger_records_once_per_trigger_and_every_node_reads_it(natsd):
     asyncio.run(main())
 
 
+async def _api_calls(js) -> int:
+    """The JetStream API requests the account has made (a direct get is not one)."""
+    return (await js.account_info()).api.total
+
+
+def test_a_ledger_of_one_replica_is_read_by_direct_gets_not_the_leaders_api(natsd):
+    """One replica: the server that answers a direct get is the leader, so a
+    turn's ledger read costs the broker a direct get (tests/fleet/test_settle.py:
+    with three, every read asks the leader)."""
+    async def main():
+        a, b = await _connections(natsd)
+        try:
+            ledger, js = Ledger(a.jetstream(), ttl=60), b.jetstream()
+            await Ledger(js, ttl=60).record("t-1", {"seat": "s"}, deadline=time.monotonic() + 5)
+            before = await _api_calls(js)
+            answers = [await ledger.done("t-1")] + [await ledger.done(f"t-{i}") for i in range(2, 12)]
+            calls = await _api_calls(js) - before - 1  # less the account_info itself
+            assert answers[0]["seat"] == "s" and answers[1:] == [None] * 10
+            assert calls == 1, f"{calls} API calls for 11 reads: the stream's info, once, was expected"
+        finally:
+            await a.close()
+            await b.close()
+    asyncio.run(main())
+
+
 def test_a_watched_cooldown_is_answered_from_memory_and_follows_every_write(natsd):
     """A seats process watches the bucket: a turn's two cooldown looks cost no round trip."""
     async def main():
