@@ -35,7 +35,6 @@ import gc
 import importlib
 import itertools
 import os
-import select
 import selectors
 import signal
 import socket
@@ -336,16 +335,17 @@ class Zygote:
             reaping.add_done_callback(self._reaping.discard)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the zygote (it exits on its socket's EOF) and reap it, blocking
-        up to *timeout* (+5 s after a SIGKILL): for when no loop runs."""
-        self._detach()
-        self._reap(timeout)
+        """:meth:`aclose`, for when no loop runs (crewletd after its loop ended):
+        blocks up to *timeout* (+5 s after a SIGKILL)."""
+        asyncio.run(self.aclose(timeout))
 
     async def aclose(self, timeout: float = 5.0) -> None:
-        """:meth:`close` on the running loop, which goes on turning meanwhile:
-        a zygote still importing its preloads (a node that fails at once) may
-        take seconds to read its socket's EOF, and crewletd's watchdog would
-        call a loop blocked that long wedged."""
+        """Stop the zygote (it exits on its socket's EOF) and reap it, waiting
+        up to *timeout* (then SIGKILL, and up to 5 s more) on the running
+        loop, which goes on turning meanwhile: a zygote still importing its
+        preloads (a node that fails at once) may take seconds to read its
+        socket's EOF, and crewletd's watchdog would call a loop blocked that
+        long wedged."""
         self._detach()
         pid, self.pid = self.pid, None
         if pid is not None:
@@ -360,27 +360,6 @@ class Zygote:
             pass  # no loop running: nothing was reading
         self._sock.close()
         self._sock = None
-
-    def _reap(self, timeout: float) -> None:
-        """Wait up to *timeout* for the zygote to exit (SIGKILL it after), reap it."""
-        if self.pid is None:
-            return
-        pid, self.pid = self.pid, None
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return  # exited and already reaped (crewletd's reaper got it)
-        try:
-            if not select.select([fd], [], [], timeout)[0]:
-                os.kill(pid, signal.SIGKILL)
-                select.select([fd], [], [], 5.0)
-        finally:
-            os.close(fd)
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass  # reaped by crewletd's reaper
-
 
 async def _end(pid: int, timeout: float) -> None:
     """Wait up to *timeout* for *pid* to exit (SIGKILL it after, and wait up to

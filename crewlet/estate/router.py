@@ -317,22 +317,35 @@ class Router:
 
     # ---------------------------------------------------------- service
 
-    def serves(self) -> bool:
-        """Would a request find a copy in service now? As :meth:`_ask` chooses:
-        this node's own copy by what its applier last told this process (its
-        status record may say "in service" sooner), the others by their records."""
-        if self.local is not None and self.local.reason() is None:
-            return True
-        return self.view.ready and any(s.in_service for s in self.view.data_nodes()
-                                       if self.local is None or s.id != self.node_id)
+    def unserved(self) -> str | None:
+        """Why a request would find no copy in service now; None when one
+        would. As :meth:`_ask` chooses: this node's own copy by what its
+        applier last told this process (its status record may say "in
+        service" sooner), then the others by their records. ``/readyz``
+        answers with it; :meth:`serving` waits on it."""
+        why: list[str] = []
+        if self.local is not None:
+            mine = self.local.reason()
+            if mine is None:
+                return None
+            why.append(f"{self.node_id}: {mine}")
+        if not self.view.ready:
+            return "; ".join(why + ["the other copies' state is not read yet"])
+        for state in self.view.data_nodes():
+            if self.local is not None and state.id == self.node_id:
+                continue
+            if state.in_service:
+                return None
+            why.append(f"{state.id}: {state.reason}")
+        return "no copy of the estate in service: " + ("; ".join(why) or "no data node is up")
 
     async def serving(self, within: float, going_on: Callable[[], bool] = lambda: True) -> bool:
-        """Wait until :meth:`serves`, for at most *within* s (or while
+        """Wait until a copy serves (:meth:`unserved` is None), for at most *within* s (or while
         *going_on*); whether it does. For a role's first reads at a node's
         start, which would otherwise find no copy in service yet and say so
         as a warning every time."""
         deadline = time.monotonic() + within
-        while not self.serves():
+        while self.unserved() is not None:
             if not going_on() or time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(SERVING_POLL)

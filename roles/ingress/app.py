@@ -176,30 +176,12 @@ def _document_problems(doc: dict) -> dict:
 
 
 def _no_estate(front: Front | None) -> str | None:
-    """Why this node's API cannot reach the estate now (None: it can): its own
-    copy is out of service as this process hears its applier (the router's
-    first choice), and no peer's copy is in service either — on a node just
-    started, until its applier has caught up and said so. The tracker,
-    knowledge-base and conversation routes would answer 503 meanwhile."""
+    """Why this node's API cannot reach the estate now (None: it can; also
+    before the front has its router): on a node just started, until its
+    applier has caught up and said so. The tracker, knowledge-base and
+    conversation routes would answer 503 meanwhile."""
     router = getattr(front, "router", None)
-    local, view = getattr(router, "local", None), getattr(router, "view", None)
-    if view is None:
-        return None
-    why: list[str] = []
-    if local is not None:
-        mine = local.reason()
-        if mine is None:
-            return None
-        why.append(f"{front.node_id}: {mine}")
-    if not view.ready:
-        return "; ".join(why + ["the other copies' state is not read yet"])
-    for state in view.data_nodes():
-        if local is not None and state.id == front.node_id:
-            continue
-        if state.in_service:
-            return None
-        why.append(f"{state.id}: {state.reason}")
-    return "no copy of the estate in service: " + ("; ".join(why) or "no data node is up")
+    return router.unserved() if router is not None else None
 
 
 def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) -> FastAPI:

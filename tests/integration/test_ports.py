@@ -187,7 +187,7 @@ def _broker_start(cfg: NodeConfig):
             return "exited", info, node
         finally:
             node.host.close()
-            zygote.close()
+            await zygote.aclose()
             node._ctx.term()
     return asyncio.run(main())
 

@@ -56,7 +56,7 @@ def run(run_dir: str, scenario) -> None:
             await asyncio.wait_for(scenario(h), 60)
         finally:
             h.host.close()
-            h.zygote.close()
+            await h.zygote.aclose()
             h.ctx.term()
     asyncio.run(main())
 
