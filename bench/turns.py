@@ -47,7 +47,9 @@ each figure beside a same-run baseline where one makes sense:
    t = first publish -> last record. Beside the bare side publishing the
    same messages the same way, then 32 workers doing ``fetch(1)`` + a
    fire-and-forget ``ack()``. Medians; targets >= 0.5x bare at 100 seats, and
-   at more seats >= 0.8x the 100-seat figure.
+   at more seats >= 0.8x the 100-seat figure. Also the stream writes and the
+   JetStream API requests (the account's count) a turn makes, and a bare
+   message. ``bench/turn_floor.py`` is the floor under this ratio.
 5. **PSS** (psutil ``memory_full_info().pss``) of crewletd and every
    descendant, with and without the broker, at the end of the idle window;
    beside a node of ``--ref-seats`` seats (default 30, the sample company's
@@ -65,8 +67,9 @@ CPU figures are psutil CPU times over wall time (100 % = one core). A size
 that fails is reported with the stage it reached, the node's warnings and
 errors (from its log, before the stop and during it), the CPU figures and its
 seats' stats; the next size still runs. ``--profile DIR`` runs ``py-spy
-record`` (raw collapsed stacks, non-blocking) on the seats process during
-the start, the rounds, the recovery and the idle window, and reports the
+record`` (raw collapsed stacks, non-blocking) on the node's python processes
+(:class:`Profiles` says which, per stage) during the start, the rounds, the
+recovery and the idle window, and reports the
 hottest frames (such runs cost the machine a py-spy: their figures are not
 the bench's). Exit status: 0 unless the benchmark itself broke.
 
@@ -376,6 +379,10 @@ class Turns:
             if not page or len(page) < 256:
                 return out
 
+    async def api_calls(self) -> int:
+        """The JetStream API requests the node's broker has answered for its account."""
+        return (await self.js.account_info()).api.total
+
     async def close(self) -> None:
         await close_quietly(self.nc)
 
@@ -674,7 +681,8 @@ class Profiles:
     python process profiled (``turns-<seats>-<stage>-<process>.txt``)."""
 
     # The node's python processes each stage profiles (the seats child always).
-    STAGES = {"start": ("seats", "crewletd"), "rounds": ("seats", "data_applier"),
+    STAGES = {"start": ("seats", "crewletd"),
+              "rounds": ("seats", "data_applier", "ingress", "crewletd", "workers"),
               "kill": ("seats", "crewletd"),
               "idle": ("crewletd", "ingress", "seats", "workers", "data_applier")}
 
@@ -796,6 +804,8 @@ async def rounds(node_ok: bool, bare: Bare, turns: Turns, procs: dict[str, psuti
     if node_ok and "seats" in procs:
         profiles.start("rounds", pids_of(procs))
     seq0 = await turns.stream_seqs() if node_ok else {}
+    calls0 = {"crewlet": await turns.api_calls() if node_ok else 0,
+              "bare": (await bare.js.account_info()).api.total}
     try:
         for i in range(args.rounds):
             for side in ("bare", "crewlet") if i % 2 == 0 else ("crewlet", "bare"):
@@ -821,6 +831,11 @@ async def rounds(node_ok: bool, bare: Bare, turns: Turns, procs: dict[str, psuti
         seq1, worked = await turns.stream_seqs(), args.rounds * args.messages
         out["writes_per_turn"] = {k: round((v - seq0.get(k, 0)) / worked, 3) for k, v in seq1.items()
                                   if v != seq0.get(k, 0)}
+        # JetStream API requests (fetches, info, leader reads; not publishes nor direct gets)
+        # per turn and per bare message, all the node's processes together.
+        out["api_per_turn"] = round((await turns.api_calls() - calls0["crewlet"]) / worked, 2)
+    out["api_per_message"] = round(((await bare.js.account_info()).api.total - calls0["bare"])
+                                   / (args.rounds * args.messages), 2)
 
 
 async def kill_seats(node: CrewletNode, turns: Turns, seats: list[str], args: argparse.Namespace,
@@ -1344,6 +1359,9 @@ def print_text(rep: dict[str, Any]) -> None:
             if r.get("writes_per_turn"):
                 print("   stream writes per turn (the rounds' stores on the node's broker / turns): "
                       + ", ".join(f"{k} {v:.2f}" for k, v in r["writes_per_turn"].items()))
+            if r.get("api_per_turn") is not None:
+                print(f"   JetStream API requests per turn: {r['api_per_turn']:.2f}; "
+                      f"per bare message: {r.get('api_per_message', 0):.2f}")
         k = r.get("kill") or {}
         if k.get("timeline"):
             ws = k.get("works_started") or {}
