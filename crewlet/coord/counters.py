@@ -83,8 +83,8 @@ class Ledger:
         may lag a write by a moment: a trigger worked a moment ago must not
         read as unworked. Not when it has one replica: the one server that
         answers a direct get then is the leader, and a direct get costs the
-        broker ~15 us of CPU against ~65 us for the leader's API (measured
-        with bare nats-py; one ledger read per turn). Asked of the stream
+        broker ~30 us of CPU against ~50 us for the leader's API
+        (bench/turn_floor.py; one ledger read per turn). Asked of the stream
         once per process; while that fails, the leader."""
         if self._replicas is None:
             try:
