@@ -6,6 +6,7 @@ are conditions with deadlines (:func:`wait_for`), never bare sleeps.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -65,23 +66,40 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
-# Ports free_port has handed out in this process: the kernel may give a port
-# just closed to the next bind(0), so two asked for in a row (a node's stream
-# and ingress) could be one, and crewletd refuses that (exit 78).
-_given_ports: set[int] = set()
-_GIVEN_PORTS_KEPT = 8192  # well under the ephemeral range: a fresh bind(0) always finds another
+# Ports for the servers tests start: below the kernel's ephemeral range (a
+# client socket's local port never takes one), and each xdist worker has its
+# own share of them, handed out in turn. With bind(0) two workers could be
+# given one port a moment apart — the first one's nats-server then holds the
+# second one's ingress port, and crewletd refuses to start (exit 78), as CI
+# saw once in ~1,350 tests. In turn, a port comes round again only after the
+# worker's whole share (~10,000 ports with two workers) was handed out, long
+# after the test that had it stopped its servers.
+PORTS = range(12000, 32000)
+
+
+def _port_share() -> range:
+    """This test process's share of :data:`PORTS`."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(worker) % count if worker.isdigit() else 0
+    size = len(PORTS) // count
+    return range(PORTS.start + index * size, PORTS.start + (index + 1) * size)
+
+
+_ports = itertools.cycle(_port_share())
 
 
 def free_port() -> int:
-    while True:
+    """The next port of this worker's share that nothing listens on now."""
+    for _ in range(len(_port_share())):
+        port = next(_ports)
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _given_ports:
-            if len(_given_ports) >= _GIVEN_PORTS_KEPT:
-                _given_ports.clear()
-            _given_ports.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken by somebody else: the next one
+        return port
+    raise RuntimeError(f"no free port in {_port_share()}")
 
 
 @pytest.fixture
