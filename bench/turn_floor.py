@@ -43,7 +43,6 @@ import asyncio
 import collections
 import json
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -56,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import (BenchError, CpuMeter, NatsServer, emit, find_nats_server, ratio,  # noqa: E402
                           say, server_version, summary, wait_jetstream)
+from bench.turns import PAYLOAD, plan  # noqa: E402  (the same mail, the same seats' order)
 from crewlet import log  # noqa: E402
 from crewlet.bus import kv_subject  # noqa: E402
 from crewlet.coord import buckets  # noqa: E402
@@ -63,8 +63,6 @@ from crewlet.estate import log as estate_log  # noqa: E402
 from crewlet.queue.jetstream import (CONSUMER, EVENTS_STREAM, KEPT_TURNS, SUBJECT,  # noqa: E402
                                      JetStreamMailboxes)
 
-SEED = 20240611
-PAYLOAD = b"a message for a seat, about this long, answered ok"
 # A turn record and an estate op about as long as crewlet's (bytes).
 RECORD = json.dumps({"seat": "s", "trigger": "t", "node": "n1", "token": 7, "deliveries": 1,
                      "outcome": "done", "rounds": 1, "started_at": 1.0, "took_ms": 3.2,
@@ -75,12 +73,6 @@ JS_TIMEOUT = 10.0                 # s: generous, so a slow server shows as slow,
 BARE_STREAM, BARE_SUBJECT = "BARE", "bare.inbox."
 PUBLISH_WINDOW = 256              # publishes in flight while the mail goes in (both sides)
 CUSTODY_FETCH = 64                # custody's fetch batch
-
-
-def plan(seats: list[str], messages: int, tag: str) -> list[tuple[str, str]]:
-    order = list(seats)
-    random.Random(SEED).shuffle(order)
-    return [(order[i % len(order)], f"{tag}-{i}") for i in range(messages)]
 
 
 async def publish_all(js, subject: str, mail: list[tuple[str, str]]) -> None:

@@ -86,12 +86,13 @@ def _port_share() -> range:
     return range(PORTS.start + index * size, PORTS.start + (index + 1) * size)
 
 
-_ports = itertools.cycle(_port_share())
+_SHARE = _port_share()
+_ports = itertools.cycle(_SHARE)
 
 
 def free_port() -> int:
     """The next port of this worker's share that nothing listens on now."""
-    for _ in range(len(_port_share())):
+    for _ in range(len(_SHARE)):
         port = next(_ports)
         with socket.socket() as s:
             try:
@@ -99,7 +100,7 @@ def free_port() -> int:
             except OSError:
                 continue  # taken by somebody else: the next one
         return port
-    raise RuntimeError(f"no free port in {_port_share()}")
+    raise RuntimeError(f"no free port in {_SHARE}")
 
 
 @pytest.fixture
