@@ -30,6 +30,12 @@ ESTATE_WAIT = 15.0
 WRITE_WAIT = 4 * ESTATE_WAIT
 # Characters of a cursor: ours are a few dozen. A longer one is not ours, and is
 # not decoded (deeply nested JSON would blow the parser's recursion limit: a 500).
+
+# A text that is not all whitespace: holds one character that is whitespace
+# neither to the documented schema's regex dialect (ECMAScript's \s) nor to
+# the validator's (Unicode White_Space). A bare \S meant two things: U+0085
+# alone passed the schema and was refused with a 422 (schemathesis found it).
+NOT_BLANK = r"[^\t\n\v\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
 CURSOR_MAX = 1000
 # The largest sequence a cursor or a path may name: JetStream's and the estate
 # log's are uint64; past it the broker or the store refuses the request (a 503).

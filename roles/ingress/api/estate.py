@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from crewlet.estate import ops
 from crewlet.estate.search import fts_query
 from crewlet.estate.wire import SEARCH_SHARDS
-from roles.ingress.api.common import (CURSOR, ESTATE_WAIT, WRITE_WAIT, read, INT_MAX, SEQ_MAX, decode_cursor,
+from roles.ingress.api.common import (CURSOR, ESTATE_WAIT, NOT_BLANK, WRITE_WAIT, read, INT_MAX, SEQ_MAX, decode_cursor,
                                       encode_cursor, estate, idempotency_key, refused, seq_at)
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import Front, front
@@ -304,7 +304,7 @@ async def put_page(request: Request, body: PageWrite, response: Response, path: 
 # ------------------------------------------------------------------ search
 
 @router.get("/search", response_model=SearchResult, tags=["pages"], summary="Search the knowledge base")
-async def search(request: Request, q: str = Query(min_length=1, max_length=500, pattern=r"\S",
+async def search(request: Request, q: str = Query(min_length=1, max_length=500, pattern=NOT_BLANK,
                                                   description="Words; only those with a letter or digit "
                                                               "are looked for"),
                  limit: int = Query(ops.SEARCH_DEFAULT, ge=1, le=ops.SEARCH_MAX), _=Depends(READ)) -> SearchResult:

@@ -19,7 +19,7 @@ from crewlet.coord.counters import Ledger
 from crewlet.estate import ops
 from crewlet.queue.base import MAIL_MAX, MailboxError
 from crewlet.queue.post import post
-from roles.ingress.api.common import CURSOR, decode_cursor, encode_cursor, idempotency_key, read
+from roles.ingress.api.common import CURSOR, NOT_BLANK, decode_cursor, encode_cursor, idempotency_key, read
 from roles.ingress.api.estate import Turn
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import front
@@ -55,7 +55,7 @@ class SeatDetail(SeatRow):
 
 class Mail(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1, max_length=MAIL_MAX, pattern=r"\S")
+    text: str = Field(min_length=1, max_length=MAIL_MAX, pattern=NOT_BLANK)
     wait: float | None = Field(None, gt=0, le=WAIT_MAX,
                                description="Seconds to wait for the turn that works the mail")
 
