@@ -56,7 +56,8 @@ from crewlet import log
 from crewlet.agent.janitor import SPAWNED_BY
 from crewlet.agent.tools import Registry, Tool, ToolContext, ToolError
 from crewlet.agent.types import TOOL_NAME_MAX
-from crewlet.company.model import McpServer
+from crewlet.company.model import McpServer, SandboxPolicy, effective_sandbox
+from crewlet.sandbox import Sandbox, SandboxError
 
 # A server up this long is healthy: its next crash starts the backoff over.
 STABLE_AFTER = 30.0
@@ -89,8 +90,13 @@ class SeatServers:
 
     def __init__(self, seat: str, servers: Sequence[McpServer], registry: Registry, *,
                  mark: str, start_timeout: float = 20.0, backoff_min: float = 0.5,
-                 backoff_max: float = 30.0):
+                 backoff_max: float = 30.0, sandbox: Sandbox | None = None,
+                 seat_sandbox: SandboxPolicy | None = None):
         self.seat = seat
+        # Where the servers run (crewlet.sandbox); None: as this process's
+        # children with nothing hidden (unit tests of the client alone).
+        self.sandbox = sandbox
+        self.seat_sandbox = seat_sandbox
         self.registry = registry
         self.mark = mark
         self.start_timeout = start_timeout
@@ -116,8 +122,8 @@ class SeatServers:
         await asyncio.gather(*(server.stop() for server in self._servers))
 
     def status(self) -> dict[str, dict[str, Any]]:
-        """Per server: state (starting|up|backoff|stopped), restarts, pid, pgid,
-        tools, last_error."""
+        """Per server: state (starting|up|backoff|refused|stopped), restarts,
+        pid, pgid, confined, tools, last_error."""
         return {server.spec.name: server.status() for server in self._servers}
 
 
@@ -140,9 +146,11 @@ class _Server:
         self._session: ClientSession | None = None
         self._up_since: float | None = None
         self._code: int | None = None
+        self.confined: bool | None = None  # the running incarnation's (None: none runs)
 
     def status(self) -> dict[str, Any]:
         return {"state": self.state, "restarts": self.restarts, "pid": self.pid,
+                "confined": self.confined,
                 "pgid": self.pid,  # start_new_session: the group is named after its leader
                 "tools": list(self.tools), "last_error": self.last_error}
 
@@ -181,13 +189,28 @@ class _Server:
                 with anyio.CancelScope() as self._scope:
                     try:
                         await self._incarnation()
+                    except SandboxError as exc:
+                        failure = str(exc)
+                        refused = True
                     except Exception as exc:
                         failure = _describe(exc)
+                        refused = False
+                    else:
+                        refused = False
                 self._scope = None
                 self._down()
                 await self._bury()
                 self.first.set()
                 if self._stopping:
+                    break
+                if refused:
+                    # Not a crash a retry could mend: the node's sandbox mode or
+                    # the server's policy says no until the company or node changes.
+                    self.state, self.last_error = "refused", failure
+                    log.event("mcp_server_refused", "warning", **self._fields(), error=failure)
+                    with anyio.CancelScope() as self._scope:
+                        await anyio.sleep_forever()
+                    self._scope = None
                     break
                 up = self._up_since
                 if up is not None and time.monotonic() - up >= STABLE_AFTER:
@@ -217,9 +240,20 @@ class _Server:
         """Run the server once: returns when its process exited; raises when it
         could not be started (or the session broke)."""
         nonce = uuid.uuid4().hex
+        # Built from nothing: the spec's env and our marks (the SDK adds HOME,
+        # PATH and the like where these do not say; the sandbox sets its own).
         env = {**self.spec.env, SPAWNED_BY: self.seats.mark, "CREWLET_SEAT": self.seats.seat,
                _INSTANCE_ENV: nonce}
-        params = StdioServerParameters(command=self.spec.command, args=list(self.spec.args), env=env)
+        box = self.seats.sandbox
+        if box is not None:
+            policy = effective_sandbox(self.seats.seat_sandbox, self.spec.sandbox)
+            launch = await asyncio.to_thread(box.wrap, [self.spec.command, *self.spec.args], env,
+                                             self.seats.seat, policy)
+            self.confined = launch.confined
+            params = StdioServerParameters(command=launch.argv[0], args=launch.argv[1:], env=launch.env,
+                                           cwd=launch.cwd)
+        else:
+            params = StdioServerParameters(command=self.spec.command, args=list(self.spec.args), env=env)
         client = stdio_client(params, errlog=_errlog())
         process = None
         try:

@@ -186,26 +186,37 @@ class Provider(_Model):
     scripted  rules (deterministic, offline; the sample's provider)
     openai    model, base_url, api_key_env (an OpenAI-compatible API)
     anthropic model, base_url, api_key_env
-    cli       command (required), max_concurrent, model
+    cli       command (required), max_concurrent, model, api_key_env (the one
+              variable of crewlet's environment its agent gets)
     ========= =====================================================
     """
 
     kind: ProviderKind  # what talks to the model
     model: str | None = Field(None, min_length=1)  # model name passed to the provider
     base_url: HttpUrl | None = None  # API endpoint (openai/anthropic); None: the vendor's
-    api_key_env: EnvName | None = None  # env var holding the API key (openai/anthropic)
+    # env var holding the API key (openai/anthropic); for cli, the one variable of
+    # crewlet's environment its agent is given, under the same name
+    api_key_env: EnvName | None = None
     # argv of the CLI agent (cli; required there)
     command: list[str] | None = Field(None, min_length=1, validate_default=True)
     # CLI agent subprocesses at once, per node (cli only; unset: CLI_MAX_CONCURRENT)
     max_concurrent: int | None = Field(None, ge=1, validate_default=True)
     rules: list[Rule] = Field(default_factory=list)  # scripted replies, first match wins (scripted)
 
-    @field_validator("base_url", "api_key_env")
+    @field_validator("base_url")
     @classmethod
     def _http_only(cls, v: str | None, info: ValidationInfo) -> str | None:
         kind = info.data.get("kind")
         if v is not None and kind is not None and kind not in HTTP_KINDS:
             raise ValueError(f"only for kind openai or anthropic, not {kind}")
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _keyed(cls, v: str | None, info: ValidationInfo) -> str | None:
+        kind = info.data.get("kind")
+        if v is not None and kind is not None and kind not in (*HTTP_KINDS, "cli"):
+            raise ValueError(f"only for kind openai, anthropic or cli, not {kind}")
         return v
 
     @field_validator("command")
@@ -247,12 +258,44 @@ class Placement(_Model):
         return all(node_labels.get(k) == v for k, v in self.labels.items())
 
 
+class SandboxPolicy(_Model):
+    """What a seat's tool processes may see and use (crewlet.sandbox). On a
+    seat it is the policy of its CLI agent and the default of its MCP
+    servers; on a server, each key given overrides the seat's. Unset keys
+    take crewlet.sandbox's defaults."""
+
+    network: Literal["host", "none"] | None = None  # none: an empty network namespace of its own
+    # Absolute host paths shown read-only / read-write at the same path (never the data dir).
+    read_only: list[Annotated[str, Field(pattern=r"^/", max_length=4096)]] | None = Field(None, max_length=64)
+    read_write: list[Annotated[str, Field(pattern=r"^/", max_length=4096)]] | None = Field(None, max_length=64)
+    memory: int | None = Field(None, ge=16 << 20, le=1 << 44)  # bytes of heap (RLIMIT_DATA)
+    processes: int | None = Field(None, ge=1, le=1 << 20)  # processes and threads (RLIMIT_NPROC)
+    open_files: int | None = Field(None, ge=16, le=1 << 20)  # RLIMIT_NOFILE
+    cpu_seconds: int | None = Field(None, ge=1, le=1 << 31)  # CPU time, then SIGXCPU (RLIMIT_CPU)
+
+
+def effective_sandbox(*layers: SandboxPolicy | None):
+    """The :class:`crewlet.sandbox.Policy` of a tool: crewlet's defaults,
+    then each of *layers* (a seat's, a server's) key by key where given."""
+    from crewlet.sandbox import DEFAULT_POLICY, Policy
+
+    values = {k: getattr(DEFAULT_POLICY, k) for k in Policy.__dataclass_fields__}
+    for layer in layers:
+        if layer is None:
+            continue
+        for key in layer.model_fields_set:
+            value = getattr(layer, key)
+            values[key] = tuple(value) if isinstance(value, list) else value
+    return Policy(**values)
+
+
 class McpServer(_Model):
     name: str = Field(min_length=1)  # unique per seat; names the server's tools
     command: str = Field(min_length=1)  # executable of the stdio MCP server
     args: list[str] = Field(default_factory=list)  # its arguments
     env: dict[str, str] = Field(default_factory=dict)  # extra environment of the server
     approval: bool = False  # every tool of this server waits for a person's approval (conversations)
+    sandbox: SandboxPolicy | None = None  # overrides the seat's sandbox, key by key
 
 
 class Seat(_Model):
@@ -261,6 +304,7 @@ class Seat(_Model):
     provider: str  # a key of `providers`
     placement: Placement = Field(default_factory=Placement)  # where the seat may run
     mcp: list[McpServer] = Field(default_factory=list)  # the seat's own tool servers, spawned with its lease
+    sandbox: SandboxPolicy | None = None  # what its tools and CLI agent may see and use (crewlet.sandbox)
     # Tools whose calls in a conversation wait for a person's approval: names or shell-style
     # patterns as the model sees them ("send_mail", "github__*"; "*": every tool of the seat).
     approval: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list)

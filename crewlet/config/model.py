@@ -706,6 +706,15 @@ class EstateSection(_Section):
     trim_every: float = Field(HOUR, ge=1, le=DAY)
 
 
+class SandboxSection(_Section):
+    """How a seat's own tools and agents run (crewlet.sandbox): ``auto`` confines
+    them under bubblewrap when it works here, else runs them unconfined and says
+    so everywhere an operator looks; ``required`` refuses to start an
+    unconfined tool; ``off`` runs them unconfined, the operator's choice."""
+
+    mode: Literal["auto", "required", "off"] = "auto"
+
+
 class DebugSection(_Section):
     faults: list[Fault] = Field(default_factory=list)  # injected failures, for testing supervision
 
@@ -731,6 +740,7 @@ class NodeConfig(_Section):
     conversations: ConversationsSection = Field(default_factory=ConversationsSection)  # run drivers and events
     sessions: SessionsSection = Field(default_factory=SessionsSection)  # the session runner
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)  # tool calls waiting for a person
+    sandbox: SandboxSection = Field(default_factory=SandboxSection)  # confinement of seats' tools and agents
     debug: DebugSection = Field(default_factory=DebugSection)  # fault injection
     # Filled by the loader via model_copy(update=...), never from the file: hence
     # excluded from dumps, and rejected as unknown keys if a file sets them.

@@ -31,6 +31,8 @@ from crewlet.coord.lease import Leases
 from crewlet.estate.access import EstateAccess
 from crewlet.queue.jetstream import MAX_DELIVER, JetStreamMailboxes
 from crewlet.runtime import RoleContext
+from crewlet.sandbox import Sandbox
+from crewlet.sandbox import log_state as log_sandbox
 from roles.seats.sweeper import SeatSweeper
 from roles.seats.turns import STATS_EVERY, TurnEngine
 
@@ -96,6 +98,10 @@ async def main(ctx: RoleContext) -> None:
     left = kill_marked(mark)
     if left:
         log.event("seats_leftovers_killed", "warning", pids=left)
+    # Where the seats' tools and agents run: probed once (a run of `true`
+    # under bubblewrap), said at start (crewlet.sandbox).
+    box = await asyncio.to_thread(Sandbox.of, ctx.config)
+    log_sandbox(box, "seats")
     js = ctx.jetstream()
     leases = Leases(js, ctx.node_id, ctx.boot, fleet.lease_ttl)
     holders = Holders.of_bucket(js, heartbeat=fleet.heartbeat)
@@ -117,7 +123,7 @@ async def main(ctx: RoleContext) -> None:
                         files=ctx.config.files, replicas=ctx.config.stream.replicas,
                         run_event_ttl=runs.event_ttl(ctx.config.conversations.retention,
                                                      ctx.config.conversations.max_run),
-                        approval_ttl=ctx.config.approvals.ttl, nc=ctx.nats)
+                        approval_ttl=ctx.config.approvals.ttl, nc=ctx.nats, sandbox=box)
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
     holders.on_change = _wake_on_change(sweeper)
     sweeper.on_stop = engine.quiesce

@@ -101,13 +101,14 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from crewlet import disk, log, outbox
+from crewlet import disk, log, outbox, sandbox
 from crewlet.bus import JETSTREAM_TIMEOUT, publish_until
 from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
 from crewlet.agent.estate_tools import estate_tools
 from crewlet.agent.tools import Registry, builtin_tools
 from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
 from crewlet.company import Company, Seat
+from crewlet.company.model import effective_sandbox
 from crewlet.conversations import turn as conversation_turn
 from crewlet.conversations.turn import RunTurn
 from crewlet.coord.control_plane import ControlPlane, RevisionNotFound
@@ -180,6 +181,7 @@ _ACKED = "acked"
 
 if TYPE_CHECKING:
     from crewlet.agent.mcp import SeatServers
+    from crewlet.sandbox import Sandbox
     from crewlet.estate.router import Router
 
 
@@ -221,8 +223,11 @@ class TurnEngine:
                  budgets: Budgets, cooldowns: Cooldowns, sweeper: SeatSweeper,
                  max_concurrent: int, events_js, estate: "Router | None" = None,
                  space: disk.Watch | None = None, run_event_ttl: float = 4500.0,
-                 approval_ttl: float = 86400.0, nc=None, files=None, replicas: int = 1):
+                 approval_ttl: float = 86400.0, nc=None, files=None, replicas: int = 1,
+                 sandbox: "Sandbox | None" = None):
         self.node = node
+        # Where the seats' tools and agents run (crewlet.sandbox); None: unwrapped (unit tests).
+        self.sandbox = sandbox
         self.files, self.replicas = files, replicas  # the file tools' store (Services)
         self.nc = nc  # the connection a conversation run's turn hears a request to stop on
         self.space = space  # the node's disk: no turn starts while it is low
@@ -651,7 +656,8 @@ class SeatWork:
         seat_cfg = self._seat_cfg()
         if seat_cfg is not None and seat_cfg.mcp and self.servers is None:
             mcp = await _mcp()
-            self.servers = mcp.SeatServers(self.seat, seat_cfg.mcp, self.registry, mark=engine.mark)
+            self.servers = mcp.SeatServers(self.seat, seat_cfg.mcp, self.registry, mark=engine.mark,
+                                           sandbox=engine.sandbox, seat_sandbox=seat_cfg.sandbox)
             await self.servers.start()
         self._wake.set()
         while not self.stopped:
@@ -825,6 +831,10 @@ class SeatWork:
                     raise RuntimeError(f"the ledger did not answer: {type(exc).__name__}: {exc}") from exc
                 if worked is not None:
                     raise _Worked(worked)
+            # The seat a CLI agent of this turn runs as (crewlet.sandbox.SEAT):
+            # this task's own context, so it ends with the turn.
+            if engine.sandbox is not None:
+                sandbox.SEAT.set(sandbox.Seat(engine.sandbox, self.seat, effective_sandbox(seat_cfg.sandbox)))
             try:
                 async with asyncio.timeout(TURN_TIMEOUT):
                     fence = lambda: engine.fence(self.seat, self.token) and not self.stopped  # noqa: E731

@@ -430,8 +430,8 @@ def test_anthropic_429_with_an_http_date_cools_then_answers(wire):
 
 # ------------------------------------------------------------------ cli
 
-def cli_spec(command: list[str], max_concurrent: int | None = None) -> ProviderSpec:
-    return ProviderSpec(kind="cli", command=command, max_concurrent=max_concurrent)
+def cli_spec(command: list[str], max_concurrent: int | None = None, key: str | None = None) -> ProviderSpec:
+    return ProviderSpec(kind="cli", command=command, max_concurrent=max_concurrent, api_key_env=key)
 
 
 def write_script(path: str, text: str) -> str:
@@ -485,11 +485,27 @@ def test_cli_failure_carries_the_stderr_tail():
 def test_cli_failure_redacts_secrets_of_its_environment():
     async def main():
         env = {**os.environ, "SOME_API_KEY": "hunter2hunter2"}
-        p = make_provider("agent", cli_spec(["sh", "-c", "echo \"bad key $SOME_API_KEY\" >&2; exit 1"]),
-                          env=env)
+        p = make_provider("agent", cli_spec(["sh", "-c", "echo \"bad key $SOME_API_KEY\" >&2; exit 1"],
+                                            key="SOME_API_KEY"), env=env)
         with pytest.raises(ProviderError) as caught:
             await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(20))
         assert "hunter2hunter2" not in str(caught.value) and "bad key [redacted]" in str(caught.value)
+    asyncio.run(main())
+
+
+def test_cli_agent_gets_its_own_key_and_no_other_secret():
+    """An agent's environment is built from nothing: its provider's own key,
+    never another provider's key, a webhook secret or crewlet's variables."""
+    async def main():
+        env = {**os.environ, "MINE_API_KEY": "mine-mine-mine-mine", "OTHER_API_KEY": "other-other-other",
+               "HOOK_SECRET": "hook-hook-hook-hook", "CREWLET_SPAWN_MARK": "n/seats/x"}
+        p = make_provider("agent", cli_spec(["sh", "-c", "env"], key="MINE_API_KEY"), env=env)
+        reply = await p.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(20))
+        seen = dict(line.split("=", 1) for line in reply.text.splitlines() if "=" in line)
+        assert seen["MINE_API_KEY"] == "mine-mine-mine-mine"
+        assert seen["CREWLET_SPAWNED_BY"] == "n/seats/x"
+        assert "OTHER_API_KEY" not in seen and "HOOK_SECRET" not in seen
+        assert not [v for v in seen.values() if "other-other" in v or "hook-hook" in v]
     asyncio.run(main())
 
 

@@ -20,6 +20,16 @@ only the reply when it is complete and the exit code says so).
 ``CREWLET_SPAWNED_BY`` in the agent's environment carries this process's
 ``CREWLET_SPAWN_MARK``, so a restarted role can find what its predecessor
 spawned.
+
+**Confined, and holding no secret but its own.** The agent's environment is
+built from nothing: the one variable its provider names (``api_key_env``,
+its own key), ``LANG``, the spawn mark, and — when the turn has a tool
+bridge (:mod:`crewlet.agent.bridge`) — the bridge's URL, its per-turn token
+and an MCP config file in the workspace that names them, so an agent in
+agent mode calls crewlet's tools as its seat and through nothing else. The
+seat whose turn it is (:data:`crewlet.sandbox.SEAT`) runs it under its own
+sandbox, in its workspace; a node whose ``sandbox.mode`` is ``required``
+and cannot confine fails the call with the reason.
 """
 
 from __future__ import annotations
@@ -29,11 +39,12 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crewlet import log
+from crewlet import log, sandbox
 from crewlet.agent.providers.base import Provider, ProviderError, env_secrets, redact
 from crewlet.agent.providers.scripted import conversation_words, words
 from crewlet.agent.types import Message, Reply, Sink, ToolSpec, Usage
@@ -41,6 +52,8 @@ from crewlet.company.model import Provider as ProviderSpec
 
 SPAWN_MARK_ENV = "CREWLET_SPAWN_MARK"
 SPAWNED_BY_ENV = "CREWLET_SPAWNED_BY"
+# The MCP client config naming the tool bridge, in the seat's workspace.
+BRIDGE_CONFIG = ".crewlet-mcp.json"
 # Characters of stderr quoted when the agent fails: its last words, not its whole log.
 STDERR_TAIL = 2000
 # After the agent exits, how long its pipes may take to close once its group is killed.
@@ -85,9 +98,48 @@ class CliProvider(Provider):
             await sink.delta(out)
         return Reply(text=out, usage=Usage(conversation_words(system, messages), words(out)))
 
+    def environment(self) -> dict[str, str]:
+        """The agent's environment, before its sandbox's additions: nothing of
+        crewlet's but its own key, the locale and the spawn mark."""
+        env = {SPAWNED_BY_ENV: self._env.get(SPAWN_MARK_ENV, "")}
+        for name in ("LANG", "LC_ALL", "TZ"):
+            if self._env.get(name):
+                env[name] = self._env[name]
+        key = self.spec.api_key_env
+        if key and self._env.get(key):
+            env[key] = self._env[key]
+        return env
+
+    async def _launch(self) -> tuple[list[str], dict[str, str], str | None]:
+        """(argv, environment, cwd) of this call's agent: under the sandbox of
+        the seat whose turn it is, with the turn's bridge when it has one."""
+        env = self.environment()
+        seat = sandbox.SEAT.get()
+        grant = _bridge_grant()
+        binds: tuple[tuple[str, str], ...] = seat.binds if seat is not None else ()
+        if grant is not None:
+            env.update(grant.env())
+        if seat is None:  # a provider called outside a seat's turn (tests, tools): no sandbox
+            env.setdefault("PATH", self._env.get("PATH", sandbox.SANDBOX_PATH))
+            return list(self.command), env, None
+        env["CREWLET_SEAT"] = seat.seat
+        if grant is not None:
+            workspace, uid = await asyncio.to_thread(seat.sandbox.workspace, seat.seat)
+            await asyncio.to_thread(_write_bridge_config, grant, workspace, uid)
+            inside = sandbox.WORKSPACE if seat.sandbox.state == "confined" else workspace
+            env["CREWLET_MCP_CONFIG"] = os.path.join(inside, BRIDGE_CONFIG)
+            if grant.socket_path and seat.sandbox.state == "confined":
+                binds = (*binds, (grant.socket_path, sandbox.BRIDGE_SOCKET))
+                env["CREWLET_MCP_BRIDGE_SOCKET"] = sandbox.BRIDGE_SOCKET
+        try:
+            launch = await asyncio.to_thread(seat.sandbox.wrap, self.command, env, seat.seat, seat.policy, binds)
+        except (sandbox.SandboxError, FileNotFoundError) as exc:
+            raise ProviderError(f"provider {self.name}: {exc}", retryable=False) from None
+        return launch.argv, launch.env, launch.cwd
+
     async def _run(self, prompt: str, deadline: float) -> str:
-        env = {**self._env, SPAWNED_BY_ENV: self._env.get(SPAWN_MARK_ENV, "")}
-        proc = await self._spawn(env)
+        argv, env, cwd = await self._launch()
+        proc = await self._spawn(argv, env, cwd)
         io = asyncio.ensure_future(_talk(proc, prompt.encode()))
         exited = False  # by itself: its output is read to the end below
         try:
@@ -120,12 +172,12 @@ class CliProvider(Provider):
         if proc.returncode != 0:
             how = (f"exit {proc.returncode}" if proc.returncode > 0
                    else f"signal {-proc.returncode} ({signal.Signals(-proc.returncode).name})")
-            tail = redact(err.decode(errors="replace").strip()[-STDERR_TAIL:], env_secrets(env))
+            tail = redact(err.decode(errors="replace").strip()[-STDERR_TAIL:], env_secrets(self._env))
             raise ProviderError(f"provider {self.name}: {self.command[0]} failed, {how}: {tail}",
                                 retryable=False)
         return out.decode(errors="replace").strip()
 
-    async def _spawn(self, env: dict[str, str]) -> asyncio.subprocess.Process:
+    async def _spawn(self, argv: list[str], env: dict[str, str], cwd: str | None) -> asyncio.subprocess.Process:
         """The agent, started in a process group of its own.
 
         Shielded from cancellation: asyncio, cancelled while it connects a new
@@ -135,8 +187,8 @@ class CliProvider(Provider):
         group ran on. A cancel here lets the start finish, ends the group,
         then goes on."""
         starting = asyncio.ensure_future(asyncio.create_subprocess_exec(
-            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True))
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd, start_new_session=True))
         try:
             return await asyncio.shield(starting)
         except OSError as exc:
@@ -163,6 +215,30 @@ async def _talk(proc: asyncio.subprocess.Process, prompt: bytes) -> tuple[bytes,
 
     _, out, err = await asyncio.gather(write(), proc.stdout.read(), proc.stderr.read())
     return out, err
+
+
+def _bridge_grant():
+    """The tool bridge's grant of the turn this call runs in, if it has one."""
+    bridge = sys.modules.get("crewlet.agent.bridge")  # imported by the seats role when it serves one
+    return bridge.CURRENT.get() if bridge is not None else None
+
+
+def _write_bridge_config(grant, workspace: str, uid: int | None) -> None:
+    """The MCP client config naming the bridge, in the workspace (0600, the
+    tool's uid): ``claude --mcp-config``, ``codex`` and the like read it."""
+    target = os.path.join(workspace, BRIDGE_CONFIG)
+    url = grant.url
+    text = json.dumps({"mcpServers": {"crewlet": {
+        "type": "http", "url": url, "headers": {"Authorization": f"Bearer {grant.secret}"}}}}, indent=2)
+    tmp = f"{target}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+        if uid is not None:
+            os.fchown(fd, uid, uid)
+    finally:
+        os.close(fd)
+    os.replace(tmp, target)
 
 
 def _kill_group(pgid: int) -> None:

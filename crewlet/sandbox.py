@@ -1,0 +1,573 @@
+"""The sandbox: every process a seat starts runs confined (DESIGN §14).
+
+A seat's MCP servers and its CLI agent are the least trusted code in a node:
+third-party programs steered by whatever text a model read. They run under
+**bubblewrap** (``bwrap``, Debian's ``bubblewrap``), which shows them:
+
+* a read-only view of the system (``/usr`` and its ``/bin``, ``/lib``…
+  links, the few files of ``/etc`` programs need: :data:`ETC`) and of the
+  program's own install — its interpreter and packages (:func:`installs`);
+* their seat's own **workspace**, read-write: ``<data_dir>/workspaces/<seat>``,
+  mounted at :data:`WORKSPACE` (also the working directory and ``HOME``),
+  kept across claims on this node;
+* a private ``/tmp``, a fresh ``/dev`` and a ``/proc`` of their own pid
+  namespace (no other process is visible, so no ``/proc/<pid>/environ`` of
+  anyone else), new ipc and uts namespaces, a new session (no terminal
+  injection), and with ``network: none`` an empty network namespace;
+* an environment built from nothing but what the caller passes (an MCP
+  server's spec ``env``; a CLI agent its own provider's key).
+
+They never see the data dir, the run dir (broker passwords, the API token,
+the node's sockets), other seats' workspaces or crewlet's own files: a bind
+that would show any of them is refused, and when an install root holds the
+data dir the data dir is covered by an empty tmpfs.
+
+**A real unprivileged uid outside too.** A crewletd running as root runs
+bwrap as root (it sets up the mounts as root, so it can bind what a 0700
+data dir holds) and then drops the tool to a **uid of its seat's own**
+before exec (``setpriv``: new uid and gid, no groups, no capabilities in any
+set, ``no_new_privs``). A tool that escaped its namespaces is that uid: it
+cannot read a 0600 file of crewlet's, ptrace or signal crewlet's processes,
+nor another seat's tools. The uid is allocated once per seat and node
+(:meth:`Sandbox.workspace`) and owns the workspace; per-seat uids also make
+``RLIMIT_NPROC`` count one seat's processes. A crewletd running as a plain
+user cannot change uid: its tools run as that user in a user namespace of
+their own, and the mount namespace is what hides its files.
+
+**Limits** (memory, processes, open files, CPU seconds) are rlimits set by
+``prlimit`` before exec. Memory is ``RLIMIT_DATA`` (heap and private writable
+mappings), not the address space: V8 and Go reserve far more address space
+than they ever use, and would not start under an address-space limit.
+
+**Modes** (Tier A ``sandbox.mode``): ``auto`` (the default) confines when
+bubblewrap works here and otherwise runs tools unconfined and says so at
+start, in ``crewletctl status``, ``/readyz``'s detail and the dashboard;
+``required`` refuses to start an unconfined tool (the seat's servers fail
+with the reason; the seat itself still works with crewlet's own tools);
+``off`` is an operator's explicit choice, said the same way. Whether
+bubblewrap works is probed once per process (:func:`probe`): a real run of
+``true`` under the same wrap a tool gets.
+
+The turn a tool runs for is carried by :data:`SEAT` (a ContextVar the seats
+role sets around each turn), so a provider shared by every seat of the
+process — a CLI agent — confines each call as its own seat's.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from crewlet import log
+
+MODES = ("auto", "required", "off")
+DEFAULT_MODE = "auto"
+
+# Where the workspace appears inside the sandbox (also cwd and HOME there).
+WORKSPACE = "/workspace"
+# Where the tool bridge's unix socket appears inside (crewlet.agent.bridge).
+BRIDGE_SOCKET = "/run/crewlet/bridge.sock"
+# The part of <data_dir> that holds the workspaces, and where their uids are claimed.
+WORKSPACES_DIR = "workspaces"
+_UIDS_DIR = ".uids"
+# The PATH a confined tool gets when its spec sets none: the system's (the
+# program's own directory is put first).
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+# /etc entries a program may need to run (names, certificates, time zone,
+# the dynamic linker's cache, Debian's alternatives). Nothing else of /etc:
+# an operator's config there is none of a tool's business.
+ETC = ("/etc/alternatives", "/etc/ca-certificates", "/etc/ca-certificates.conf",
+       "/etc/group", "/etc/host.conf", "/etc/hosts", "/etc/ld.so.cache", "/etc/ld.so.conf",
+       "/etc/ld.so.conf.d", "/etc/localtime", "/etc/mime.types", "/etc/nsswitch.conf",
+       "/etc/os-release", "/etc/passwd", "/etc/pki", "/etc/protocols", "/etc/resolv.conf",
+       "/etc/services", "/etc/ssl", "/etc/timezone", "/etc/gai.conf", "/etc/python3",
+       "/etc/python3.11", "/etc/debian_version", "/etc/npmrc", "/etc/gitconfig")
+# Top-level names that are links into /usr on a merged-/usr system (or dirs of their own).
+_ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Seconds the probe's run of `true` may take before bubblewrap counts as not working.
+PROBE_TIMEOUT = 10.0
+# How far a program's launcher chain is followed (script -> interpreter -> …).
+_INSTALL_DEPTH = 8
+
+# The defaults of a policy: generous enough that common MCP servers (Python,
+# Node, a binary on PATH) and the sample company run unchanged, tight enough
+# that a fork bomb or a runaway allocation ends in the tool, not the node.
+DEFAULT_MEMORY = 4 << 30        # bytes of RLIMIT_DATA
+DEFAULT_PROCESSES = 256         # RLIMIT_NPROC: the seat's processes (its own uid)
+DEFAULT_OPEN_FILES = 1024       # RLIMIT_NOFILE
+DEFAULT_CPU_SECONDS = None      # RLIMIT_CPU: none — a server lives as long as its lease
+
+# The uids tools are dropped to (root only): a window of the uids this
+# process may use (/proc/self/uid_map), high in it, clear of nobody (65534).
+_UID_SPAN_MAX = 1 << 24
+
+
+class SandboxError(Exception):
+    """A tool cannot be started as its policy and the node's mode say: the
+    reason is the message (a seat's server fails with it)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one tool process may see and use. The company's ``sandbox:`` of a
+    seat, overridden key by key by the ``sandbox:`` of one of its MCP servers
+    (:func:`crewlet.company.model.effective_sandbox`)."""
+
+    network: str = "host"                      # host | none (an empty network namespace)
+    read_only: tuple[str, ...] = ()            # absolute host paths, shown read-only at the same path
+    read_write: tuple[str, ...] = ()           # absolute host paths, shown read-write at the same path
+    memory: int | None = DEFAULT_MEMORY        # bytes (RLIMIT_DATA); None: no limit
+    processes: int | None = DEFAULT_PROCESSES  # RLIMIT_NPROC
+    open_files: int | None = DEFAULT_OPEN_FILES
+    cpu_seconds: int | None = DEFAULT_CPU_SECONDS
+
+
+DEFAULT_POLICY = Policy()
+
+
+@dataclass(frozen=True)
+class Seat:
+    """The seat a turn's tools run for: what :data:`SEAT` carries."""
+
+    sandbox: "Sandbox"
+    seat: str
+    policy: Policy = DEFAULT_POLICY
+    # Extra binds for this turn: (host path, path inside) — the bridge's socket.
+    binds: tuple[tuple[str, str], ...] = ()
+
+
+# The seat whose turn the current task runs (set by the seats role around a
+# turn; read by the CLI provider, which every seat of the process shares).
+SEAT: contextvars.ContextVar[Seat | None] = contextvars.ContextVar("crewlet_sandbox_seat", default=None)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A process to start: argv, its whole environment, and the host directory
+    it is started in (the workspace; a confined tool's own is --chdir's)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    confined: bool
+
+
+@dataclass
+class Sandbox:
+    """This process's sandbox: the node's mode, whether bubblewrap works, and
+    how to wrap a tool.
+
+    Invariant: ``state`` is ``confined`` only if a probe ran ``true`` under
+    the same wrap tools get; ``refused`` only under mode ``required``.
+    """
+
+    data_dir: str
+    mode: str = DEFAULT_MODE
+    state: str = "unknown"          # confined | unconfined | refused
+    reason: str | None = None       # why not confined (None when confined)
+    # Host paths no bind may show (the data dir, credential files elsewhere).
+    hidden: tuple[str, ...] = ()
+    root: bool = field(default_factory=lambda: os.geteuid() == 0)
+    bwrap: str | None = None
+    _uids: tuple[int, int] | None = None  # (first uid, span) tools are dropped to
+
+    # ------------------------------------------------------------ making one
+
+    @classmethod
+    def of(cls, config: Any) -> "Sandbox":
+        """The sandbox of a node config (its ``sandbox.mode`` and data dir),
+        probed: a seats process makes one at start; crewletd one for its
+        status."""
+        hidden = [config.data_dir]
+        stream = config.stream
+        for path in (getattr(stream, "credentials", None), getattr(stream, "fleet_credentials", None)):
+            if path:
+                hidden.append(os.path.dirname(os.path.abspath(path)))
+        box = cls(data_dir=config.data_dir, mode=config.sandbox.mode, hidden=tuple(hidden))
+        box.probe()
+        return box
+
+    def probe(self) -> None:
+        """Find out whether tools can be confined here, and set ``state``."""
+        if self.mode == "off":
+            self.state, self.reason = "unconfined", "sandbox.mode is off: the operator's choice"
+            return
+        why = self._why_not()
+        if why is None:
+            self.state, self.reason = "confined", None
+        else:
+            self.state = "refused" if self.mode == "required" else "unconfined"
+            self.reason = why
+
+    def _why_not(self) -> str | None:
+        self.bwrap = shutil.which("bwrap")
+        if self.bwrap is None:
+            return "bubblewrap is not installed (bwrap not on PATH): install Debian's bubblewrap package"
+        if self.root and (shutil.which("setpriv") is None or shutil.which("prlimit") is None):
+            return "setpriv and prlimit (util-linux) are needed to drop a tool's uid and set its limits"
+        try:
+            true = shutil.which("true") or "/bin/true"
+            argv = self._argv([true], workspace=None, policy=Policy(network="none"), uid=self._probe_uid(),
+                              binds=(), installs_of=[])
+            done = subprocess.run(argv, env={"PATH": SANDBOX_PATH}, stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=PROBE_TIMEOUT)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"bubblewrap could not be run: {type(exc).__name__}: {exc}"
+        if done.returncode != 0:
+            said = done.stderr.decode(errors="replace").strip()[-300:]
+            return f"bubblewrap does not work here (exit {done.returncode}: {said or 'no message'})"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """What status surfaces show: mode, state, the reason, and the fix."""
+        return {"mode": self.mode, "state": self.state, "confined": self.state == "confined",
+                "reason": self.reason}
+
+    # ------------------------------------------------------------ workspaces
+
+    def workspace(self, seat: str) -> tuple[str, int | None]:
+        """The seat's workspace on this node (made if missing) and the uid its
+        tools run as (None: this process's own, when not root)."""
+        base = os.path.join(self.data_dir, WORKSPACES_DIR)
+        path = os.path.join(base, seat)
+        if not self.root:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            return path, None
+        os.makedirs(os.path.join(base, _UIDS_DIR), mode=0o700, exist_ok=True)
+        os.chmod(base, 0o711)  # traversable by the seats' uids, listable by none
+        uid = self._claim_uid(base, seat)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+        if (st.st_uid, st.st_gid) != (uid, uid):
+            _chown_tree(path, uid)
+        return path, uid
+
+    def _claim_uid(self, base: str, seat: str) -> int:
+        """The seat's uid, claimed once per node: a link ``.uids/<uid> -> <seat>``
+        made with symlink(2), which fails if another seat has that uid."""
+        first, span = self._uid_window()
+        start = int.from_bytes(hashlib.sha256(seat.encode()).digest()[:8], "big") % span
+        for step in range(span):
+            uid = first + (start + step) % span
+            link = os.path.join(base, _UIDS_DIR, str(uid))
+            try:
+                os.symlink(seat, link)
+                return uid
+            except FileExistsError:
+                if os.readlink(link) == seat:
+                    return uid
+        raise SandboxError("no uid left for a seat's tools")
+
+    def _uid_window(self) -> tuple[int, int]:
+        if self._uids is None:
+            self._uids = uid_window()
+        return self._uids
+
+    def _probe_uid(self) -> int | None:
+        if not self.root:
+            return None
+        first, span = self._uid_window()
+        return first + span - 1  # never a seat's (their links are claimed from the start)
+
+    # ------------------------------------------------------------ wrapping
+
+    def wrap(self, argv: Sequence[str], env: Mapping[str, str], seat: str, policy: Policy = DEFAULT_POLICY,
+             binds: Sequence[tuple[str, str]] = ()) -> Launch:
+        """How to start *argv* for *seat* under *policy*, with exactly *env*
+        (plus HOME, PATH, TMPDIR where it sets none). SandboxError when it
+        must not start (mode required and no sandbox; a path the policy
+        names is not allowed)."""
+        if self.state == "refused":
+            raise SandboxError(f"sandbox.mode is required and tools cannot be confined: {self.reason}")
+        workspace, uid = self.workspace(seat)
+        env = dict(env)
+        if self.state != "confined":
+            program = _which(argv[0], env.get("PATH") or os.environ.get("PATH", SANDBOX_PATH))
+            env.setdefault("HOME", workspace)
+            env.setdefault("PATH", os.environ.get("PATH", SANDBOX_PATH))
+            return Launch([program, *argv[1:]], env, workspace, confined=False)
+        search = env.get("PATH") or os.pathsep.join(filter(None, [os.environ.get("PATH"), SANDBOX_PATH]))
+        program = _which(argv[0], search)
+        for path in (*policy.read_only, *policy.read_write):
+            self._check_bind(path)
+        env.setdefault("PATH", os.pathsep.join(dict.fromkeys([os.path.dirname(program), *SANDBOX_PATH.split(":")])))
+        env.setdefault("HOME", WORKSPACE)
+        env.setdefault("TMPDIR", "/tmp")
+        for key in ("USER", "LOGNAME"):
+            env[key] = "tool"
+        full = self._argv([program, *argv[1:]], workspace=workspace, policy=policy, uid=uid,
+                          binds=tuple(binds), installs_of=[program])
+        return Launch(full, env, workspace, confined=True)  # cwd of bwrap; --chdir is the tool's
+
+    def _check_bind(self, path: str) -> None:
+        if not os.path.isabs(path):
+            raise SandboxError(f"sandbox path {path!r} is not absolute")
+        real = os.path.realpath(path)
+        for hidden in self.hidden:
+            if _within(real, hidden) or _within(hidden, real):
+                raise SandboxError(f"sandbox path {path!r} would show {hidden}, which a tool must never see")
+
+    def _argv(self, command: list[str], *, workspace: str | None, policy: Policy, uid: int | None,
+              binds: tuple[tuple[str, str], ...], installs_of: list[str]) -> list[str]:
+        args = [self.bwrap or "bwrap", "--die-with-parent", "--new-session",
+                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        if not self.root:
+            args += ["--unshare-user", "--cap-drop", "ALL"]
+        if policy.network == "none":
+            args.append("--unshare-net")
+        args += ["--ro-bind", "/usr", "/usr"]
+        for top in _ROOT_LINKS:
+            if os.path.islink(top):
+                args += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                args += ["--ro-bind", top, top]
+        for path in ETC:
+            args += ["--ro-bind-try", path, path]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+        roots = [r for r in installs(installs_of)
+                 if not _within(r, "/usr") and not any(_within(r, h) for h in self.hidden)]
+        shown = [*roots, *policy.read_only, *policy.read_write]
+        # The directories above a bind are made by bwrap, 0700 unless told:
+        # traversable, so the tool's uid reaches what is bound below them.
+        for parent in _parents(shown):
+            args += ["--perms", "0755", "--dir", parent]
+        for root in roots:
+            args += ["--ro-bind", root, root]
+        for path in policy.read_only:
+            args += ["--ro-bind", path, path]
+        for path in policy.read_write:
+            args += ["--bind", path, path]
+        # An install that holds crewlet's data (a data dir inside a checkout):
+        # cover it, so what is under it is not shown with the install.
+        for hidden in self.hidden:
+            if any(_within(hidden, root) for root in shown) and os.path.isdir(hidden):
+                args += ["--tmpfs", hidden]
+        for host, inside in binds:
+            args += ["--bind", host, inside]
+        if workspace is not None:
+            args += ["--bind", workspace, WORKSPACE, "--chdir", WORKSPACE]
+        args.append("--")
+        limits = _limits(policy)
+        if limits:
+            args += [shutil.which("prlimit") or "/usr/bin/prlimit", *limits, "--"]
+        if self.root and uid is not None:
+            args += [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}",
+                     "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        return args + command
+
+
+# ------------------------------------------------------------------ helpers
+
+def uid_window() -> tuple[int, int]:
+    """(first uid, span) for seats' tools: high in the largest extent this
+    process's user namespace maps (a container may map only 65,536), below
+    its top two (nobody and the overflow uid)."""
+    best = (0, 65536)
+    try:
+        with open("/proc/self/uid_map", encoding="ascii") as f:
+            for line in f:
+                inside, _outside, length = (int(x) for x in line.split())
+                if length > best[1]:
+                    best = (inside, length)
+    except (OSError, ValueError):
+        pass
+    first, length = best
+    span = min(_UID_SPAN_MAX, length // 2)
+    return first + length - span - 2, span
+
+
+def _limits(policy: Policy) -> list[str]:
+    out = []
+    for flag, value in (("--data", policy.memory), ("--nproc", policy.processes),
+                        ("--nofile", policy.open_files), ("--cpu", policy.cpu_seconds)):
+        if value is not None:
+            out.append(f"{flag}={value}:{value}")
+    return out
+
+
+def _which(program: str, path: str) -> str:
+    found = shutil.which(program, path=path) if os.sep not in program else program
+    if found is None or not os.access(found, os.X_OK):
+        # Not a refusal: it may be installed yet (a server's start is retried).
+        raise FileNotFoundError(f"{program}: not found on PATH ({path})")
+    return os.path.abspath(found)
+
+
+def _parents(paths: Sequence[str]) -> list[str]:
+    """The directories above *paths* that no system bind provides, outermost first."""
+    found: list[str] = []
+    for path in paths:
+        parent = os.path.dirname(os.path.normpath(path))
+        chain = []
+        while parent not in ("/", ""):
+            chain.append(parent)
+            parent = os.path.dirname(parent)
+        for p in reversed(chain):
+            if p not in found and not any(_within(p, t) for t in ("/usr", "/proc", "/dev", "/tmp", "/run")) \
+                    and p not in paths:
+                found.append(p)
+    # Never one that is itself inside another bound path: it exists there already.
+    return [p for p in found if not any(_within(p, q) and p != q for q in paths)]
+
+
+def _within(path: str, root: str) -> bool:
+    path, root = os.path.normpath(path), os.path.normpath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _chown_tree(path: str, uid: int) -> None:
+    os.chown(path, uid, uid)
+    for top, dirs, files in os.walk(path):
+        for name in dirs + files:
+            try:
+                os.chown(os.path.join(top, name), uid, uid, follow_symlinks=False)
+            except OSError:
+                pass
+
+
+def installs(programs: Sequence[str]) -> list[str]:
+    """The directories a program needs to run, read-only: its install root
+    (``<prefix>`` of ``<prefix>/bin/<name>``, else its own directory), its
+    interpreter's (a script's shebang, ``env NAME`` resolved on the PATH), a
+    virtual environment's base interpreter (``pyvenv.cfg``'s home), and the
+    source trees of editable installs in it. Each link of a symlink chain
+    counts (a venv's ``python`` links to the base install)."""
+    roots: list[str] = []
+    todo = [(p, 0) for p in programs]
+    seen: set[str] = set()
+    while todo:
+        path, depth = todo.pop()
+        if depth > _INSTALL_DEPTH or path in seen:
+            continue
+        seen.add(path)
+        for hop in _link_chain(path):
+            root = _root_of(hop)
+            if root not in roots:
+                roots.append(root)
+                roots += [r for r in _venv_extras(root) if r not in roots]
+        real = os.path.realpath(path)
+        interpreter = _shebang(real)
+        if interpreter:
+            todo.append((interpreter, depth + 1))
+    # Keep the outermost of nested roots only.
+    roots = sorted(set(roots), key=len)
+    kept: list[str] = []
+    for root in roots:
+        if not any(_within(root, k) for k in kept):
+            kept.append(root)
+    return kept
+
+
+def _link_chain(path: str) -> list[str]:
+    chain = [os.path.abspath(path)]
+    for _ in range(_INSTALL_DEPTH):
+        try:
+            target = os.readlink(chain[-1])
+        except OSError:
+            break
+        chain.append(os.path.normpath(os.path.join(os.path.dirname(chain[-1]), target)))
+    return chain
+
+
+def _root_of(path: str) -> str:
+    parent = os.path.dirname(path)
+    if os.path.basename(parent) in ("bin", "sbin"):
+        return os.path.dirname(parent) or "/"
+    return parent
+
+
+def _venv_extras(root: str) -> list[str]:
+    """A venv's base interpreter install and its editable installs' trees."""
+    cfg = os.path.join(root, "pyvenv.cfg")
+    if not os.path.isfile(cfg):
+        return []
+    extras: list[str] = []
+    try:
+        with open(cfg, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition("=")
+                if key.strip() == "home" and value.strip():
+                    extras.append(_root_of(os.path.join(value.strip(), "python")))
+    except OSError:
+        pass
+    lib = os.path.join(root, "lib")
+    for site in _site_dirs(lib):
+        for name in os.listdir(site):
+            full = os.path.join(site, name)
+            if name.endswith(".pth"):
+                extras += _pth_dirs(full)
+            elif name.startswith("__editable__") and name.endswith("_finder.py"):
+                extras += _finder_dirs(full)
+    return [e for e in dict.fromkeys(extras) if os.path.isdir(e)]
+
+
+def _site_dirs(lib: str) -> list[str]:
+    try:
+        return [os.path.join(lib, d, "site-packages") for d in os.listdir(lib)
+                if d.startswith("python") and os.path.isdir(os.path.join(lib, d, "site-packages"))]
+    except OSError:
+        return []
+
+
+def _pth_dirs(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [ln.strip() for ln in f if ln.strip().startswith("/") and not ln.startswith("import")]
+    except OSError:
+        return []
+
+
+def _finder_dirs(path: str) -> list[str]:
+    """The package directories an editable install's finder maps to: the
+    ``MAPPING`` literal setuptools writes (the packages alone, not the
+    checkout around them)."""
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError):
+        return []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else []
+        if any(getattr(t, "id", None) == "MAPPING" for t in targets):
+            try:
+                mapping = ast.literal_eval(node.value)
+            except ValueError:
+                return []
+            return [p for p in mapping.values() if isinstance(p, str)]
+    return []
+
+
+def _shebang(path: str) -> str | None:
+    """A script's interpreter (``env X`` looked up on the PATH), or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
+    if not words:
+        return None
+    if os.path.basename(words[0]) == "env":
+        rest = [w for w in words[1:] if not w.startswith("-")]
+        return shutil.which(rest[0]) if rest else None
+    return words[0]
+
+
+def log_state(box: Sandbox, role: str) -> None:
+    """Say at start how tools will run: info when confined, a warning naming
+    the fix when not."""
+    if box.state == "confined":
+        log.event("sandbox_confined", role=role, mode=box.mode, uid_per_seat=box.root)
+    else:
+        log.event("sandbox_unconfined" if box.state == "unconfined" else "sandbox_refused", "warning",
+                  role=role, mode=box.mode, reason=box.reason)
