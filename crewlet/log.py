@@ -10,6 +10,12 @@ a child printed that is not one of ours (a stray ``print``, a traceback, the
 broker's own log) is wrapped as a ``child_output`` event tagged with the child's
 role and pid, so nothing a child says is lost or left unattributed.
 
+No known secret passes :func:`forward` (DESIGN §14, :mod:`crewlet.redaction`):
+a tool's stray stderr lands in its role's output, so every forwarded line has
+the secret values crewletd knows replaced (a cost of one attribute read while
+none is known, a few µs a line when some are), and a line that is not one of
+ours is scrubbed of credential shapes too.
+
 Python's stdlib ``logging`` (used by nats-py, uvicorn, …) is routed into the
 same stream as ``log`` events, so third-party messages are tagged too.
 """
@@ -23,6 +29,8 @@ import sys
 import threading
 import time
 from typing import Any, TextIO
+
+from crewlet import redaction
 
 LEVELS = ("debug", "info", "warning", "error")
 _LEVEL_NO = {name: i for i, name in enumerate(LEVELS)}
@@ -86,10 +94,11 @@ def emit(record: dict[str, Any]) -> None:
 def forward(line: bytes, *, role: str, pid: int | None) -> None:
     """Re-emit one line a child wrote, in this process's format.
 
-    Our own JSON records pass through unchanged; anything else becomes a
-    ``child_output`` event tagged with the child's role and pid.
+    Our own JSON records pass through unchanged but for the known secret
+    values in them; anything else becomes a ``child_output`` event tagged
+    with the child's role and pid, scrubbed of credential shapes too.
     """
-    text = line.decode("utf-8", "replace").rstrip("\r\n")
+    text = redaction.scrub_known(line.decode("utf-8", "replace").rstrip("\r\n"))
     if not text:
         return
     record: dict[str, Any] | None = None
@@ -102,7 +111,7 @@ def forward(line: bytes, *, role: str, pid: int | None) -> None:
             record = parsed
     if record is None:
         record = {"ts": round(time.time(), 3), "level": "info", "node": _state.node,
-                  "role": role, "pid": pid, "event": "child_output", "line": text}
+                  "role": role, "pid": pid, "event": "child_output", "line": redaction.scrub_shapes(text)}
     emit(record)
 
 

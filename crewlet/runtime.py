@@ -41,7 +41,7 @@ import psutil
 import zmq
 import zmq.asyncio
 
-from crewlet import bus, ipc, log, permissions
+from crewlet import bus, ipc, log, permissions, redaction
 from crewlet.config import ConfigError, NodeConfig
 from crewlet.watchdog import Watchdog
 
@@ -104,7 +104,9 @@ class RoleContext:
     async def companies(self) -> AsyncIterator[dict[str, Any]]:
         """The company revisions this node applies: the one in force now (if
         any), then each one the node applies later, as crewletd hands them out
-        (``{"rev", "epoch", "digest", "company"}``)."""
+        (``{"rev", "epoch", "digest", "company"}``). Before each is given, this
+        process learns the secrets it names (:func:`crewlet.redaction.learn_company`),
+        so nothing a tool of it says back is kept with one in it."""
         sub = self.zmq.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"company")
@@ -122,6 +124,7 @@ class RoleContext:
                 current = (reply.get("result") or {}).get("company")
                 if current is not None and current.get("epoch") != seen:
                     seen = current.get("epoch")
+                    redaction.learn_company(current.get("company"), self.config)
                     yield current
                 deadline = asyncio.get_running_loop().time() + COMPANY_RECHECK
                 while (left := deadline - asyncio.get_running_loop().time()) > 0:
@@ -133,6 +136,7 @@ class RoleContext:
                     update = ipc.unpack(payload)
                     if update.get("epoch") != seen:
                         seen = update.get("epoch")
+                        redaction.learn_company(update.get("company"), self.config)
                         yield update
         finally:
             sub.close()
@@ -363,9 +367,10 @@ async def _inject(ctx: RoleContext, fault) -> None:
         # A grandchild whose parent exits at once: the kernel re-parents it to
         # the nearest subreaper (crewletd), which must reap it when it ends.
         out = subprocess.run(["sh", "-c", "sleep 0.5 >/dev/null 2>&1 & echo $!"],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True, check=True, env=redaction.bare_env())
         log.event("fault_orphan_spawned", orphan_pid=int(out.stdout.strip()))
     elif fault.kind == "grandchild":
         # Stays in this child's process group; only the group's SIGKILL ends it.
-        proc = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 1; done"])
+        proc = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 1; done"],
+                                env=redaction.bare_env())
         log.event("fault_grandchild_spawned", grandchild_pid=proc.pid)

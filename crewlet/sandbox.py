@@ -89,6 +89,8 @@ ETC = ("/etc/alternatives", "/etc/ca-certificates", "/etc/ca-certificates.conf",
        "/etc/python3.11", "/etc/debian_version", "/etc/npmrc", "/etc/gitconfig")
 # Top-level names that are links into /usr on a merged-/usr system (or dirs of their own).
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What every sandbox shows of the system already.
+_SYSTEM = ("/usr", *_ROOT_LINKS)
 # Seconds the probe's run of `true` may take before bubblewrap counts as not working.
 PROBE_TIMEOUT = 10.0
 # How far a program's launcher chain is followed (script -> interpreter -> …).
@@ -301,7 +303,7 @@ class Sandbox:
         for key in ("USER", "LOGNAME"):
             env[key] = "tool"
         full = self._argv([program, *argv[1:]], workspace=workspace, policy=policy, uid=uid,
-                          binds=tuple(binds), installs_of=[program])
+                          binds=tuple(binds), installs_of=[program], shown=_named_paths(argv[1:]))
         return Launch(full, env, workspace, confined=True)  # cwd of bwrap; --chdir is the tool's
 
     def _check_bind(self, path: str) -> None:
@@ -313,7 +315,8 @@ class Sandbox:
                 raise SandboxError(f"sandbox path {path!r} would show {hidden}, which a tool must never see")
 
     def _argv(self, command: list[str], *, workspace: str | None, policy: Policy, uid: int | None,
-              binds: tuple[tuple[str, str], ...], installs_of: list[str]) -> list[str]:
+              binds: tuple[tuple[str, str], ...], installs_of: list[str],
+              shown: Sequence[str] = ()) -> list[str]:
         args = [self.bwrap or "bwrap", "--die-with-parent", "--new-session",
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not self.root:
@@ -328,13 +331,13 @@ class Sandbox:
                 args += ["--ro-bind", top, top]
         for path in ETC:
             args += ["--ro-bind-try", path, path]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
-        roots = [r for r in installs(installs_of)
+        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+        roots = [r for r in _outermost([*installs(installs_of), *shown])
                  if not _within(r, "/usr") and not any(_within(r, h) for h in self.hidden)]
         shown = [*roots, *policy.read_only, *policy.read_write]
         # The directories above a bind are made by bwrap, 0700 unless told:
         # traversable, so the tool's uid reaches what is bound below them.
-        for parent in _parents(shown):
+        for parent in _parents([*shown, *(inside for _, inside in binds)]):
             args += ["--perms", "0755", "--dir", parent]
         for root in roots:
             args += ["--ro-bind", root, root]
@@ -408,7 +411,7 @@ def _parents(paths: Sequence[str]) -> list[str]:
             chain.append(parent)
             parent = os.path.dirname(parent)
         for p in reversed(chain):
-            if p not in found and not any(_within(p, t) for t in ("/usr", "/proc", "/dev", "/tmp", "/run")) \
+            if p not in found and p not in ("/tmp", "/run") and not any(_within(p, t) for t in _SYSTEM) \
                     and p not in paths:
                 found.append(p)
     # Never one that is itself inside another bound path: it exists there already.
@@ -447,6 +450,8 @@ def installs(programs: Sequence[str]) -> list[str]:
         seen.add(path)
         for hop in _link_chain(path):
             root = _root_of(hop)
+            if any(_within(root, system) for system in _SYSTEM):
+                continue  # shown already, read-only: /usr and its links
             if root not in roots:
                 roots.append(root)
                 roots += [r for r in _venv_extras(root) if r not in roots]
@@ -454,13 +459,32 @@ def installs(programs: Sequence[str]) -> list[str]:
         interpreter = _shebang(real)
         if interpreter:
             todo.append((interpreter, depth + 1))
-    # Keep the outermost of nested roots only.
-    roots = sorted(set(roots), key=len)
+    return _outermost(roots)
+
+
+def _outermost(paths: Sequence[str]) -> list[str]:
+    """*paths* without those inside another of them."""
     kept: list[str] = []
-    for root in roots:
-        if not any(_within(root, k) for k in kept):
-            kept.append(root)
+    for path in sorted(set(paths), key=len):
+        if not any(_within(path, k) for k in kept):
+            kept.append(path)
     return kept
+
+
+def _named_paths(args: Sequence[str]) -> list[str]:
+    """What a tool's arguments name on the host, to be shown read-only: an
+    absolute path that exists (``--opt=/path`` too) — its directory when it
+    is a file, so ``python /srv/tools/server.py`` finds the modules beside
+    its script. Never the data dir (the caller hides it)."""
+    found = []
+    for arg in args:
+        value = arg.partition("=")[2] if arg.startswith("-") and "=" in arg else arg
+        if os.path.isabs(value) and os.path.exists(value):
+            real = os.path.realpath(value)
+            shown = real if os.path.isdir(real) else os.path.dirname(real)
+            if shown.count(os.sep) >= 2:  # never "/", "/tmp", "/home" whole: name them in read_only
+                found.append(shown)
+    return found
 
 
 def _link_chain(path: str) -> list[str]:
@@ -476,8 +500,8 @@ def _link_chain(path: str) -> list[str]:
 
 def _root_of(path: str) -> str:
     parent = os.path.dirname(path)
-    if os.path.basename(parent) in ("bin", "sbin"):
-        return os.path.dirname(parent) or "/"
+    if os.path.basename(parent) in ("bin", "sbin") and os.path.dirname(parent) != "/":
+        return os.path.dirname(parent)
     return parent
 
 

@@ -42,10 +42,12 @@ async def status(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
 
 async def children(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     """This node's children in brief (name, state, pid, restarts, last exit),
-    as its presence tells the fleet, and its disk's condition: ``status``
+    as its presence tells the fleet, its disk's condition and how its seats'
+    tools run (the sandbox): ``status``
     without the stats or the fleet (~1 MB at 10,000 seats), for callers that
     ask often (ingress's projection every second, ``/readyz`` at every probe)."""
-    return {"children": node.children_brief(), "disk": node.disk_condition()}
+    return {"children": node.children_brief(), "disk": node.disk_condition(),
+            "sandbox": node.sandbox_condition()}
 
 
 async def company(node: "Node", args: dict[str, Any]) -> dict[str, Any]:

@@ -136,7 +136,8 @@ class Fleet:
 
     def __init__(self, cfg: NodeConfig, boot: str, publish: Callable[..., None],
                  broadcast: Callable[[str, dict], None], seed: tuple | None = None, zctx=None,
-                 children: Callable[[], list[dict[str, Any]]] | None = None):
+                 children: Callable[[], list[dict[str, Any]]] | None = None,
+                 sandbox: Callable[[], dict[str, Any] | None] | None = None):
         self.cfg = cfg
         self.boot = boot
         self.publish = publish        # log an event and tell local subscribers
@@ -144,6 +145,7 @@ class Fleet:
         self.seed = seed              # (Company, source): applied if the fleet has none
         self.zctx = zctx              # crewletd's ZeroMQ context (this node's estate copy)
         self.children = children      # this node's role children, in brief (told with the presence)
+        self.sandbox = sandbox        # how its seats' tools run (crewlet.sandbox), told likewise
         self.estate: EstateAccess | None = None  # set once joined
         self.started_at = time.time()
         self.nc = None
@@ -191,7 +193,9 @@ class Fleet:
                 "max_concurrent": node.max_concurrent, "started_at": self.started_at,
                 "rev": (self.applied or {}).get("rev"),
                 # Each heartbeat: what peers' dashboards show of this node's children.
-                "children": self.children() if self.children is not None else None}
+                "children": self.children() if self.children is not None else None,
+                # Whether its seats' tools are confined: every dashboard shows a node that is not.
+                "sandbox": self.sandbox() if self.sandbox is not None else None}
 
     # ------------------------------------------------------------ lifecycle
 

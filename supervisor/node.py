@@ -38,7 +38,8 @@ import zmq
 import zmq.asyncio
 
 import crewlet
-from crewlet import bus, credentials, disk, ipc, log, runtime, sysd, tokens
+from crewlet import bus, credentials, disk, ipc, log, redaction, runtime, sysd, tokens
+from crewlet.sandbox import Sandbox
 from crewlet.config import ConfigError, NodeConfig
 from crewlet.watchdog import Watchdog
 from roles import broker
@@ -91,6 +92,9 @@ class Node:
         # space returns; None while the broker is whole).
         self.disk: list[disk.Space] = []
         self.disk_watch = disk.Watch.of(cfg)
+        # How this node's seats run their tools (crewlet.sandbox), probed at
+        # start when it runs seats; None until then, or without seats.
+        self.sandbox: Sandbox | None = None
         self.broker_wounded: str | None = None
         # While a rotation holds two fleet secrets: the one each route is
         # dialled with, the one its member admits (roles.broker.routes).
@@ -174,7 +178,8 @@ class Node:
 
         async def setup() -> None:
             fleet["now"] = self.fleet = Fleet(self.cfg, self.boot, self.publish, self.broadcast,
-                                              seed=self.seed, zctx=self._ctx, children=self.children_brief)
+                                              seed=self.seed, zctx=self._ctx, children=self.children_brief,
+                                              sandbox=self.sandbox_condition)
             await self.fleet.setup()
 
         async def run() -> None:
@@ -207,6 +212,8 @@ class Node:
         sampler = asyncio.create_task(self._sample_stats())
         pinger = asyncio.create_task(self._systemd_watchdog())
         looker = asyncio.create_task(self._watch_disk())
+        if "seats" in self.cfg.node.roles:
+            asyncio.create_task(self._probe_sandbox())
         try:
             return await self._supervise()
         finally:
@@ -310,7 +317,12 @@ class Node:
     # ---------------------------------------------------------------- status
 
     def broadcast(self, topic: str, payload: dict) -> None:
-        """Publish *payload* on ``events`` under *topic*, without logging it."""
+        """Publish *payload* on ``events`` under *topic*, without logging it.
+        A company handed out is first learned from: the secrets it names, and
+        the node's, are kept out of every line crewletd forwards
+        (:func:`crewlet.redaction.learn_company`, :func:`crewlet.log.forward`)."""
+        if topic == "company":
+            redaction.learn_company(payload.get("company"), self.cfg)
         if self._events is not None:
             try:
                 self._events.send_multipart([topic.encode(), ipc.pack(payload)], zmq.NOBLOCK)
@@ -389,6 +401,7 @@ class Node:
                 "api": self._api(),
                 "ready": self._ready and not self._stop.is_set(),
                 "disk": self.disk_condition(),
+                "sandbox": self.sandbox_condition(),
                 "stopping": self._stop.is_set(),
                 "cpu_percent": me.cpu_percent(None), "rss_bytes": me.memory_info().rss,
             },
@@ -434,6 +447,20 @@ class Node:
                 except psutil.Error:
                     pass
             await asyncio.sleep(1.0)
+
+    async def _probe_sandbox(self) -> None:
+        """Find out how this node's seats will run their tools (a run of
+        `true` under bubblewrap, ~20 ms), for the status surfaces; the seats
+        role probes and says it for itself."""
+        try:
+            self.sandbox = await asyncio.to_thread(Sandbox.of, self.cfg)
+        except Exception as exc:  # a probe must never take the node down
+            log.event("sandbox_probe_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+
+    def sandbox_condition(self) -> dict[str, Any] | None:
+        """``node.sandbox`` of the status: mode, state (confined | unconfined |
+        refused), confined, reason; None before the probe or without seats."""
+        return self.sandbox.describe() if self.sandbox is not None else None
 
     def disk_condition(self) -> dict[str, Any]:
         """``node.disk`` of the status (crewlet.disk.condition)."""

@@ -16,6 +16,16 @@ where the mail comes from, the ledger and the ack are the seats role's
 conversation run) passes a :class:`~crewlet.agent.types.Sink`: the model's
 text streams to it, then each tool call as it starts (past the fence) and
 its result as it ends.
+
+**No secret gets in** (DESIGN §14): every tool result, and every reply's
+text and tool-call arguments, pass through :func:`crewlet.redaction.scrub`
+before anything else sees them — the model, the hooks (a conversation's
+stored messages), the sink (the run events, the live feed) and the record
+(its reply) — and the streamed text through a
+:class:`~crewlet.redaction.Stream`, which holds back the tail that might
+still become a secret until the provider call ends. A call the model makes
+with a secret in its arguments runs with :data:`~crewlet.redaction.REDACTED`
+there instead.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from crewlet import redaction
 from crewlet.agent.providers import Provider
 from crewlet.agent.tools import Registry, ToolContext
 from crewlet.agent.types import Message, Sink, ToolCall, Usage
@@ -135,6 +146,7 @@ async def run_rounds(record: TurnRecord, *, text: str | None = None, history: li
     """
     messages: list[Message] = list(history) if history is not None else [Message("user", text or "")]
     hooks = hooks or Hooks()
+    scrubbed = _ScrubbedSink(sink) if sink is not None else None
     usage = Usage()
     round_no, calls = pending if pending is not None else (0, [])
     for asked_count in range(MAX_ROUNDS + 1):
@@ -146,29 +158,32 @@ async def run_rounds(record: TurnRecord, *, text: str | None = None, history: li
                 raise Fenced(f"lease of seat {record.seat} lost before round {round_no}'s tool calls")
             for index, call in calls:
                 messages.append(await _call(record, call, round_no, index, registry, services, deadline,
-                                            sink, hooks))
+                                            scrubbed, hooks))
             calls = []
         if asked_count == MAX_ROUNDS:
             break
         round_no += 1
         record.rounds = round_no
         await hooks.before_round(round_no)
-        if sink is not None:
-            await sink.begin_round(round_no)
+        if scrubbed is not None:
+            await scrubbed.begin_round(round_no)
         asked = time.monotonic()
         reply = await provider.complete(persona, messages, registry.specs(), deadline=deadline,
-                                        sink=sink)
+                                        sink=scrubbed)
         record.provider_ms += (time.monotonic() - asked) * 1000
         usage = usage + reply.usage
         record.tokens = {"input": usage.input, "output": usage.output}
-        said = Message("assistant", reply.text, calls=tuple(reply.calls))
+        if scrubbed is not None:
+            await scrubbed.end_call()
+        reply_text, reply_calls = redaction.scrub(reply.text), tuple(map(_scrub_call, reply.calls))
+        said = Message("assistant", reply_text, calls=reply_calls)
         messages.append(said)
         await hooks.message(said, round_no, None)
-        if not reply.calls:
-            record.reply = reply.text[:REPLY_KEPT]
+        if not reply_calls:
+            record.reply = reply_text[:REPLY_KEPT]
             record.outcome = "done"
             return usage
-        calls = list(enumerate(reply.calls))
+        calls = list(enumerate(reply_calls))
     record.outcome = "failed"
     record.error = f"no final reply after {MAX_ROUNDS} rounds"
     return usage
@@ -191,9 +206,52 @@ async def _call(record: TurnRecord, call: ToolCall, round_no: int, index: int, r
                           call_key=f"{record.trigger}.{round_no}.{index}", services=services,
                           deadline=deadline)
         result, error = await registry.call(ctx, call.name, call.args)
+        result = redaction.scrub(result)
     record.tool_calls.append({"name": call.name, "error": error, "round": round_no})
     if sink is not None:
         await sink.tool_result(call, result, error)
     message = Message("tool", result, call_id=call.id, name=call.name, error=error)
     await hooks.message(message, round_no, index)
     return message
+
+
+def _scrub_call(call: ToolCall) -> ToolCall:
+    """*call* with no known secret (nor a credential's shape) in its arguments."""
+    args = redaction.scrub_value(call.args)
+    return call if args is call.args else ToolCall(call.id, call.name, args)
+
+
+class _ScrubbedSink(Sink):
+    """*sink* told the turn's progress with no secret in it: the model's text
+    through a :class:`~crewlet.redaction.Stream` (its held tail released at
+    the end of each provider call, :meth:`end_call`, and before a round or a
+    tool call); calls and results arrive scrubbed already (:func:`run_rounds`)."""
+
+    def __init__(self, sink: Sink):
+        self.sink = sink
+        self.stream = redaction.Stream()
+
+    async def end_call(self) -> None:
+        rest = self.stream.end()
+        if rest:
+            await self.sink.delta(rest)
+
+    async def begin_round(self, round_no: int) -> None:
+        await self.end_call()
+        await self.sink.begin_round(round_no)
+
+    async def delta(self, text: str) -> None:
+        out = self.stream.feed(text)
+        if out or not text:  # an empty delta is told as the provider told it
+            await self.sink.delta(out)
+
+    async def restart(self) -> None:
+        self.stream.drop()
+        await self.sink.restart()
+
+    async def tool_call(self, call: ToolCall) -> None:
+        await self.end_call()
+        await self.sink.tool_call(call)
+
+    async def tool_result(self, call: ToolCall, result: str, error: bool) -> None:
+        await self.sink.tool_result(call, result, error)

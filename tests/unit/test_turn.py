@@ -60,7 +60,10 @@ def test_a_sink_is_told_the_tool_calls_their_results_and_the_text_in_order():
     record, usage = turn(sink=sink)
     assert sink.told == [("call", "call_1", "calc", {"expression": "6 * 7"}),
                          ("result", "call_1", "42", False),
-                         ("delta", "6 "), ("delta", "* "), ("delta", "7 "), ("delta", "is "), ("delta", "42")]
+                         # The text streamed in five pieces; a tail that might still become a secret
+                         # is held back until the provider call ends (crewlet.redaction.Stream), and
+                         # this reply is all tail.
+                         ("delta", "6 * 7 is 42")]
     assert record.reply == "6 * 7 is 42" and record.outcome == "done"
 
     plain, plain_usage = turn(sink=None)
@@ -75,3 +78,54 @@ def test_a_failed_fence_stops_before_the_sink_hears_of_a_call():
     with pytest.raises(Fenced):
         turn(sink=sink, fence=lambda: False)
     assert sink.told == []
+
+
+SECRET = "correcthorse-0123456789-battery"
+
+
+def test_no_known_secret_reaches_the_model_the_sink_the_hooks_or_the_record():
+    """A tool that says a known secret back, and mail that names one the model
+    puts in a call's arguments: the tool runs with [redacted] there, and
+    neither the model, the sink, the messages kept nor the record hold it."""
+    from crewlet import redaction
+    from crewlet.agent.turn import Hooks
+
+    script = ProviderSpec.model_validate({"kind": "scripted", "rules": [
+        {"match": r"reveal", "reply": "it is {tools}", "tools": [{"name": "reveal", "args": {}}]},
+        {"match": r"say (.+)", "reply": "said {tools}", "tools": [{"name": "echo", "args": {"text": r"\1"}}]}]})
+    got: list[str] = []
+
+    async def reveal(ctx, args):
+        return f"the key is {SECRET}"
+
+    async def echo(ctx, args):
+        got.append(args["text"])
+        return args["text"]
+
+    registry = Registry()
+    registry.add(Tool("reveal", "Says a secret.", {"type": "object", "properties": {}}, reveal))
+    registry.add(Tool("echo", "Says it back.", {"type": "object", "properties": {"text": {"type": "string"}}},
+                      echo))
+
+    class Keep(Hooks):
+        def __init__(self):
+            self.kept = []
+
+        async def message(self, message, round_no, index):
+            self.kept.append(message)
+
+    redaction.forget_all()
+    redaction.learn([SECRET])
+    try:
+        for mail in ("reveal it", f"say {SECRET}"):
+            sink, hooks = Recorder(), Keep()
+            record = TurnRecord(seat="cto", trigger="t-1", node="n1", token=1, deliveries=1)
+            asyncio.run(run_rounds(record, text=mail, persona="p", provider=make_provider("s", script),
+                                   registry=registry, services=None, fence=lambda: True,
+                                   deadline=time.monotonic() + 10, sink=sink, hooks=hooks))
+            assert record.outcome == "done" and "[redacted]" in record.reply, record
+            seen = repr(sink.told) + repr(hooks.kept) + repr(record.as_dict())
+            assert SECRET not in seen and "[redacted]" in seen
+        assert got == ["[redacted]"]  # the call ran with the secret's place marked
+    finally:
+        redaction.forget_all()

@@ -39,8 +39,8 @@ never written or logged. What an endpoint (or a CLI agent's stderr) says about
 a failure is passed through :func:`redact` before it becomes a
 :class:`ProviderError`, so an endpoint that echoes the key does not put it in
 the logs, the dead letters, the turn records and the estate: the configured
-key's value, and anything shaped like a key or a credential header, become
-:data:`REDACTED`.
+key's value, every secret value the process knows, and anything shaped like
+a key or a credential header, become :data:`REDACTED` (:mod:`crewlet.redaction`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from crewlet import log
+from crewlet import log, redaction
 from crewlet.agent.types import Message, Reply, Sink, ToolSpec
 from crewlet.company.model import Provider as ProviderSpec
 
@@ -82,24 +82,11 @@ _RETRY_4XX = (408, 409)
 _ERROR_QUOTE = 500
 _KEY_ID_HEX = 12
 NO_KEY_ID = "default"
-# What a secret in provider error text becomes.
-REDACTED = "[redacted]"
-# Secrets shorter than this are not searched for: replacing every "abc" in a
-# message would garble it and protect nothing worth the name.
-SECRET_MIN = 8
-# Shapes of secrets whatever key is configured: vendor keys (sk-…, sk-ant-…,
-# sk-proj-…), an Authorization header's credentials, and key=value / "key":
-# "value" pairs named like a key, token, secret or password — the last two
-# only with a digit in them, so "Bearer authentication failed" stays words.
-# Only the credential (group key, auth or pair) goes; what names it stays, so
-# the message still reads.
-_SECRET_SHAPES = re.compile(
-    r"(?P<key>\bsk-[A-Za-z0-9_-]{8,})"
-    r"|(?i:\b(?:bearer|basic)\s+)(?=[^\s]*\d)(?P<auth>[A-Za-z0-9._~+/=-]{8,})"
-    r"|(?i:(?:api[_-]?key|x-api-key|access[_-]?token|auth[_-]?token|secret|password)"
-    r"[\"']?\s*[:=]\s*[\"']?)(?=[^\s\"',;}&]*\d)(?P<pair>[^\s\"',;}&]{8,})")
-# Environment variables whose values a CLI agent may print back: named like a secret.
-_SECRET_ENV = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)")
+# What a secret in provider error text becomes, the shortest secret looked
+# for, and the shapes looked for whatever the key: crewlet.redaction's, the
+# one place text is kept from holding a secret.
+REDACTED = redaction.REDACTED
+SECRET_MIN = redaction.SECRET_MIN
 
 
 class ProviderError(Exception):
@@ -162,24 +149,18 @@ class Provider(abc.ABC):
 def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     """*text* with every secret in it replaced by :data:`REDACTED`: each of
     *secrets* (the configured key's value; those under :data:`SECRET_MIN`
-    characters are left alone) and anything shaped like a key or a
-    credential (:data:`_SECRET_SHAPES`). The one function provider error
-    text goes through before it is stored or logged."""
-    for secret in sorted({s for s in secrets if s and len(s) >= SECRET_MIN}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-
-    def hide(match: re.Match) -> str:
-        group = next(g for g in ("key", "auth", "pair") if match.group(g) is not None)
-        start, end = match.span(group)
-        whole = match.group(0)
-        return whole[:start - match.start()] + REDACTED + whole[end - match.start():]
-    return _SECRET_SHAPES.sub(hide, text)
+    characters are left alone), every secret value this process knows, and
+    anything shaped like a key or a credential
+    (:data:`crewlet.redaction.SECRET_SHAPES`). The one function provider
+    error text goes through before it is stored or logged
+    (:func:`crewlet.redaction.redact`)."""
+    return redaction.redact(text, secrets)
 
 
 def env_secrets(env: Mapping[str, str]) -> list[str]:
     """The values in *env* named like secrets (``*_KEY``, ``*TOKEN*``…): what a
     CLI agent, which has the whole environment, might echo."""
-    return [v for k, v in env.items() if _SECRET_ENV.search(k) and v]
+    return redaction.env_secrets(env)
 
 
 def key_id(key: str | None) -> str:

@@ -52,8 +52,9 @@ from crewlet.company.model import Provider as ProviderSpec
 
 SPAWN_MARK_ENV = "CREWLET_SPAWN_MARK"
 SPAWNED_BY_ENV = "CREWLET_SPAWNED_BY"
-# The MCP client config naming the tool bridge, in the seat's workspace.
-BRIDGE_CONFIG = ".crewlet-mcp.json"
+# Names the MCP client config (the tool bridge under this turn's grant) in
+# the agent's environment: a file in its workspace, gone with the turn.
+CONFIG_ENV = "CREWLET_MCP_CONFIG"
 # Characters of stderr quoted when the agent fails: its last words, not its whole log.
 STDERR_TAIL = 2000
 # After the agent exits, how long its pipes may take to close once its group is killed.
@@ -125,9 +126,9 @@ class CliProvider(Provider):
         env["CREWLET_SEAT"] = seat.seat
         if grant is not None:
             workspace, uid = await asyncio.to_thread(seat.sandbox.workspace, seat.seat)
-            await asyncio.to_thread(_write_bridge_config, grant, workspace, uid)
+            written = await asyncio.to_thread(grant.config_file, workspace, uid)
             inside = sandbox.WORKSPACE if seat.sandbox.state == "confined" else workspace
-            env["CREWLET_MCP_CONFIG"] = os.path.join(inside, BRIDGE_CONFIG)
+            env[CONFIG_ENV] = os.path.join(inside, os.path.basename(written))
             if grant.socket_path and seat.sandbox.state == "confined":
                 binds = (*binds, (grant.socket_path, sandbox.BRIDGE_SOCKET))
                 env["CREWLET_MCP_BRIDGE_SOCKET"] = sandbox.BRIDGE_SOCKET
@@ -221,24 +222,6 @@ def _bridge_grant():
     """The tool bridge's grant of the turn this call runs in, if it has one."""
     bridge = sys.modules.get("crewlet.agent.bridge")  # imported by the seats role when it serves one
     return bridge.CURRENT.get() if bridge is not None else None
-
-
-def _write_bridge_config(grant, workspace: str, uid: int | None) -> None:
-    """The MCP client config naming the bridge, in the workspace (0600, the
-    tool's uid): ``claude --mcp-config``, ``codex`` and the like read it."""
-    target = os.path.join(workspace, BRIDGE_CONFIG)
-    url = grant.url
-    text = json.dumps({"mcpServers": {"crewlet": {
-        "type": "http", "url": url, "headers": {"Authorization": f"Bearer {grant.secret}"}}}}, indent=2)
-    tmp = f"{target}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode())
-        if uid is not None:
-            os.fchown(fd, uid, uid)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
 
 
 def _kill_group(pgid: int) -> None:

@@ -23,6 +23,8 @@ class Node(BaseModel):
     copy_: dict[str, Any] | None = Field(alias="copy", description="Its copy of the estate (data nodes)")
     seats: int
     duties: list[str]
+    sandbox: dict[str, Any] | None = Field(None, description="How its seats' tools run: mode (auto|required|off), "
+                                           "state (confined|unconfined|refused), reason; null: no seats or not known")
     gone_at: float | None
 
 

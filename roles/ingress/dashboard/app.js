@@ -701,8 +701,18 @@
     const copy = n.copy;
     if (bad.length) return ["warn", "Degraded", `${bad.length} of its processes not running`];
     if (copy && (!copy.in_service || copy.lagging)) return ["warn", "Degraded", "its estate copy is not fully in service"];
+    if (n.sandbox && n.sandbox.state !== "confined") return ["warn", "Tools unconfined", sandboxWords(n.sandbox)];
     if (n.state === "up") return ["ok", "Up", "its presence is live"];
     return ["unknown", humanize(n.state || "unknown"), null];
+  }
+
+  // How a node's seats run their tools (crewlet.sandbox): said wherever an
+  // operator looks when they are not confined.
+  function sandboxWords(box) {
+    const why = box.reason ? `: ${box.reason}` : "";
+    return box.state === "refused"
+      ? `seats' own tools are refused (sandbox.mode required)${why}`
+      : `seats' own tools run unconfined (sandbox.mode ${box.mode})${why}`;
   }
 
   function copyView(n) {
@@ -723,7 +733,8 @@
   function nodeSig(n) {
     const copy = n.copy ? [n.copy.in_service, n.copy.lagging, n.copy.reason, n.copy.applied] : null;
     const kids = (n.children || []).map((k) => [k.name, k.state, k.pid, k.restarts, k.last_exit && k.last_exit.reason]);
-    return JSON.stringify([n.state, n.gone_at, n.roles, copy, n.children ? kids : null, n.version, n.started_at,
+    const box = n.sandbox ? [n.sandbox.state, n.sandbox.reason] : null;
+    return JSON.stringify([n.state, n.gone_at, n.roles, copy, box, n.children ? kids : null, n.version, n.started_at,
       n.broker, n.labels, seatsHeldBy(n.id), dutiesOf(n.id), n.id === S.node]);
   }
 
@@ -754,6 +765,12 @@
       : el("span", { class: "muted" }, "—"));
     const [copyPill, copyNote] = copyView(n);
     fact("Estate copy", copyPill, copyNote ? el("span", { class: "muted small note" }, " " + copyNote) : null);
+    if (n.sandbox) {
+      fact("Seats' tools", n.sandbox.state === "confined"
+        ? pill("ok", "Confined", "bubblewrap: each seat's tools see their workspace and nothing of the node")
+        : [pill(n.sandbox.state === "refused" ? "bad" : "warn", n.sandbox.state === "refused" ? "Refused" : "Unconfined"),
+          el("span", { class: "muted small note", "data-testid": "node-sandbox" }, " " + sandboxWords(n.sandbox))]);
+    }
     if (n.state !== "gone") {
       const held = seatsHeldBy(n.id);
       fact("Seats held", String(held));
