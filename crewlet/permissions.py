@@ -43,25 +43,46 @@ nobody's but ``crewlet``'s. What the roles may do, in the order it matters:
     The only role that writes the ``grants`` bucket (the verdicts on fencing
     tokens that every estate copy follows, :mod:`roles.data_applier.grants`)
     and the only one that answers estate requests: it alone may subscribe
-    to ``estate.req.<its node>``, and it answers them (``allow_responses``).
-    Publishes ops to the estate log ``estate.ops``; follows ``ESTATE``
+    to ``estate.req.<its node>.>`` (and an older node's bare
+    ``estate.req.<its node>``), and it answers them (``allow_responses``).
+    Publishes ops to the estate log's own subject ``estate.ops`` (only ops
+    it checked against their origin, below); follows ``ESTATE``
     (ordered consumer) and ``EVENTS`` (custody's durable); writes its own
     ``status`` key ``estate.<node>``; reads ``leases`` (the evidence a
     fence is judged on). Makes ``ESTATE``, ``status``, ``grants`` and
     ``leases`` when they are missing (a data node may be the fleet's first).
 ``seats``
-    Publishes to the estate log too: a seat's fence and its turn records go
-    straight to ``estate.ops`` (:mod:`roles.seats.turns`), each carrying the
-    seat's lease token, which every copy checks (routing them through the
-    applier's write request would take this right away). Mail to any seat
-    (the send tool), dead letters, turn events, a conversation turn's
-    events (``runs.>``: the turn runs where the seat is held,
-    :mod:`crewlet.conversations.sink`); writes ``leases`` keys ``seat.*``
-    and its node's ``life.<node>`` only, the ledger, budgets and cooldowns. Fetches from the mailboxes but
-    cannot create, delete or purge one.
+    Publishes to the estate log on its own node's subject only,
+    ``estate.ops.seats.<node>``: a seat's fence and its turn records go
+    straight to the log (:mod:`roles.seats.turns`; routing them through the
+    applier's write request would cost every turn a round trip), each
+    carrying the seat's lease token, which every copy checks — and every
+    copy refuses any other kind there, or an op of another node
+    (:mod:`crewlet.estate.origins`). Never ``estate.ops``: no operator op.
+    Asks an applier (``estate.req.*.seats.<node>``) for a seat's writes
+    only. Mail to any seat (the send tool), dead letters, turn events, a
+    conversation turn's events (``runs.>``: the turn runs where the seat is
+    held, :mod:`crewlet.conversations.sink`); writes ``leases`` keys
+    ``seat.*`` and its node's ``life.<node>`` only — not ``node.*`` (the
+    presence is crewletd's), ``duty.*``, ``conv.*`` nor another node's
+    ``life.*`` — the ledger, budgets and cooldowns; never ``config`` or
+    ``grants``. Fetches from the mailboxes but cannot create, delete or
+    purge one.
+
+    Why ``seat.*`` cannot be narrowed to this node's seats: a seat's lease
+    key is the seat's own, ``seat.<seat>``, one key fleet-wide that any node
+    running seats may claim (a KV create) when the seat is free, and its
+    holder's node is in the value, not the key; which seats a node holds
+    changes with every sweep. So a seats user may write any seat's lease,
+    as the role must. What holds the estate against a forged one is the
+    fence: a token that would raise a seat's fence is judged by the applier
+    against the leases (:mod:`roles.data_applier.grants`) for the node the
+    op names, and the op's node is the node of the subject it came on.
 ``ingress``
-    Never the estate log (it asks an applier, ``estate.req.*``), never
-    ``grants``; of ``leases``, only ``conv.*``: a conversation run's driver
+    Never the estate log, never ``grants``; asks an applier
+    (``estate.req.*.ingress.<node>``) for the API's and a run driver's
+    writes only (the operator's: none as a seat). Of ``leases``, only
+    ``conv.*``: a conversation run's driver
     lease (the API's runs and the session runner,
     :mod:`crewlet.conversations.lease`). Mail (the API, a requeue, a
     webhook's mail), webhook deliveries (``notify.>``) and their dedupe
@@ -72,7 +93,56 @@ nobody's but ``crewlet``'s. What the roles may do, in the order it matters:
     (an ordered consumer on ``RUNS``, deleted when the reader goes).
 ``workers``
     Writes ``leases`` keys ``duty.*`` only; the mailbox retirement duty
-    deletes a retired seat's mailbox and purges worked mail.
+    deletes a retired seat's mailbox and purges worked mail. Never the
+    estate log; asks an applier (``estate.req.*.workers.<node>``) for the
+    maintenance duty's ``turn.trim`` only.
+
+What each origin may write to the estate
+----------------------------------------
+The broker cannot read an op; it can only refuse a subject. So each way
+into the estate names its origin (the role) and node in its subject, each
+role's user may publish on its own alone, and every applier checks that an
+op fits the origin it arrived from (:mod:`crewlet.estate.origins`, which
+holds the table; ``tests/unit/test_estate_origins.py`` holds it against
+the code):
+
+================  ================================  ===================================
+role              publishes to the log               asks an applier to write
+================  ================================  ===================================
+``data_applier``  ``estate.ops``: what it checked    (it answers; it asks nobody)
+``seats``         ``estate.ops.seats.<node>``:       a seat's: ``task.create``,
+                  ``seat.fence``, ``turn.record``    ``task.update``, ``task.comment``,
+                                                     ``page.write``, ``file.register``,
+                                                     ``diary.write``,
+                                                     ``conversation.message``,
+                                                     ``approval.request``, ``run.update``
+``ingress``       nothing                            the operator's: ``task.*``,
+                                                     ``page.write``, ``file.register``,
+                                                     ``file.delete``,
+                                                     ``conversation.create``,
+                                                     ``run.create``, ``run.update``,
+                                                     ``conversation.rollback``,
+                                                     ``approval.decide``
+``workers``       nothing                            the operator's ``turn.trim``
+``crewlet``       anything                           anything
+================  ================================  ===================================
+
+Reads (``estate.req.*.<role>.<node>`` too) are open to every role that asks.
+An op refused on the log is passed over by every copy alike (logged
+``estate_op_refused``, counted, never applied, no outcome kept); a write
+request refused is answered ``bad_request`` (``estate_request_refused``).
+
+**Mixed versions.** A node older than these subjects publishes its seats'
+ops on ``estate.ops`` and asks on the bare ``estate.req.<node>``: an
+applier of this version still applies and answers those as before (every
+kind), and a role of this version's node may publish on neither (its broker
+refuses). The other way round does not work: an older applier reads only
+``estate.ops`` (a newer node's seats ops are holes to it, passed over with
+``estate_log_gap``, so its copy misses those fences and turn records) and
+answers only the bare subject (a newer node's request finds nobody there
+and goes to the next data node). So upgrade every data node first, then the
+nodes without data; a data node that ran the older version while newer
+seats published should have its copy rebuilt from a snapshot.
 
 A role's rights hold on its own node's broker, where it connects: on a leaf
 node, the leaf's broker checks them, and what the leaf forwards to the
@@ -87,7 +157,7 @@ Not narrowed, on purpose: which seats a role may mail or fetch from (every
 budgets, cooldowns, claims and config it writes.
 
 How this was drawn up: from the code (the subjects live in
-:mod:`crewlet.estate.log`, :mod:`crewlet.estate.wire`,
+:mod:`crewlet.estate.log`, :mod:`crewlet.estate.wire`, :mod:`crewlet.estate.origins`,
 :mod:`crewlet.queue.jetstream`, :mod:`crewlet.queue.notify`,
 :mod:`crewlet.coord.buckets`) and by running the whole-node tests, single
 node and fleet (leaves included), with the permissions on: the broker
@@ -156,7 +226,15 @@ ANY = ">"  # every key of a bucket
 # the broker lets one answer through to a request's reply subject for this
 # long. Longer than any estate request waits (wire.WRITE_WAIT).
 ANSWER_WITHIN = 120
-ESTATE_ASK = wire.SUBJECT_PREFIX + "*"  # a request to any data node's applier
+
+
+def estate_ask(role: str, node: str) -> str:
+    """A request of *role* on node *node* to any data node's applier:
+    ``estate.req.*.<role>.<node>``, its origin and node in the subject
+    (:mod:`crewlet.estate.origins`), so the applier knows who asks."""
+    return wire.subject("*", role, node)
+
+
 EVENTS = mail.EVENTS_STREAM
 NOTIFICATIONS = outbox.SUBJECT + ">"  # the notify tool, crewlet's notices (crewlet.outbox)
 TURN_FEED = post.TURN_SUBJECT + ">"  # the live feed: crewlet.queue.post, the ingress projection
@@ -168,7 +246,9 @@ def grants(node: str) -> dict[str, Grant]:
     """Each role's grant on the broker of node *node* (the user is the role's child name)."""
     return {
         "data_applier": Grant(
-            publish=(estate_log.SUBJECT, NOTIFICATIONS),  # a copy out of service is a notice
+            # The log's own subject (every kind: ops it checked), and notices
+            # (a copy out of service). Never a seats subject.
+            publish=(estate_log.SUBJECT, NOTIFICATIONS),
             streams={
                 # ensure_stream at every start: a data node may come up first.
                 estate_log.STREAM: ("look", "follow", "make"),
@@ -184,20 +264,24 @@ def grants(node: str) -> dict[str, Grant]:
             files=True,                      # snapshots: made here, and started from
             writes={buckets.STATUS.name: f"estate.{node}", buckets.GRANTS.name: ANY,
                     buckets.OBJECTS.name: "snapshots"},
-            subscribe=(wire.subject(node),),
+            # Requests to this node's applier: each origin's, and an older
+            # node's (the bare subject, crewlet.estate.wire).
+            subscribe=wire.subjects(node),
             responds=True),
         "seats": Grant(
             publish=(
-                # Straight to the log: a seat's fence and its turn records
-                # (roles.seats.turns), each carrying the seat's lease token.
-                estate_log.SUBJECT,
+                # Straight to the log, on this node's seats subject only: a
+                # seat's fence and its turn records (roles.seats.turns), each
+                # carrying the seat's lease token; every applier refuses any
+                # other kind there (crewlet.estate.origins).
+                estate_log.seats_subject(node),
                 mail.SUBJECT + ">",        # the send tool: mail to any seat
                 mail.DLQ_SUBJECT + ">",    # dead letters
                 TURN_FEED,                 # turn records for the live feed
                 mail.KEPT_TURNS,           # ... and, in batches, for custody
                 RUN_EVENTS,                # a conversation turn's progress (its RunSink)
                 NOTIFICATIONS,             # the notify tool; a dead letter's notice
-                ESTATE_ASK),
+                estate_ask("seats", node)),  # the seat's tools, a conversation turn's writes
             streams={
                 # Fetch from the mailboxes crewletd made, ack; a dead letter is
                 # dropped from the mailbox once copied to DLQ; a delivery lost
@@ -212,7 +296,8 @@ def grants(node: str) -> dict[str, Grant]:
                 kv(buckets.CONFIG): LOOK,    # the company revision a conversation run pinned
             },
             # Seat leases, and this node's seats process's life they are bound to.
-            writes={buckets.LEASES.name: ("seat.>", f"life.{node}"), buckets.LEDGER.name: ANY,
+            # seat.* (a seat's name has no dot): any seat's, as the module doc says why.
+            writes={buckets.LEASES.name: ("seat.*", f"life.{node}"), buckets.LEDGER.name: ANY,
                     buckets.BUDGETS.name: ANY, buckets.COOLDOWNS.name: ANY},
             files=True,                      # the file tools
             # Mail wakes its seat; a conversation run's turn hears a request to stop it.
@@ -222,7 +307,7 @@ def grants(node: str) -> dict[str, Grant]:
                 mail.SUBJECT + ">",        # mail from the API, a webhook, a requeue
                 notify.SUBJECT + ">",      # webhook deliveries, stored before they are answered
                 RUN_EVENTS,                # a run's start and interruption, by its driver
-                ESTATE_ASK),
+                estate_ask("ingress", node)),  # the API's writes, a run driver's
             streams={
                 mail.STREAM: LOOK,          # mailbox state for the API and the dashboard
                 mail.DLQ_STREAM: (*LOOK, "drop"),  # dead letters read; a requeued one dropped
@@ -243,7 +328,7 @@ def grants(node: str) -> dict[str, Grant]:
         "workers": Grant(
             publish=(
                 mail.SUBJECT + ">",        # the scheduler's ticks
-                ESTATE_ASK),               # maintenance's turn.trim ops, through an applier
+                estate_ask("workers", node)),  # maintenance's turn.trim ops, through an applier
             streams={
                 # The maintenance duty: a retired seat's mailbox is deleted
                 # and its mail purged, worked mail trimmed.

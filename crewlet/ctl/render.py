@@ -193,6 +193,19 @@ def disk_text(space: dict[str, Any]) -> Text:
     return text
 
 
+def sandbox_text(box: dict[str, Any]) -> Text:
+    """How the seats' tools run: 'confined (bubblewrap)'; unconfined or
+    refused in bold, with the reason (what to install, or the operator's mode)."""
+    state = str(box.get("state") or UNKNOWN)
+    if state == "confined":
+        return Text(f"confined (bubblewrap, sandbox.mode {box.get('mode')})")
+    style = "bold red" if state == "refused" else "bold yellow"
+    text = Text(f"{state.upper()} (sandbox.mode {box.get('mode')})", style=style)
+    if box.get("reason"):
+        text.append(f": {box['reason']}")
+    return text
+
+
 def percent(value: Any) -> str:
     if value is None:
         return NONE
@@ -279,6 +292,8 @@ def node_header(node: dict[str, Any]) -> Table:
     grid.add_row("data dir", str(node.get("data_dir") or NONE))
     if isinstance(node.get("disk"), dict):
         grid.add_row("disk", disk_text(node["disk"]))
+    if isinstance(node.get("sandbox"), dict):
+        grid.add_row("tools", sandbox_text(node["sandbox"]))
     api = node.get("api")
     if isinstance(api, dict):
         where = f"{api.get('url')}  (dashboard; the API is /v1, its docs /docs)"
@@ -779,7 +794,8 @@ def log_text(first: Any, last: Any) -> str:
 def estate_line(stats: dict[str, Any]) -> Text:
     """'estate  applied 1,234 of log 1,240 · in service · 350 ops/s · 12 requests · 3 events kept':
     the data_applier child's last report. Out of service: why, in yellow;
-    requests dropped past their deadline and log resubscriptions when any."""
+    requests dropped past their deadline, log resubscriptions and ops refused
+    for their origin when any."""
     line = Text("estate  ", style="bold")
     line.append(f"applied {number(stats.get('applied'))}")
     line.append(log_text(stats.get("log_first"), stats.get("log_last")))
@@ -793,6 +809,10 @@ def estate_line(stats: dict[str, Any]) -> Text:
         line.append(f" · {number(stats['dropped'])} dropped past their deadline", style="yellow")
     if stats.get("resubscribed"):
         line.append(f" · log resubscribed {plural(stats['resubscribed'], 'time')}", style="yellow")
+    refused = (stats.get("refused") or 0) + (stats.get("asks_refused") or 0)
+    if refused:
+        # ops passed over on the log, writes refused: not their origin's (crewlet.estate.origins)
+        line.append(f" · {plural(refused, 'op')} refused for their origin", style="yellow")
     line.append(f" · {plural(stats.get('events_kept') or 0, 'event')} kept")
     if stats.get("events_pruned"):
         line.append(f", {number(stats['events_pruned'])} pruned")

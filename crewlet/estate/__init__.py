@@ -24,6 +24,8 @@ Following a write, by folder:
 ``wire.py``                 the applier's request and answer shapes (ZeroMQ
                             for the node's own roles, NATS for everyone)
 ``log.py``                  the ``ESTATE`` stream and publishing an op to it
+``origins.py``              who may write what: each way in names its origin
+                            (the role), and the kinds each origin may carry
 ``apply.py``                what an op does to the tables: one function per
                             kind, the fence, each op id's outcome kept
 ``store.py``                the LMDB layout, the read queries, the digest

@@ -1,6 +1,7 @@
 """What an op does to a copy: deterministic, one function per kind.
 
-:func:`apply_batch` applies log entries ``(seq, data)`` in one LMDB write
+:func:`apply_batch` applies log entries ``(seq, data)`` — or ``(seq, data,
+subject)``, the log subject the entry was found on — in one LMDB write
 transaction and commits the applied sequence with the rows, so a copy is
 always exactly "the log up to ``applied``" — an applier killed mid-batch
 starts again from the last commit and applies the same entries again.
@@ -13,6 +14,14 @@ builds every row's dict in a fixed key order (msgpack keeps insertion order).
 
 Before anything is written, in order:
 
+0. **its origin** — an entry on a log subject that names an origin (the
+   seats role of a node, :mod:`crewlet.estate.origins`) must be an op that
+   origin publishes: one of its kinds, a seat's, issued by that node. One
+   that is not (or does not decode) is passed over: nothing written, **no
+   outcome kept** under its id (a forger must not take an id a real op will
+   use), ``applied`` moved past it; its outcome (``code``
+   :data:`WRONG_ORIGIN`, no id) is logged as ``estate_op_refused``. Every
+   copy reads the same subject, so every copy passes over the same entries;
 1. **the op itself** — an entry that does not decode or check is refused
    (kept under its id when it has one, so a resend gets the same answer);
 2. **its id** — an id already in ``ops`` changes nothing; the answer is the
@@ -48,6 +57,8 @@ from typing import Any, Callable
 import lmdb
 
 from crewlet import log
+from crewlet.estate import log as estate_log
+from crewlet.estate import origins
 from crewlet.estate.ops import (EXPIRED, KINDS, OP_ID, RUN_ENDED, RUN_MESSAGES_MAX, TURN_TRIM_DEFAULT, Op,
                                 OpError)
 from crewlet.estate.store import (APPLIED, Store, fenced_key, join, key_seq, pack, place_key, seq_key,
@@ -80,6 +91,9 @@ CONFLICT = "conflict"                    # the row is otherwise: decided, ended,
 BUSY = "conversation_busy"               # another run of the conversation is running
 PENDING_APPROVAL = "pending_approval"    # the conversation awaits a decision first
 FORBIDDEN = "forbidden"                  # not this writer's to write
+# An entry on a log subject whose origin may not publish it: passed over,
+# kept nowhere (the module doc, step 0).
+WRONG_ORIGIN = "wrong_origin"
 
 
 class Refused(Exception):
@@ -126,9 +140,11 @@ def raising(store: Store, entries: list[tuple[int, bytes]]) -> set[Fence]:
         raw = txn.get(APPLIED, db=store.dbs["meta"])
         applied = int.from_bytes(raw, "big") if raw else 0
         fences: dict[str, int] = {}
-        for seq, data in entries:
+        for seq, data, *subject in entries:
             if seq <= applied:
                 continue
+            if subject and _origin_refusal(subject[0], data)[0] is not None:
+                continue  # passed over unapplied: its fence is nobody's to judge
             # Only the three fields, not the whole op checked (a third of
             # applying one): any op that checks has them of these types.
             try:
@@ -170,10 +186,14 @@ def apply_batch(store: Store, entries: list[tuple[int, bytes]], *,
     with store.env.begin(write=True) as txn:
         raw = txn.get(APPLIED, db=dbs["meta"])
         applied = int.from_bytes(raw, "big") if raw else 0
-        for seq, data in entries:
+        for seq, data, *subject in entries:
             if seq <= applied:
                 continue
-            out.append(_apply_one(store.env, txn, dbs, seq, data, grants))
+            why, op = _origin_refusal(subject[0], data) if subject else (None, None)
+            if why is not None:
+                out.append(_refuse_origin(seq, subject[0], data, why))
+            else:
+                out.append(_apply_one(store.env, txn, dbs, seq, data, grants, op))
             applied = seq
         txn.put(APPLIED, seq_key(applied), db=dbs["meta"])
         if before_commit is not None and out:
@@ -181,10 +201,42 @@ def apply_batch(store: Store, entries: list[tuple[int, bytes]], *,
     return out
 
 
-def _apply_one(env, txn, dbs, seq: int, data: bytes,
-               grants: Grants | None) -> tuple[str | None, Outcome]:
+def _origin_refusal(subject: str | None, data: bytes) -> tuple[str | None, Op | None]:
+    """``(why, op)``: why the entry *data* found on log subject *subject* is
+    refused for its origin (None: it is applied as any op), and the op when
+    it was decoded to tell. Reads only the entry and its subject: the same on
+    every copy."""
+    found = estate_log.origin_of(subject)
+    if found is None:
+        return f"{subject!r} is not a subject of the log", None
+    origin, node = found
+    if origin == origins.OPERATOR:
+        return None, None
     try:
         op = Op.decode(data)
+    except OpError as exc:
+        return f"not an op: {exc}", None
+    return origins.log_refusal(origin, node, op), op
+
+
+def _refuse_origin(seq: int, subject: str, data: bytes, why: str) -> tuple[None, Outcome]:
+    """The outcome of an entry refused for its origin: kept nowhere, told by no id."""
+    kind = op_id = None
+    try:
+        d = unpack(data)
+        kind, op_id = d.get("kind"), d.get("id")
+    except Exception:
+        pass
+    log.event("estate_op_refused", "warning", seq=seq, subject=subject,
+              kind=kind[:100] if isinstance(kind, str) else None,  # a forger's: cut short
+              op=op_id if isinstance(op_id, str) and OP_ID.match(op_id) else None, why=why)
+    return None, {"ok": False, "seq": seq, "error": f"refused on {subject}: {why}", "code": WRONG_ORIGIN}
+
+
+def _apply_one(env, txn, dbs, seq: int, data: bytes, grants: Grants | None,
+               op: Op | None = None) -> tuple[str | None, Outcome]:
+    try:
+        op = op or Op.decode(data)
     except OpError as exc:
         op_id = _id_of(data)
         outcome = {"ok": False, "seq": seq, "error": f"bad op: {exc}"}

@@ -65,6 +65,16 @@ result its range, not the search: the answer's ``coverage`` says how many
 shards were searched, of 64, and which nodes' shards are missing. Nodes
 without the data role are never in the view, so never counted.
 
+Who asks
+--------
+Every request names its origin — the broker user this process connected
+as, :attr:`Router.origin` (:mod:`crewlet.estate.origins`) — and this node:
+over NATS in its subject (``estate.req.<data node>.<origin>.<this node>``,
+which that user alone may publish on), to this node's own copy in the
+request. An applier answers a write the origin does not make with
+``bad_request`` (:class:`BadRequest`; every node would say the same, so
+nobody else is asked).
+
 The floor
 ---------
 :attr:`Router.floor` is the highest seq of this router's own writes (and of
@@ -85,7 +95,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from crewlet import log
-from crewlet.estate import wire
+from crewlet.estate import origins, wire
 from crewlet.estate.ops import Op, check_query
 from crewlet.estate.view import EstateView, NodeState
 
@@ -279,9 +289,13 @@ class Router:
 
     def __init__(self, nc, *, node_id: str, view: EstateView, local=None,
                  read_wait: float = READ_WAIT, write_wait: float = WRITE_WAIT,
-                 node_floor=None, clock: Callable[[], float] = time.monotonic):
+                 node_floor=None, clock: Callable[[], float] = time.monotonic,
+                 origin: str | None = None):
         self.nc = nc
         self.node_id = node_id
+        # Who asks (crewlet.estate.origins): by default the broker user *nc*
+        # connected as, the one whose subject that user may publish on.
+        self.origin = origin or origins.of_connection(nc)
         self.view = view
         self.local = local
         self.read_wait = read_wait
@@ -578,7 +592,9 @@ class Router:
     async def _ask_local(self, request: dict[str, Any], wait: float) -> dict[str, Any] | _NoAnswer:
         """This node's copy's answer (it waits up to *wait* for the applier on a write)."""
         try:
-            return await self.local.ask(request, timeout=wait)
+            # The node's own applier is told who asks in the request (over NATS
+            # the subject says it).
+            return await self.local.ask({**request, "origin": self.origin}, timeout=wait)
         except (TimeoutError, asyncio.TimeoutError):
             return _NoAnswer(f"no answer within {_secs(wait)}", ran=True, silent=False)
         except Exception as exc:  # the copy's trouble: a peer may still answer
@@ -590,7 +606,8 @@ class Router:
                         wait: float) -> dict[str, Any] | _NoAnswer:
         """A peer's answer to *request*, over NATS, waiting up to *wait*."""
         try:
-            msg = await self.nc.request(wire.subject(node), wire.encode(request), timeout=wait)
+            msg = await self.nc.request(wire.subject(node, self.origin, self.node_id),
+                                        wire.encode(request), timeout=wait)
         except NoRespondersError:
             return NOBODY
         except (NatsTimeoutError, asyncio.TimeoutError, TimeoutError):

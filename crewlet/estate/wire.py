@@ -5,9 +5,21 @@ One shape for both ways in (msgpack maps):
 * ZeroMQ, the node's ``estate`` ROUTER, for this node's own roles: a DEALER
   sends ``[b"", encode({"id": hex, **request})]`` and the reply carries the
   same ``id``;
-* NATS request/reply on :func:`subject` (``estate.req.<node>``), for any
-  node: a plain subscription, no queue group (one applier per node). nats-py's
-  ``NoRespondersError`` means nobody listens there: nothing ran.
+* NATS request/reply on :func:`subject` (``estate.req.<node>.<origin>.<asker>``),
+  for any node: a plain subscription, no queue group (one applier per
+  node). nats-py's ``NoRespondersError`` means nobody listens there: nothing
+  ran. ``<origin>`` is who asks — the asking process's broker user, a role's
+  or ``crewlet``'s (:mod:`crewlet.estate.origins`) — and ``<asker>`` the node
+  it asks from: each role's user may publish only on its own origin and node
+  (:mod:`crewlet.permissions`), so the applier knows who asked, and refuses
+  a write that origin does not make. Over ZeroMQ a request may say its
+  ``origin`` itself (the node's own processes); none is the operator's.
+
+  Mixed versions: a node older than origins asks on ``estate.req.<node>``
+  (:data:`LEGACY`, :func:`parse_subject`), which an applier still answers,
+  every kind as before; a node of this version never asks there (its
+  roles' users may not) — and finds no applier on an older data node's
+  subject for it (``NoResponders``: it asks the next data node).
 
 Requests::
 
@@ -51,6 +63,7 @@ from typing import Any
 
 import msgpack
 
+from crewlet.estate import origins
 from crewlet.estate.ops import Op
 
 OK = "ok"
@@ -73,11 +86,38 @@ SEARCH_SHARDS = 64
 
 SUBJECT_PREFIX = "estate.req."
 APPLIED_TOPIC = b"applied"
+# The origin a request on the bare ``estate.req.<node>`` is taken from: an
+# older node's, which names none (crewlet.estate.origins.LEGACY).
+LEGACY = origins.LEGACY
 
 
-def subject(node: str) -> str:
-    """The NATS subject node *node*'s applier answers on."""
-    return SUBJECT_PREFIX + node
+def subject(node: str, origin: str | None = None, asker: str | None = None) -> str:
+    """The NATS subject node *node*'s applier answers requests of *origin*
+    from node *asker* on; without them, the bare subject an older node asks on."""
+    if origin is None:
+        return SUBJECT_PREFIX + node
+    return f"{SUBJECT_PREFIX}{node}.{origin}.{asker}"
+
+
+def subjects(node: str) -> tuple[str, str]:
+    """What node *node*'s applier subscribes to: every origin's subject, and the bare one."""
+    return SUBJECT_PREFIX + node + ".>", SUBJECT_PREFIX + node
+
+
+def parse_subject(node: str, subj: str) -> tuple[str, str | None] | None:
+    """``(origin, asker)`` of a request to node *node*'s applier that came on
+    *subj*: ``(LEGACY, None)`` for the bare subject; None for one that is not
+    ``estate.req.<node>.<origin>.<asker>`` with an origin of
+    :data:`crewlet.estate.origins.ORIGINS`."""
+    base = SUBJECT_PREFIX + node
+    if subj == base:
+        return LEGACY, None
+    if not subj.startswith(base + "."):
+        return None
+    parts = subj[len(base) + 1:].split(".")
+    if len(parts) != 2 or parts[0] not in origins.ORIGINS or not parts[1]:
+        return None
+    return parts[0], parts[1]
 
 
 def write_request(op: Op | dict[str, Any], floor: int = 0, wait: float = WRITE_WAIT,

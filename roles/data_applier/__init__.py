@@ -19,7 +19,9 @@ endpoint            pattern     carries
 ``estate``          ZeroMQ      requests of this node's roles
                     ROUTER      (:mod:`crewlet.estate.wire`; the reply carries the
                                 request's ``id``)
-``estate.req.<id>`` NATS        the same requests from any node; reply msgpack
+``estate.req.<id>`` NATS        the same requests from any node; reply msgpack;
+``.<origin>.<node>``            who asks is in the subject (an older node's,
+                                the bare ``estate.req.<id>``: every kind)
 ``applied``         ZeroMQ PUB  ``{"node", "seq", "in_service", "reason", "at"}``
                                 after every commit and every second
 ``status`` KV       JetStream   ``estate.<node>``: applied, in service and why,
@@ -71,7 +73,7 @@ import zmq
 from crewlet import ipc
 from crewlet.company import Company
 from crewlet import log as events
-from crewlet.estate import wire
+from crewlet.estate import origins, wire
 from crewlet.runtime import RoleContext
 from crewlet.estate.view import EstateView
 from crewlet.objects.files import store_of
@@ -87,10 +89,12 @@ STATS_EVERY = 1.0
 PUB_LINGER_MS = 500
 
 
-async def answer(applier: Applier, request: Any) -> dict[str, Any] | None:
-    """*applier*'s answer to *request*; an error of ours is an answer too, never silence."""
+async def answer(applier: Applier, request: Any, *, origin: str = origins.OPERATOR,
+                 asker: str | None = None) -> dict[str, Any] | None:
+    """*applier*'s answer to *request* from *origin* on node *asker*; an
+    error of ours is an answer too, never silence."""
     try:
-        return await applier.handle(request)
+        return await applier.handle(request, origin=origin, asker=asker)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -119,7 +123,11 @@ async def serve_zmq(sock, applier: Applier) -> None:
         except ValueError as exc:
             request, reply = None, wire.answer(wire.BAD_REQUEST, applier.node, reason=str(exc))
         else:
-            reply = await answer(applier, request)
+            # The node's own processes say who they are (the same uid's
+            # socket: declared, not proven); none is the operator.
+            said = request.get("origin") if isinstance(request, dict) else None
+            reply = await answer(applier, request, asker=applier.node,
+                                 origin=said if said in origins.ORIGINS else origins.OPERATOR)
         if reply is None:
             return
         rid = request.get("id") if isinstance(request, dict) else None
@@ -132,15 +140,37 @@ async def serve_zmq(sock, applier: Applier) -> None:
         _spawn(one(await sock.recv_multipart()))
 
 
-async def serve_nats(nc, applier: Applier):
-    """Answer ``estate.req.<node>`` (a plain subscription: one applier per node)."""
+class Subscriptions:
+    """The applier's subscriptions, unsubscribed together."""
+
+    def __init__(self, subs: list):
+        self.subs = subs
+
+    async def unsubscribe(self) -> None:
+        for sub in self.subs:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass  # the connection's trouble: it goes with it
+
+
+async def serve_nats(nc, applier: Applier) -> Subscriptions:
+    """Answer ``estate.req.<node>.<origin>.<asker>`` and an older node's
+    ``estate.req.<node>`` (plain subscriptions: one applier per node)."""
     async def one(msg) -> None:
-        try:
-            request = wire.decode(msg.data)
-        except ValueError as exc:
-            reply = wire.answer(wire.BAD_REQUEST, applier.node, reason=str(exc))
+        who = wire.parse_subject(applier.node, msg.subject)
+        if who is None:
+            reply = wire.answer(wire.BAD_REQUEST, applier.node,
+                                reason=f"{msg.subject} names no origin this applier knows: "
+                                       f"{wire.subject(applier.node, '<origin>', '<node>')}, "
+                                       f"<origin> one of {', '.join(origins.ORIGINS)}")
         else:
-            reply = await answer(applier, request)
+            try:
+                request = wire.decode(msg.data)
+            except ValueError as exc:
+                reply = wire.answer(wire.BAD_REQUEST, applier.node, reason=str(exc))
+            else:
+                reply = await answer(applier, request, origin=who[0], asker=who[1])
         if reply is None or not msg.reply:
             return
         data = wire.encode(reply)
@@ -158,7 +188,8 @@ async def serve_nats(nc, applier: Applier):
     async def on_request(msg) -> None:
         _spawn(one(msg))  # never block the subscription's dispatch
 
-    return await nc.subscribe(wire.subject(applier.node), cb=on_request)
+    return Subscriptions([await nc.subscribe(subject, cb=on_request)
+                          for subject in wire.subjects(applier.node)])
 
 
 def applied_message(applier: Applier) -> dict[str, Any]:
@@ -180,6 +211,8 @@ def stats(applier: Applier) -> dict[str, Any]:
             "log_first": applier.log_first, "log_last": applier.log_last,
             "requests": applier.stats["requests"], "dropped": applier.stats["dropped"],
             "resubscribed": applier.stats["resubscribed"],
+            # passed over on the log, and write requests refused, for their origin
+            "refused": applier.stats["refused"], "asks_refused": applier.stats["asks_refused"],
             "events_kept": custody.get("kept", 0), "events_pruned": custody.get("pruned", 0)}
 
 
@@ -208,7 +241,7 @@ async def main(ctx: RoleContext) -> None:
     applier.notices_to = list(ctx.config.smtp.notices_to)
     estate = ipc.bind(ctx.zmq, ctx.run_dir, zmq.ROUTER, "estate")
     applied = ipc.bind(ctx.zmq, ctx.run_dir, zmq.PUB, "applied", linger=PUB_LINGER_MS)
-    sub = await serve_nats(ctx.nats, applier)
+    subs = await serve_nats(ctx.nats, applier)
     tasks = [asyncio.create_task(serve_zmq(estate, applier)),
              asyncio.create_task(publish_applied(applied, applier)),
              asyncio.create_task(report_stats(ctx, applier)),
@@ -225,10 +258,7 @@ async def main(ctx: RoleContext) -> None:
     try:
         await ctx.stopping.wait()
     finally:
-        try:
-            await sub.unsubscribe()
-        except Exception:
-            pass
+        await subs.unsubscribe()
         await cancel_all(tasks)
         await cancel_all(list(_requests))
         await applier.stop()

@@ -17,7 +17,10 @@ start before its cluster has a quorum), then compare the copy with the log:
 the log, so the copy is out of service and applies nothing (it needs
 rebuilding, not patching). Otherwise follow the log with an **ordered
 consumer** from ``applied + 1``: ephemeral, flow-controlled, nobody's group
-(every data node reads every entry). Whatever has arrived, up to
+(every data node reads every entry), on every subject of the log — each
+entry is applied with the subject it was found on, and one whose origin may
+not publish it there (:mod:`crewlet.estate.origins`) is passed over
+(``estate_op_refused``, the ``refused`` stat; :mod:`crewlet.estate.apply`). Whatever has arrived, up to
 :data:`BATCH_MAX` entries, is applied in one LMDB transaction
 (:func:`crewlet.estate.apply.apply_batch`, which commits ``applied`` with the
 rows), the search index catches up, and then the requests waiting for that
@@ -58,8 +61,11 @@ Requests (:meth:`Applier.handle`)
 The shapes are :mod:`crewlet.estate.wire`'s. A request past its deadline is
 dropped unrun (``None``: no answer). A bad request — not a map, unknown kind
 or query, an op or arguments that do not check — is ``bad_request`` with the
-field and the reason. A copy out of service answers ``out_of_service`` with
-the reason.
+field and the reason. A write whose op does not fit the origin that asks
+(the subject it came on: :mod:`crewlet.estate.origins`) is ``bad_request``
+too, ``refused: <why>``, logged as ``estate_request_refused`` and counted
+(``asks_refused``); nothing is published. A copy out of service answers
+``out_of_service`` with the reason.
 
 *Write*: an op id already in the copy's ``ops`` table answers with that first
 outcome and publishes nothing. Otherwise the op is published under its id:
@@ -112,7 +118,7 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from crewlet import bus, disk, outbox
 from crewlet import log as events
 from crewlet.coord import buckets
-from crewlet.estate import apply, store, wire
+from crewlet.estate import apply, origins, store, wire
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import SEARCH_DEFAULT, Op, OpError, check_query
 from crewlet.estate.search import SearchIndex, SearchUnavailable, check_shards, index_path
@@ -266,8 +272,10 @@ class Applier:
         # Who is told when this copy goes out of service (Tier A smtp.notices_to).
         self.notices_to: list[str] = []
         self.custody = None
+        # refused: log entries passed over for their origin; asks_refused:
+        # write requests refused for theirs (crewlet.estate.origins).
         self.stats: dict[str, Any] = {"ops": 0, "requests": 0, "dropped": 0,
-                                      "resubscribed": 0}
+                                      "resubscribed": 0, "refused": 0, "asks_refused": 0}
         self._rate = (time.monotonic(), 0)
         self.ops_per_s = 0.0
 
@@ -382,11 +390,14 @@ class Applier:
             await asyncio.sleep(STATUS_EVERY)  # the status loop keeps looking
             return
         start = self.applied + 1
+        # Every subject of the log (each origin's, crewlet.estate.origins): a
+        # copy applies or passes over every entry, by the subject it is on.
         self._sub = await self.js.subscribe(
             estate_log.SUBJECT, stream=estate_log.STREAM, ordered_consumer=True,
             idle_heartbeat=HEARTBEAT,
             config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                                  opt_start_seq=start))
+                                  opt_start_seq=start,
+                                  filter_subjects=list(estate_log.SUBJECTS)))
         events.event("estate_log_following", start=start, log_first=self.log_first,
                      log_last=self.log_last)
         fresh = True
@@ -414,10 +425,11 @@ class Applier:
             if gap:
                 raise _Restart()
 
-    async def _in_order(self, batch: list, fresh: bool) -> tuple[list[tuple[int, bytes]], bool]:
-        """The entries of *batch* that follow applied without a gap, and whether
-        one was found (the rest of the batch is then dropped)."""
-        entries: list[tuple[int, bytes]] = []
+    async def _in_order(self, batch: list, fresh: bool) -> tuple[list[tuple[int, bytes, str]], bool]:
+        """The entries of *batch* that follow applied without a gap, each
+        ``(seq, data, subject)``, and whether a gap was found (the rest of the
+        batch is then dropped)."""
+        entries: list[tuple[int, bytes, str]] = []
         expected = self.applied + 1
         for msg in batch:
             seq = stream_seq(msg)
@@ -434,11 +446,11 @@ class Applier:
                 else:
                     events.event("estate_log_gap", "warning", expected=expected, got=seq)
                     return entries, True
-            entries.append((seq, msg.data))
+            entries.append((seq, msg.data, msg.subject))
             expected = seq + 1
         return entries, False
 
-    async def _apply(self, entries: list[tuple[int, bytes]]) -> None:
+    async def _apply(self, entries: list[tuple[int, bytes, str]]) -> None:
         # The verdicts on the tokens that would raise a seat's fence, read
         # (or judged) before the write: the same for every copy (grants.py).
         # Unanswered, this raises and the batch is applied again later.
@@ -459,6 +471,9 @@ class Applier:
             raise _NoSpace() from exc
         self.set_out("write", None)
         self.stats["ops"] += len(outcomes)
+        # Entries passed over for their origin (apply logged each).
+        self.stats["refused"] += sum(1 for op_id, o in outcomes
+                                     if op_id is None and o.get("code") == apply.WRONG_ORIGIN)
         self.applied = applied
         if "reapplying" in self._out and applied >= self._reapplying_to:
             self.set_out("reapplying", None)
@@ -468,7 +483,7 @@ class Applier:
         self._wake()
         self.changed.set()
 
-    def _apply_sync(self, entries: list[tuple[int, bytes]], verdicts: apply.Grants):
+    def _apply_sync(self, entries: list[tuple[int, bytes, str]], verdicts: apply.Grants):
         outcomes = apply.apply_batch(self.store, entries, grants=verdicts, before_commit=self._computed)
         self._catch_up_index()
         return outcomes, self.store.applied()
@@ -603,9 +618,14 @@ class Applier:
 
     # ------------------------------------------------------------ requests
 
-    async def handle(self, request: Any) -> dict[str, Any] | None:
+    async def handle(self, request: Any, *, origin: str = origins.OPERATOR,
+                     asker: str | None = None) -> dict[str, Any] | None:
         """The answer to one request (:mod:`crewlet.estate.wire`); None: dropped
-        unrun, its deadline had passed."""
+        unrun, its deadline had passed.
+
+        *origin* is who asks (:mod:`crewlet.estate.origins`; the subject it
+        came on names it) and *asker* the node it asks from: a write whose op
+        does not fit them is ``bad_request``, nothing published."""
         self.stats["requests"] += 1
         if not isinstance(request, dict):
             return self._bad(f"a request is a map, got {type(request).__name__}")
@@ -628,7 +648,14 @@ class Applier:
             until = min(until, deadline)
         try:
             if kind == wire.WRITE:
-                return await self._write(Op.from_dict(request.get("op")), until)
+                op = Op.from_dict(request.get("op"))
+                why = origins.request_refusal(origin, asker, op)
+                if why is not None:
+                    self.stats["asks_refused"] += 1
+                    events.event("estate_request_refused", "warning", origin=origin, asker=asker,
+                                 kind=op.kind, op=op.id, why=why)
+                    return self._bad(f"refused: {why}")
+                return await self._write(op, until)
             if kind == wire.READ:
                 query, args = request.get("query"), request.get("args")
                 args = {} if args is None else args

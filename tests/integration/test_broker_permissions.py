@@ -55,6 +55,7 @@ class Client:
     def __init__(self, node, user: str):
         self.url = credentials.client_url(node.config["stream"]["listen"], node.run_dir, user)
         self.user = user
+        self.node_id = node.config["node"]["id"]
         self.errors: list[str] = []
 
     async def __aenter__(self) -> "Client":
@@ -62,7 +63,7 @@ class Client:
             self.errors.append(str(exc).lower())
 
         self.nc = await nats.connect(self.url, connect_timeout=2, allow_reconnect=False, error_cb=keep,
-                                     inbox_prefix=permissions.inbox(self.user, NODE))
+                                     inbox_prefix=permissions.inbox(self.user, self.node_id))
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -161,17 +162,19 @@ def test_only_the_applier_writes_the_fence_verdicts(node):
     assert _state(node)["grants"] == before["grants"] + 1
 
 
-def test_only_the_applier_and_seats_publish_to_the_estate_log(node):
+def test_only_the_applier_publishes_to_the_estate_log_s_own_subject(node):
+    # The seats publish on their node's subject of the log only
+    # (tests/integration/test_estate_origin.py).
     before = _state(node)
 
     async def go():
         out = {}
-        for role in ("ingress", "workers"):
+        for role in ("ingress", "workers", "seats"):
             async with Client(node, role) as c:
                 out[role] = await c.refused("estate.ops", b"{}", request=True)
         return out
 
-    assert asyncio.run(go()) == {"ingress": True, "workers": True}
+    assert asyncio.run(go()) == {"ingress": True, "workers": True, "seats": True}
     assert _state(node)["estate"] == before["estate"]
 
 
@@ -206,14 +209,14 @@ def test_leases_are_written_by_seats_and_workers_each_for_its_own_keys(node):
         out = {}
         for role, key in (("ingress", "seat.x"), ("data_applier", "seat.x"),
                           ("workers", "seat.x"), ("seats", "duty.x"), ("seats", "node.x"),
-                          ("workers", "node.x")):
+                          ("seats", "conv.x"), ("workers", "node.x")):
             async with Client(node, role) as c:
                 out[(role, key)] = await c.refused(f"$KV.leases.{key}", request=True)
         return out
 
     out = asyncio.run(go())
     assert all(out.values()), out
-    assert not {"seat.x", "duty.x", "node.x"} & _state(node)["leases"]
+    assert not {"seat.x", "duty.x", "node.x", "conv.x"} & _state(node)["leases"]
 
 
 def test_only_the_applier_answers_estate_requests_and_nobody_reads_every_reply(node):

@@ -63,14 +63,30 @@ def test_only_the_applier_may_write_grants_and_answer_estate_requests():
         writes_grants = any("$KV.grants." in s or "KV_grants" in s and "STREAM.UPDATE" in s
                             for s in publish)
         assert writes_grants == (role == "data_applier"), role
-        assert ("estate.req.n1" in subscribe) == (role == "data_applier"), role
-        assert not any(s.startswith("estate.req") and s != "estate.req.n1" for s in subscribe)
+        # Every origin's requests to this node's applier, and an older node's.
+        assert ({"estate.req.n1.>", "estate.req.n1"} <= set(subscribe)) == (role == "data_applier"), role
+        assert not any(s.startswith("estate.req") and s not in ("estate.req.n1.>", "estate.req.n1")
+                       for s in subscribe)
+
+
+def test_each_role_asks_an_applier_under_its_own_origin_and_node_only():
+    asks = {role: [s for s in _allowed(role)[0] if s.startswith("estate.req")]
+            for role in credentials.ROLE_USERS}
+    assert asks == {"data_applier": [], "seats": ["estate.req.*.seats.n1"],
+                    "ingress": ["estate.req.*.ingress.n1"], "workers": ["estate.req.*.workers.n1"]}
+
+
+def test_only_the_applier_publishes_on_the_log_s_own_subject_and_seats_on_their_node_s():
+    logs = {role: [s for s in _allowed(role)[0] if s.startswith("estate.ops")]
+            for role in credentials.ROLE_USERS}
+    assert logs == {"data_applier": ["estate.ops"], "seats": ["estate.ops.seats.n1"],
+                    "ingress": [], "workers": []}
 
 
 def test_ingress_and_workers_never_publish_to_the_estate_log_and_nobody_deletes_a_stream():
     for role in credentials.ROLE_USERS:
         publish, _ = _allowed(role)
-        assert ("estate.ops" in publish) == (role in ("data_applier", "seats")), role
+        assert ("estate.ops" in publish) == (role == "data_applier"), role
         assert not any("STREAM.DELETE" in s for s in publish), role
         assert not any(s.endswith(">") and s.count(".") <= 2 and s.startswith("$JS") for s in publish), \
             f"{role}: a wildcard over the whole JetStream API"
@@ -102,7 +118,7 @@ def test_leases_keys_are_split_between_seats_workers_and_the_run_drivers():
     leases = {role: [s for s in _allowed(role)[0] if s.startswith("$KV.leases.")]
               for role in credentials.ROLE_USERS}
     assert leases == {"data_applier": [], "ingress": ["$KV.leases.conv.>"],
-                      "seats": ["$KV.leases.seat.>", "$KV.leases.life.n1"],
+                      "seats": ["$KV.leases.seat.*", "$KV.leases.life.n1"],
                       "workers": ["$KV.leases.duty.>"]}
     # From a leaf, through the domain, alike.
     assert "$JS.fleet.API.$KV.leases.conv.>" in _allowed("ingress", domain="fleet")[0]
@@ -134,7 +150,7 @@ def test_run_events_are_published_by_seats_and_ingress_and_followed_by_ingress_a
 
 def test_the_apis_domain_form_is_allowed_alike_for_a_leaf():
     publish, _ = _allowed("seats", domain="fleet")
-    assert "$JS.fleet.API.$KV.leases.seat.>" in publish
+    assert "$JS.fleet.API.$KV.leases.seat.*" in publish
     assert "$JS.fleet.API.CONSUMER.MSG.NEXT.AGENTS.>" in publish
     assert "$JS.API.CONSUMER.MSG.NEXT.AGENTS.>" in publish
 
