@@ -56,6 +56,7 @@ process — a CLI agent — confines each call as its own seat's.
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import os
 import shutil
@@ -434,6 +435,17 @@ def _chown_tree(path: str, uid: int) -> None:
 
 
 def installs(programs: Sequence[str]) -> list[str]:
+    """:func:`_installs`, remembered per program: every claim of a seat wraps
+    its servers, and the walk reads a venv's site-packages."""
+    return list(_installs_of(tuple(programs)))
+
+
+@functools.lru_cache(maxsize=256)
+def _installs_of(programs: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(_installs(programs))
+
+
+def _installs(programs: Sequence[str]) -> list[str]:
     """The directories a program needs to run, read-only: its install root
     (``<prefix>`` of ``<prefix>/bin/<name>``, else its own directory), its
     interpreter's (a script's shebang, ``env NAME`` resolved on the PATH), a

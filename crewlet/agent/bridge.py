@@ -127,7 +127,7 @@ import uvicorn.lifespan.off  # noqa: F401
 import uvicorn.protocols.http.auto  # noqa: F401
 
 import crewlet
-from crewlet import log
+from crewlet import log, webserver
 from crewlet.agent.tools import Registry, Tool, ToolContext
 
 # The only TCP address the bridge listens on: an agent runs on this machine.
@@ -244,22 +244,6 @@ class Grant:
         return f"<Grant {self.id} seat={self.seat} trigger={self.trigger} {'live' if self.live else 'dead'}>"
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, minus its signal handling, telling us when it listens."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.listening = asyncio.Event()
-
-    def capture_signals(self):  # the seats process owns signals
-        return contextlib.nullcontext()
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            self.listening.set()
-
-
 class Bridge:
     """The seats process's MCP server of its seats' own tools."""
 
@@ -269,7 +253,7 @@ class Bridge:
         self._port: int | None = None
         self._socket_path: str | None = None
         self._socket_ino: int | None = None
-        self._http: _Server | None = None
+        self._http: webserver.Server | None = None
         self._manager: StreamableHTTPSessionManager | None = None
         self._task: asyncio.Task | None = None
         self._window = 0          # the second refusals are being counted in
@@ -330,7 +314,7 @@ class Bridge:
         config = uvicorn.Config(self._asgi, interface="asgi3", lifespan="off", log_config=None,
                                 access_log=False, proxy_headers=False, server_header=False, ws="none",
                                 timeout_keep_alive=KEEP_ALIVE, timeout_graceful_shutdown=GRACE)
-        self._http = _Server(config)
+        self._http = webserver.Server(config)
         self._manager = manager
         self._task = asyncio.create_task(self._serve(manager, socks), name="tool bridge")
         listening = asyncio.create_task(self._http.listening.wait())

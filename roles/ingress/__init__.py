@@ -27,7 +27,6 @@ with none configured, the node's first-start admin token is made here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import uvicorn
 # What uvicorn imports when a server starts: imported here so the zygote
@@ -36,7 +35,7 @@ import uvicorn.lifespan.off  # noqa: F401
 import uvicorn.protocols.http.auto  # noqa: F401
 import uvicorn.protocols.websockets.auto  # noqa: F401
 
-from crewlet import log, ports
+from crewlet import log, ports, webserver
 from crewlet.company.model import Company
 from crewlet.config import ConfigError
 from crewlet.coord.control_plane import ControlPlane
@@ -63,22 +62,6 @@ from roles.ingress.projection import Projection
 KEEP_ALIVE = 75
 # Turn records the live feed starts with, read from the estate.
 SEED_TURNS = 50
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, minus its signal handling, telling us when it listens."""
-
-    def __init__(self, config: uvicorn.Config):
-        super().__init__(config)
-        self.listening = asyncio.Event()
-
-    def capture_signals(self):  # the role runtime owns signals
-        return contextlib.nullcontext()
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            self.listening.set()
 
 
 async def main(ctx: RoleContext) -> None:
@@ -113,7 +96,7 @@ async def main(ctx: RoleContext) -> None:
                             log_config=None, access_log=False, timeout_graceful_shutdown=2,
                             timeout_keep_alive=KEEP_ALIVE,
                             ws="websockets-sansio")
-    server = _Server(config)
+    server = webserver.Server(config)
     serving = asyncio.create_task(server.serve(sockets=sockets))
     listening = asyncio.create_task(server.listening.wait())
     await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)

@@ -93,6 +93,9 @@ def test_mail_sent_through_the_api_shows_its_turn_in_the_feed_within_2s(make_nod
     card = page.get_by_test_id("node-t1")
     expect(card).to_have_attribute("data-state", "up")
     expect(card.get_by_test_id("child-ingress")).to_have_attribute("data-state", "running")
+    # Its seats' tools run confined, and the card says so (unconfined: a warning, with the fix).
+    expect(card.get_by_test_id("node-sandbox")).to_have_attribute("data-state", "confined")
+    expect(card.get_by_test_id("node-sandbox")).to_contain_text("Confined")
     expect(page.get_by_test_id("duty-fleet_shape")).to_have_attribute("data-node", "t1")
     expect(page.locator("[data-testid^=seat-row-]")).to_have_count(30)
     expect(page.get_by_test_id("seat-row-ceo")).to_contain_text("t1")

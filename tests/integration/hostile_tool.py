@@ -213,7 +213,11 @@ def targets_in(text: str) -> dict:
 def cli() -> None:
     targets = targets_in(sys.stdin.read())
     attack(targets)
-    print(f"probed; echo {targets.get('echo', '')}")
+    # Its own key, said back where crewlet keeps what an agent says: its
+    # reply (stdout) and its stderr (the node's log when it fails).
+    key = os.environ.get(targets.get("say_env", ""), "")
+    print(f"key {key}", file=sys.stderr, flush=True)
+    print(f"probed; key {key}")
 
 
 def serve() -> None:

@@ -131,8 +131,11 @@ def test_a_hostile_tool_and_agent_can_do_nothing_to_the_node(make_node, monkeypa
     reports = {}
     for seat, verb, name in (("mallory", "probe", "mcp"), ("mallory", "offline", "offline"),
                              ("cli-mallory", "probe", "cli")):
-        out = ctl_json(node, "send", seat, f"{verb} {json.dumps({**targets, 'name': name})}", "--wait", "60")
+        asked = {**targets, "name": name, "say_env": "AGENT_KEY"}
+        out = ctl_json(node, "send", seat, f"{verb} {json.dumps(asked)}", "--wait", "60")
         assert out["turn"]["outcome"] == "done", out
+        if name == "cli":  # it said its own key back: crewlet keeps none of it
+            assert out["turn"]["reply"] == "probed; key [redacted]", out["turn"]
         with open(os.path.join(data_dir, "workspaces", seat, f"report-{name}.json")) as f:
             reports[name] = json.load(f)
     # Another seat goes on.
@@ -193,6 +196,27 @@ def test_a_hostile_tool_and_agent_can_do_nothing_to_the_node(make_node, monkeypa
     assert os.stat(os.path.join(ws, "mine.txt")).st_uid == reports["mcp"]["identity"]["how"]["uid"]
     assert not os.path.exists("/tmp/mine.txt") or os.stat("/tmp/mine.txt").st_uid == 0
     assert not os.path.exists(os.path.join(data_dir, "owned"))
+
+    # The agent's key is nowhere crewlet keeps or shows anything: the log,
+    # the API's turns, the data dir (but the agent's own workspace).
+    key = SECRETS["AGENT_KEY"]
+    assert key not in node.read_log()
+    import urllib.request
+    with open(os.path.join(node.run_dir, "api-token")) as f:
+        token = f.read().strip()
+    request = urllib.request.Request(f"http://{node.config['ingress']['listen']}/v1/turns?seat=cli-mallory",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as r:
+        turns = r.read().decode()
+    assert "[redacted]" in turns and key not in turns
+    for top, dirs, files in os.walk(data_dir):
+        dirs[:] = [d for d in dirs if os.path.join(top, d) != os.path.join(data_dir, "workspaces")]
+        for name in files:
+            path = os.path.join(top, name)
+            if not os.path.isfile(path) or os.path.islink(path):
+                continue  # sockets (run/control, run/bridge.sock)
+            with open(path, "rb") as f:
+                assert key.encode() not in f.read(), os.path.join(top, name)
 
     # Nothing crashed; the node said nothing above info while it was attacked.
     assert all(c["restarts"] == 0 for c in node.status()["children"]), node.status()["children"]
@@ -273,3 +297,45 @@ def test_a_bind_that_would_show_the_data_dir_is_refused_and_an_install_around_it
     launch = box.wrap([tool], {}, "s", sandbox.Policy())
     done = subprocess.run(launch.argv, env=launch.env, cwd=launch.cwd, capture_output=True, text=True, timeout=30)
     assert done.stdout == "" and "No such file" in done.stderr, done
+
+
+def test_a_confined_servers_whole_tree_goes_with_its_stop(short_tmp):
+    """A confined server that leaves a grandchild ignoring SIGTERM behind its
+    stdio (tests/integration/mcp_server.py --grandchild): stop() leaves no
+    process of it on the host — its pid namespace goes with it."""
+    needs_bwrap()
+    import asyncio
+    import psutil
+    from crewlet.agent.mcp import SeatServers
+    from crewlet.agent.tools import Registry
+    from crewlet.company.model import McpServer
+    from tests.seats import MCP_SERVER
+
+    data = os.path.join(short_tmp, "data")
+    box = sandbox.Sandbox.of(NodeConfig.model_validate({"data_dir": data}))
+    mark = f"test/sandbox/{os.getpid()}"
+
+    def marked() -> list[int]:
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get("CREWLET_SPAWNED_BY") == mark:
+                    found.append(proc.pid)
+            except psutil.Error:
+                continue
+        return found
+
+    async def main():
+        registry = Registry()
+        servers = SeatServers("gc", [McpServer(name="t", command=sys.executable,
+                                               args=[MCP_SERVER, "--grandchild", "/workspace/gc.pid"])],
+                              registry, mark=mark, sandbox=box)
+        await servers.start()
+        status = servers.status()["t"]
+        assert status["state"] == "up" and status["confined"], status
+        assert "t__echo" in registry.names()
+        assert os.path.exists(os.path.join(data, "workspaces", "gc", "gc.pid"))
+        assert len(marked()) >= 3  # bwrap, its init, the server (and the grandchild)
+        await servers.stop()
+        wait_for(lambda: not marked(), 10, what="no process of the server left")
+    asyncio.run(main())

@@ -766,10 +766,12 @@
     const [copyPill, copyNote] = copyView(n);
     fact("Estate copy", copyPill, copyNote ? el("span", { class: "muted small note" }, " " + copyNote) : null);
     if (n.sandbox) {
-      fact("Seats' tools", n.sandbox.state === "confined"
-        ? pill("ok", "Confined", "bubblewrap: each seat's tools see their workspace and nothing of the node")
-        : [pill(n.sandbox.state === "refused" ? "bad" : "warn", n.sandbox.state === "refused" ? "Refused" : "Unconfined"),
-          el("span", { class: "muted small note", "data-testid": "node-sandbox" }, " " + sandboxWords(n.sandbox))]);
+      const box = n.sandbox;
+      fact("Seats' tools", el("span", { "data-testid": "node-sandbox", "data-state": box.state },
+        box.state === "confined"
+          ? pill("ok", "Confined", "bubblewrap: each seat's tools see their workspace and nothing of the node")
+          : [pill(box.state === "refused" ? "bad" : "warn", box.state === "refused" ? "Refused" : "Unconfined"),
+            el("span", { class: "muted small note" }, " " + sandboxWords(box))]));
     }
     if (n.state !== "gone") {
       const held = seatsHeldBy(n.id);
