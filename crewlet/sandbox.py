@@ -173,7 +173,8 @@ class Sandbox:
     mode: str = DEFAULT_MODE
     state: str = "unknown"          # confined | unconfined | refused
     reason: str | None = None       # why not confined (None when confined)
-    # Host paths no bind may show (the data dir, credential files elsewhere).
+    # Host paths no bind may show (the data dir; the broker's and the fleet's
+    # credential files, wherever they are).
     hidden: tuple[str, ...] = ()
     root: bool = field(default_factory=lambda: os.geteuid() == 0)
     bwrap: str | None = None
@@ -190,7 +191,7 @@ class Sandbox:
         stream = config.stream
         for path in (getattr(stream, "credentials", None), getattr(stream, "fleet_credentials", None)):
             if path:
-                hidden.append(os.path.dirname(os.path.abspath(path)))
+                hidden.append(os.path.abspath(path))  # the file: its directory may hold what a tool needs
         box = cls(data_dir=config.data_dir, mode=config.sandbox.mode, hidden=tuple(hidden))
         box.probe()
         return box
@@ -349,8 +350,11 @@ class Sandbox:
         # An install that holds crewlet's data (a data dir inside a checkout):
         # cover it, so what is under it is not shown with the install.
         for hidden in self.hidden:
-            if any(_within(hidden, root) for root in shown) and os.path.isdir(hidden):
-                args += ["--tmpfs", hidden]
+            if any(_within(hidden, root) for root in shown):
+                if os.path.isdir(hidden):
+                    args += ["--tmpfs", hidden]
+                elif os.path.exists(hidden):
+                    args += ["--ro-bind", "/dev/null", hidden]
         for host, inside in binds:
             args += ["--bind", host, inside]
         if workspace is not None:
