@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import emit, ratio, say, summary  # noqa: E402
+from crewlet import log  # noqa: E402
 from crewlet.agent.mcp import SeatServers  # noqa: E402
 from crewlet.agent.tools import Registry, ToolContext  # noqa: E402
 from crewlet.company.model import McpServer  # noqa: E402
@@ -145,9 +146,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def show(report: dict[str, Any]) -> None:
     s, c = report["spawn_ms"], report["call_ms"]
     print(f"spawn -> ready   confined {s['confined']['median']:.1f} ms  unconfined {s['unconfined']['median']:.1f} ms"
-          f"  x{report['spawn_x']}  (target <= 1.5)")
+          f"  x{report['spawn_x']:.2f}  (target <= 1.5)")
     print(f"tool call        confined {c['confined']['median']:.3f} ms  unconfined {c['unconfined']['median']:.3f} ms"
-          f"  x{report['call_x']}  (target <= 1.1)")
+          f"  x{report['call_x']:.2f}  (target <= 1.1)")
     claim = report.get("claims")
     if claim:
         for kind in ("confined", "unconfined"):
@@ -155,7 +156,7 @@ def show(report: dict[str, Any]) -> None:
             print(f"claims {kind:10s} {k['seats']} seats, batches of {CLAIMS_PER_SWEEP}: median "
                   f"{k['batch_ms']['median']:.0f} ms, p99 {k['batch_ms']['p99']:.0f} ms a batch "
                   f"(sweep window {SWEEP * 1000:.0f} ms); all up in {k['all_up_s']} s")
-        print(f"                 confined/unconfined batch x{report['batch_x']}")
+        print(f"                 confined/unconfined batch x{report['batch_x']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seats", type=int, default=200, help="seats started at the sweep's pace (0: skip)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    # The servers' events would fill the report: warnings only, on stderr.
+    log.configure(node=None, role="bench", level="warning", fmt="json", stream=sys.stderr)
     return emit(asyncio.run(run(args)), args.json, show)
 
 
