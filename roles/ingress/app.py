@@ -13,7 +13,8 @@
 * ``GET /metrics`` — Prometheus (:mod:`roles.ingress.metrics`).
 * ``GET /`` — the dashboard: static files talking to ``/v1``.
 
-Around every request: bodies past ``ingress.max_body`` are a 413 before a
+Around every request: the browser hardening of :mod:`roles.ingress.hardening`
+(a strict Content-Security-Policy and its siblings on every answer); bodies past ``ingress.max_body`` are a 413 before a
 route reads them (a file's upload: past ``files.max_bytes``, by its route); every error is ``application/problem+json``
 (:mod:`roles.ingress.problems`); CORS only for ``ingress.cors_origins``.
 
@@ -40,7 +41,7 @@ from starlette.middleware.cors import CORSMiddleware
 import crewlet
 from crewlet import ipc, log
 from crewlet.tokens import Keyring
-from roles.ingress import auth
+from roles.ingress import auth, hardening
 from roles.ingress.api import company, conversations, dlq, estate, feed, files, fleet, hooks, schedules, seats
 from roles.ingress.front import Front
 from roles.ingress.problems import problem_response
@@ -187,7 +188,7 @@ def _no_estate(front: Front | None) -> str | None:
 def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) -> FastAPI:
     cfg = ctx.config
     app = FastAPI(title="crewlet", version=crewlet.__version__, openapi_url="/v1/openapi.json",
-                  docs_url="/docs", redoc_url=None,
+                  docs_url=None, redoc_url=None,  # /docs: roles.ingress.hardening
                   description="The HTTP API of a crewlet node: the fleet, the seats and their mail, "
                               "turns, the tracker, the knowledge base, dead letters, webhooks and "
                               "the live feed. Every /v1 route but the webhooks takes "
@@ -195,6 +196,8 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
     app.state.front = front
     app.state.keyring = keyring
     problems.install(app)
+    # Security headers on every answer, the API docs without a CDN, no query value in uvicorn's log.
+    hardening.install(app)
     generate = app.openapi
 
     def openapi() -> dict:

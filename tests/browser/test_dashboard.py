@@ -84,9 +84,10 @@ def test_mail_sent_through_the_api_shows_its_turn_in_the_feed_within_2s(make_nod
     expect = open_dashboard(page, node)
     expect(page.locator(f"[data-testid=turn][data-trigger='{first['trigger']}']")).to_be_visible()
 
-    # The token left the address bar for local storage.
+    # The token left the address bar for this tab's session storage (not kept past it).
     assert "token" not in page.url
-    assert page.evaluate("localStorage.getItem('crewlet.token')") == token_of(node)
+    assert page.evaluate("sessionStorage.getItem('crewlet.token')") == token_of(node)
+    assert page.evaluate("localStorage.getItem('crewlet.token')") is None
     # The fleet and the company, as the snapshot has them.
     expect(page.get_by_test_id("company-name")).to_have_text("Lantern Software")
     expect(page.get_by_test_id("company-rev")).to_have_text("revision 1")
@@ -209,6 +210,7 @@ def test_sign_in_refuses_a_wrong_token_and_every_text_is_escaped(make_node, page
     expect(page.get_by_test_id("signin-error")).to_contain_text("does not accept that token")
     expect(page.locator("main")).to_be_hidden()
     assert page.evaluate("localStorage.getItem('crewlet.token')") is None
+    assert page.evaluate("sessionStorage.getItem('crewlet.token')") is None
 
     # A stored token the node refuses (a 401 on the feed): back to the sign-in box.
     page.evaluate("localStorage.setItem('crewlet.token', 'stale')")
@@ -220,7 +222,8 @@ def test_sign_in_refuses_a_wrong_token_and_every_text_is_escaped(make_node, page
     page.get_by_test_id("signin-submit").click()
     expect(page.get_by_test_id("connection")).to_have_attribute("data-state", "live")
     expect(signin).to_be_hidden()
-    assert page.evaluate("localStorage.getItem('crewlet.token')") == token_of(node)
+    assert page.evaluate("sessionStorage.getItem('crewlet.token')") == token_of(node)
+    assert page.evaluate("localStorage.getItem('crewlet.token')") is None  # "keep me signed in" not ticked
     assert "token" not in page.url
 
     # Text from the API is shown as text: a task titled like markup stays a title.
@@ -430,3 +433,117 @@ def test_pending_approvals_are_approved_and_denied_from_the_page(make_node, page
         assert tasks_titled("order more chairs") == 0
     finally:
         http.close()
+
+
+# ------------------------------------------------------------------ browser hardening (issue 24 §2)
+
+# Every Content-Security-Policy violation the page sees, from the document's own event.
+CSP_WATCH = """
+window.__csp = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.__csp.push(`${e.effectiveDirective} blocked ${e.blockedURI || "inline"} at ${e.sourceFile}:${e.lineNumber}`);
+});
+"""
+
+
+def watch_csp(page) -> list[str]:
+    """The console's CSP complaints on *page* (the list fills as they come)."""
+    complaints: list[str] = []
+    page.on("console", lambda m: complaints.append(m.text)
+            if "Content Security Policy" in m.text or "Refused to" in m.text else None)
+    page.add_init_script(CSP_WATCH)
+    return complaints
+
+
+def no_csp_violation(page, complaints: list[str]) -> None:
+    seen = page.evaluate("window.__csp || []")
+    assert seen == [] and complaints == [], (seen, complaints)
+
+
+def test_hardened_dashboard_no_csp_violation_never_framed_token_per_tab(make_node, page):
+    """No inline script or style (the strict CSP holds on every panel, and on /docs
+    with swagger-ui from this origin); another site cannot frame the page; the
+    token lives in the tab unless "Keep me signed in" is ticked; signing out clears both."""
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    from playwright.sync_api import expect
+    complaints = watch_csp(page)
+    origin = base_url(node)
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+
+    # Signed in through the form, not kept: this tab's session storage only.
+    page.goto(dashboard(node))
+    expect(page.get_by_test_id("signin")).to_be_visible()
+    expect(page.get_by_test_id("signin-keep")).not_to_be_checked()
+    page.get_by_test_id("signin-token").fill(token_of(node))
+    page.get_by_test_id("signin-submit").click()
+    expect(page.get_by_test_id("connection")).to_have_attribute("data-state", "live")
+    assert page.evaluate("sessionStorage.getItem('crewlet.token')") == token_of(node)
+    assert page.evaluate("localStorage.getItem('crewlet.token')") is None
+    expect(page.locator("[data-testid^=seat-row-]")).to_have_count(30)
+    for tab in ("tasks", "pages", "files", "convs", "dlq"):
+        page.get_by_test_id(f"tab-{tab}").click()
+        expect(page.get_by_test_id(f"tab-{tab}")).to_have_attribute("aria-selected", "true")
+    page.get_by_test_id("seat-row-ceo").locator("button").first.click()
+    # A reload keeps the tab signed in; another tab is not.
+    page.reload()
+    expect(page.get_by_test_id("connection")).to_have_attribute("data-state", "live")
+    other = page.context.new_page()
+    other.goto(dashboard(node))
+    expect(other.get_by_test_id("signin")).to_be_visible()
+    expect(other.get_by_test_id("connection")).to_have_attribute("data-state", "signedout")
+    other.close()
+    no_csp_violation(page, complaints)
+    assert all(url.startswith(origin + "/") or url.startswith("data:") for url in requests), \
+        [u for u in requests if not u.startswith(origin)]
+
+    # Signed out: both stores empty. Kept ("Keep me signed in"): local storage, seen by a new tab.
+    page.get_by_test_id("sign-out").click()
+    expect(page.get_by_test_id("signin")).to_be_visible()
+    assert page.evaluate("[sessionStorage.getItem('crewlet.token'), localStorage.getItem('crewlet.token')]") \
+        == [None, None]
+    page.get_by_test_id("signin-token").fill(token_of(node))
+    page.get_by_test_id("signin-keep").check()
+    page.get_by_test_id("signin-submit").click()
+    expect(page.get_by_test_id("connection")).to_have_attribute("data-state", "live")
+    assert page.evaluate("localStorage.getItem('crewlet.token')") == token_of(node)
+    assert page.evaluate("sessionStorage.getItem('crewlet.token')") is None
+    other = page.context.new_page()
+    other.goto(dashboard(node))
+    expect(other.get_by_test_id("connection")).to_have_attribute("data-state", "live")
+    other.get_by_test_id("sign-out").click()
+    expect(other.get_by_test_id("signin")).to_be_visible()
+    assert other.evaluate("[sessionStorage.getItem('crewlet.token'), localStorage.getItem('crewlet.token')]") \
+        == [None, None]
+    other.close()
+    # The #token= fragment signs a tab in for the tab only, and replaces a kept token.
+    page.evaluate("localStorage.setItem('crewlet.token', 'an-older-one')")
+    other = page.context.new_page()
+    other.goto(dashboard(node) + "#token=" + token_of(node))
+    expect(other.get_by_test_id("connection")).to_have_attribute("data-state", "live")
+    assert "token" not in other.url
+    assert other.evaluate("[sessionStorage.getItem('crewlet.token'), localStorage.getItem('crewlet.token')]") \
+        == [token_of(node), None]
+    other.close()
+    no_csp_violation(page, complaints)
+
+    # Another site framing the dashboard (its approve, deny and requeue buttons): refused.
+    page.route("http://framer.test/", lambda route: route.fulfill(
+        status=200, content_type="text/html",
+        body=f'<!doctype html><p>a site</p>'
+             f'<iframe src="{dashboard(node)}" onload="window.__framed = true"></iframe>'))
+    page.goto("http://framer.test/")
+    page.wait_for_function("window.__framed === true", timeout=10_000)
+    child = page.frames[1]
+    assert not child.url.startswith(origin), child.url  # an error page in its place
+    assert page.frame_locator("iframe").locator("[data-testid=signin], [data-testid=summary]").count() == 0
+
+    # The API docs: swagger-ui from this origin, started by a script file, no violation.
+    complaints.clear()
+    requests.clear()
+    page.goto(origin + "/docs")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("crewlet")
+    expect(page.locator(".swagger-ui .opblock").first).to_be_visible()
+    no_csp_violation(page, complaints)
+    assert requests and all(url.startswith(origin + "/") or url.startswith("data:") for url in requests), \
+        [u for u in requests if not u.startswith(origin)]

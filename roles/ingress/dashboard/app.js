@@ -212,20 +212,28 @@
 
   let token = null;
 
+  // The token lives in this tab's sessionStorage (gone when the tab is), unless
+  // the person ticked "Keep me signed in": then in localStorage. Signing out,
+  // or a token the node refuses, clears both.
   function storedToken() {
-    try {
-      return localStorage.getItem(TOKEN_KEY);
-    } catch (e) {
-      return null;
+    for (const store of ["sessionStorage", "localStorage"]) {
+      try {
+        const value = window[store].getItem(TOKEN_KEY);
+        if (value) return value;
+      } catch (e) { /* storage refused (private mode): not kept */ }
     }
+    return null;
   }
 
-  function storeToken(value) {
+  function storeToken(value, keep) {
     token = value;
-    try {
-      if (value) localStorage.setItem(TOKEN_KEY, value);
-      else localStorage.removeItem(TOKEN_KEY);
-    } catch (e) { /* private mode: kept for this page only */ }
+    for (const store of ["sessionStorage", "localStorage"]) {
+      try {
+        const here = store === (keep ? "localStorage" : "sessionStorage");
+        if (value && here) window[store].setItem(TOKEN_KEY, value);
+        else window[store].removeItem(TOKEN_KEY);
+      } catch (e) { /* private mode: kept for this page only */ }
+    }
   }
 
   /** #token=... from the address, taken out of it at once; else the stored one. */
@@ -595,6 +603,7 @@
     error.hidden = !message;
     setText(error, message || "");
     $("signin-token").value = "";
+    $("signin-keep").checked = false;
     $("signin-token").focus();
   }
 
@@ -635,7 +644,7 @@
       button.disabled = false;
       setText(button, "Sign in");
     }
-    storeToken(value);
+    storeToken(value, $("signin-keep").checked);
     start();
   }
 
