@@ -137,8 +137,8 @@ async def notice(js, to: list[str], id: str, subject: str, body: str) -> None:
     """Put one of crewlet's own notices (to the operators, Tier A
     ``smtp.notices_to``); nothing when nobody is to be told. Used for a dead
     letter (crewlet/queue/jetstream.py) and a copy going out of service
-    (roles/data_applier/applier.py); an approval waiting (DESIGN §11, once
-    conversations exist) is to call it with the approval's id. Never raises: a
+    (roles/data_applier/applier.py) and a tool call waiting for a person's
+    decision (crewlet/conversations/turn.py, ``notice.approval.<approval id>``). Never raises: a
     notice that could not be put is logged (what it tells is logged anyway)."""
     if not to:
         return

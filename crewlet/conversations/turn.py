@@ -52,7 +52,7 @@ import re
 import time
 from typing import Any
 
-from crewlet import log
+from crewlet import log, outbox
 from crewlet.agent.providers import ProviderError
 from crewlet.agent.turn import AwaitingApproval, Fenced, Hooks, TurnRecord, run_rounds
 from crewlet.agent.types import Message, ToolCall
@@ -161,7 +161,8 @@ class RunTurn(Hooks):
     """
 
     def __init__(self, *, estate, js, nc, node: str, seat: Seat, token: int, conversation: str, run: str,
-                 event_ttl: float, approval_ttl: float, redo: bool = False, floor: int = 0, pin=None):
+                 event_ttl: float, approval_ttl: float, redo: bool = False, floor: int = 0, pin=None,
+                 notices_to: list[str] | tuple[str, ...] = ()):
         self.estate = estate
         self.js = js
         self.nc = nc
@@ -171,6 +172,8 @@ class RunTurn(Hooks):
         self.conversation = conversation
         self.run = run
         self.approval_ttl = approval_ttl
+        # Who is told by email that a call waits for a decision (Tier A smtp.notices_to).
+        self.notices_to = list(notices_to)
         self.floor = floor
         # await pin(rev, seat) -> (seat, provider) as the run's pinned company
         # revision has them, or None: the revision in force (the seats role's).
@@ -370,6 +373,17 @@ class RunTurn(Hooks):
                                   id=f"{self.run}:approval:{ident}")
         await self.events.publish({"type": runs.COMPLETED, "awaiting_approval": ident})
         log.event("run_awaits_approval", seat=self.seat.name, run=self.run, approval=ident, tool=call.name)
+        # The operators are told (its id is the approval's: a redone turn's is
+        # the same notice, sent once); what it shows was scrubbed of secrets.
+        args = json.dumps(call.args, ensure_ascii=False, indent=2, sort_keys=True)
+        await outbox.notice(
+            self.js, self.notices_to, f"notice.approval.{ident}",
+            f"{self.seat.name} waits for a decision: {call.name}",
+            f"Seat {self.seat.name} asks to call {call.name} in conversation {self.conversation} "
+            f"(run {self.run}) with:\n\n{args}\n\nApprove or deny it on the dashboard's approvals, or "
+            f"POST /v1/approvals/{ident} {{\"decision\": \"approve\" | \"deny\", \"note\": \"...\"}}. "
+            f"Undecided, it is denied as expired at "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(time.time() + self.approval_ttl))}.")
 
     async def _end(self, status: str, error: str | None, reply: str | None = None) -> None:
         args: dict[str, Any] = {"id": self.run, "status": status, "node": self.node}

@@ -9,8 +9,11 @@
   key's subject with ``Nats-Expected-Last-Subject-Sequence`` and ``Nats-TTL``.
 * **release** — delete with the same compare-and-set, so we never delete a
   successor's claim.
-* **current** — is this token still the key's? The one check every turn and
-  every write makes before its side effects.
+* **current** — is this token still the key's? A read of the key: what a
+  duty (the scheduler) and a conversation's driver ask before their side
+  effects. A seat's turns ask their process's own view instead (the holders
+  watch and the life lease's clock), and the estate's copies check every
+  write's token against the seat's fence.
 
 A lapsed lease is gone for everybody: the server removes the key when its TTL
 runs out and leaves a limit marker (watchers see a PURGE). nats-py 2.16 reads

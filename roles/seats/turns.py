@@ -1064,7 +1064,8 @@ class SeatWork:
         return RunTurn(estate=engine.estate, js=engine.js, nc=engine.nc, node=engine.node, seat=seat_cfg,
                        token=self.token, conversation=conversation, run=run, event_ttl=engine.run_event_ttl,
                        approval_ttl=engine.approval_ttl, redo=delivery.deliveries > 1,
-                       floor=int(floor) if floor.isdigit() and len(floor) < 20 else 0, pin=engine.pinned)
+                       floor=int(floor) if floor.isdigit() and len(floor) < 20 else 0, pin=engine.pinned,
+                       notices_to=getattr(engine.mailboxes, "notices_to", ()))
 
     def _seat_cfg(self):
         return self.engine.seat_cfgs.get(self.seat)

@@ -23,6 +23,7 @@ import pytest
 from crewlet import tokens
 from tests.conftest import Nodes, wait_for
 from tests.seats import held
+from tests.smtp import ID_HEADER, SmtpServer
 
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
 RUNNER = 2  # sessions.runner_concurrency
@@ -100,10 +101,20 @@ def _blocks(lines):
 
 
 @pytest.fixture(scope="module")
-def api():
+def smtpd():
+    """Where the node's notices go (a waiting approval's among them)."""
+    server = SmtpServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def api(smtpd):
     made = Nodes()
     try:
-        node = made(fleet=FAST, sessions={"sweep": 0.5, "runner_concurrency": RUNNER}, approvals={"ttl": 60})
+        node = made(fleet=FAST, sessions={"sweep": 0.5, "runner_concurrency": RUNNER}, approvals={"ttl": 60},
+                    smtp={"host": "127.0.0.1", "port": smtpd.port, "tls": "none",
+                          "notices_to": ["ops@example.com"]})
         path = os.path.join(node.dir, "company.yaml")
         with open(path, "w") as f:
             f.write(COMPANY)
@@ -306,13 +317,21 @@ def test_cancel_is_idempotent_and_works_on_a_run_streamed_elsewhere(api):
     assert api.ok("POST", f"/v1/conversations/{conv}/runs/{run}/cancel", 202)["status"] == "interrupted"
 
 
-def test_an_approved_call_runs_once_as_recorded_and_a_denied_one_is_told(api):
+def test_an_approved_call_runs_once_as_recorded_and_a_denied_one_is_told(api, smtpd):
     conv = api.conversation("clerk")
     title = f"approved {uuid.uuid4().hex[:8]}"
     r, events = api.stream(f"/v1/conversations/{conv}/runs", {"input": f"create a task {title}", "stream": True})
     kinds = [e[1] for e in events]
     assert kinds[-2:] == ["approval.requested", "run.completed"]
     approval = events[-2][2]["approval"]
+    # The operators are told by email: the seat, the tool, its exact arguments, how to decide.
+    notice = wait_for(lambda: next((m for m in list(smtpd.messages)
+                                    if m[ID_HEADER] == f"notice.approval.{approval}"), None), 30,
+                      interval=0.1, what="the approval's notice sent")
+    assert notice["Subject"] == "clerk waits for a decision: task_create" and notice["To"] == "ops@example.com"
+    text = notice.get_payload(decode=True).decode() if not notice.is_multipart() else \
+        notice.get_payload(0).get_payload(decode=True).decode()
+    assert title in text and f"/v1/approvals/{approval}" in text, text
     assert events[-2][2]["args"] == {"title": title} and tasks_titled(api, title) == 0
     assert api.ok("GET", f"/v1/conversations/{conv}")["conversation"]["status"] == "awaiting_approval"
     pending = api.ok("GET", "/v1/approvals", params={"status": "pending"})["items"]
