@@ -196,8 +196,11 @@ else:  # PyYAML built without libyaml: the pure-Python loader does it all
     _FastLoader = None
 
 
-def _too_big(limit: int) -> str:
-    return f"too big: over the limit of {limit} bytes ({limit / 2**20:g} MiB) a config file may have"
+def _too_big(limit: int, what: str = "a config file") -> str:
+    """The refusal of a file over *limit*: the limit, and whose it is (Tier A's
+    ``YAML_MAX_BYTES``, 2 MiB; a company file's own, crewlet.company.load.FILE_MAX)."""
+    name = "YAML_MAX_BYTES" if limit == YAML_MAX_BYTES else "FILE_MAX, twice a company revision's REVISION_MAX"
+    return f"too big: over the limit of {limit} bytes ({limit / 2**20:g} MiB: {name}) {what} may have"
 
 
 def read_text(path: str, what: str = "a config file", limit: int = YAML_MAX_BYTES) -> str:
@@ -214,7 +217,7 @@ def read_text(path: str, what: str = "a config file", limit: int = YAML_MAX_BYTE
     except OSError as e:
         raise ConfigError(path, None, f"cannot read: {e.strerror or e}") from None
     if len(raw) > limit:
-        raise ConfigError(path, None, _too_big(limit))
+        raise ConfigError(path, None, _too_big(limit, what))
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -281,7 +284,8 @@ def parse_yaml(text: str, source: str, limit: int = YAML_MAX_BYTES) -> object:
     ``YAML_MAX_BYTES`` (a big company), which that would take ~1 s a MB to
     parse again: libyaml's words are given."""
     if len(text) > limit:  # characters: at least as many bytes
-        raise ConfigError(source, None, _too_big(limit))
+        raise ConfigError(source, None, _too_big(limit, "a config file" if limit == YAML_MAX_BYTES
+                                                 else "a company file"))
     # A character PyYAML's reader refuses (libyaml's may not): its words, as before.
     if _FastLoader is not None and not yaml.reader.Reader.NON_PRINTABLE.search(text):
         try:

@@ -79,9 +79,12 @@ from crewlet.estate.store import (APPLIED, Store, fenced_key, join, key_seq, pac
 #      each id, so not even a resend lands — where a newer one keeps the rows
 #   5  files' bytes: file.register's ``object`` (its own project's only),
 #      file.delete (an older applier refused both as bad ops)
+#   6  file paths in one form, as page paths are (issue 24): no empty, '.'
+#      or '..' segment, none starting with '.', no '\', control or bidi
+#      character (an older applier kept "../../etc/passwd" as given)
 # A copy applied under rules *newer* than these was written by a newer
 # crewlet: it is refused, never emptied (the applier says so).
-RULES = 5
+RULES = 6
 
 # What a refusal is, when a writer must tell one from another (the API's
 # status and problem code): kept in the outcome as ``code``. Refusals of the

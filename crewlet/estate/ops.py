@@ -58,6 +58,7 @@ import hashlib
 import math
 import re
 import time
+import unicodedata
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -78,13 +79,40 @@ OP_ID = re.compile(rf"^[\x21-\x7e]{{1,{OP_ID_MAX}}}$")
 # which of two spellings is "the" page, on any copy or in any URL. (No
 # lookahead, so the ingress's Rust-regex Path pattern takes it as it is; the
 # length is PAGE_PATH_MAX, checked beside it.)
-PAGE_PATH = r"^[a-z0-9][a-z0-9_.-]*(?:/[a-z0-9][a-z0-9_.-]*)*$"
+#
+# File paths are held to the same rule, with a wider alphabet (a file keeps
+# the name a person gave it: upper case, spaces, "résumé.pdf", "<b>.txt"):
+# segments joined by single '/', none empty and none starting with '.' (so
+# no ".", "..", ".hidden") or a space, none holding a '\' (a folder separator
+# elsewhere), a control character (C0, DEL, C1: NUL, a line break) or a
+# bidi control (U+061C, U+200E/F, U+202A-E, U+2066-9, and the line and
+# paragraph separators U+2028/9: a right-to-left override makes
+# "txt.exe" read "exe.txt"); at most FILE_PATH_MAX characters. One
+# template makes both patterns (path_pattern), one function says what is
+# wrong with a path (path_problem); the patterns are ECMAScript, Python and
+# Rust regex alike (\xNN and \uNNNN escapes, no lookaround).
+
+
+def path_pattern(first: str, rest: str) -> str:
+    """The pattern of a path of '/'-joined segments, each one *first*
+    character then any number of *rest*."""
+    return rf"^{first}{rest}*(?:/{first}{rest}*)*$"
+
+
+PAGE_PATH = path_pattern("[a-z0-9]", "[a-z0-9_.-]")
 PAGE_PATH_MAX = 200
 _PAGE_PATH = re.compile(PAGE_PATH)
+# Control and bidi characters, as a character class's body.
+UNSAFE_CHARS = r"\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+_UNSAFE = re.compile(f"[{UNSAFE_CHARS}]")
+FILE_PATH = path_pattern(rf"[^./\\ {UNSAFE_CHARS}]", rf"[^/\\{UNSAFE_CHARS}]")
+_FILE_PATH = re.compile(FILE_PATH)
 SEAT_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 _SEAT = re.compile(SEAT_NAME)
 PROJECT = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 FILE_PATH_MAX = 300
+FILE_PATH_RULE = ("a file path is segments joined by single '/', none empty or starting with '.' or "
+                  f"a space, without '\\', control or bidi characters, at most {FILE_PATH_MAX} characters")
 # A file's bytes in the store: files/<project>/<32 hex>, one object per upload.
 OBJECT = r"^files/[A-Za-z0-9][A-Za-z0-9_.-]{0,99}/[0-9a-f]{32}$"
 OBJECT_MAX = 140
@@ -192,6 +220,7 @@ _REV = {"type": "integer", "minimum": 1, "maximum": INT_MAX}
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": LIST_MAX}
 _TASK = _str(pattern=TASK_ID)
 _PATH = _str(1, PAGE_PATH_MAX, pattern=PAGE_PATH)
+_FILE = _str(1, FILE_PATH_MAX, pattern=FILE_PATH)
 _ROW = _str(1, ROW_ID_MAX, pattern=ROW_ID)
 _NODE_NAME = _str(1, NODE_MAX, pattern=NODE_PATTERN)
 _AT = {"type": "number", "minimum": 0, "maximum": AT_MAX}
@@ -218,12 +247,12 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     # A file's row; ``object`` names its bytes in the file store (crewlet.objects.files),
     # absent for a file recorded without them.
     Kind("file.register", "files", "move_on", _obj(
-        ("project", "path", "size", "sha256"), project=_str(pattern=PROJECT), path=_str(1, FILE_PATH_MAX),
+        ("project", "path", "size", "sha256"), project=_str(pattern=PROJECT), path=_FILE,
         size={"type": "integer", "minimum": 0, "maximum": INT_MAX}, sha256=_str(64, 64, pattern=r"^[0-9a-f]{64}$"),
         content_type=_str(1, 200), object=_str(1, OBJECT_MAX, pattern=OBJECT))),
     # The row goes; its bytes are the collector's once no row names them.
     Kind("file.delete", "files", "once", _obj(
-        ("project", "path"), project=_str(pattern=PROJECT), path=_str(1, FILE_PATH_MAX), expect_version=_REV)),
+        ("project", "path"), project=_str(pattern=PROJECT), path=_FILE, expect_version=_REV)),
     Kind("turn.record", "turns", "move_on", _obj(("record",), record={"type": "object"})),
     Kind("episode.add", "seat", "move_on", _obj(
         ("seat", "summary"), seat=_NAME, summary=_str(1, TASK_BODY_MAX), trigger=_str(1, 300),
@@ -291,10 +320,10 @@ QUERIES: dict[str, dict[str, Any]] = {
     "page.list": _obj(prefix=_str(0, 200), limit=_LIMIT, after=_PATH),
     "page.search": _obj(("query",), query=_str(1, 500),
                         limit={"type": "integer", "minimum": 1, "maximum": SEARCH_MAX}),
-    "file.get": _obj(("project", "path"), project=_str(pattern=PROJECT), path=_str(1, FILE_PATH_MAX)),
+    "file.get": _obj(("project", "path"), project=_str(pattern=PROJECT), path=_FILE),
     "file.list": _obj(project=_str(pattern=PROJECT), limit=_LIMIT,
                       after=_obj(("project", "path"), project=_str(pattern=PROJECT),
-                                 path=_str(1, FILE_PATH_MAX))),
+                                 path=_FILE)),
     # before: only records below that log seq (the next page); since: only turns started at or after
     "turn.list": _obj(seat=_NAME, limit=_LIMIT, before={"type": "integer", "minimum": 1},
                       since={"type": "number", "minimum": 0}),
@@ -402,6 +431,11 @@ class Op:
         problem = _plain(self.args, "args", FREE_DEPTH + 1)
         if problem:
             raise OpError(f"{self.kind}: {problem}")
+        if KINDS[self.kind].area == "files" and "path" in self.args:
+            # Said in words before the schema's pattern would be.
+            problem = path_problem(self.args["path"])
+            if problem:
+                raise OpError(f"{self.kind}: {problem}")
         problem = _problem(_kind_check(self.kind), self.args, self.kind)
         if problem:
             raise OpError(problem)
@@ -533,6 +567,42 @@ def _plain(value: Any, where: str, depth: int) -> str | None:
     return f"{where}: {type(value).__name__} is not a plain value"
 
 
+def path_problem(path: Any, *, page: bool = False) -> str | None:
+    """What is wrong with *path* as a file's path (*page*: a page's), in
+    words (None: nothing); the rule is the pattern's (:data:`FILE_PATH`,
+    :data:`PAGE_PATH`), the words are for the person who sent it."""
+    limit, pattern = (PAGE_PATH_MAX, _PAGE_PATH) if page else (FILE_PATH_MAX, _FILE_PATH)
+    if not isinstance(path, str):
+        return f"path must be a string, got {type(path).__name__}"
+    if not path:
+        return "path is empty"
+    if len(path) > limit:
+        return f"path is {len(path)} characters, more than {limit}"
+    if pattern.match(path):
+        return None
+    unsafe = _UNSAFE.search(path)
+    segments = path.split("/")
+    if unsafe:
+        kind = {"Cc": "a control character", "Zl": "a line separator", "Zp": "a paragraph separator"}.get(
+            unicodedata.category(unsafe.group()), "a bidi control")
+        why = f"{kind} (U+{ord(unsafe.group()):04X})"
+    elif "" in segments:
+        why = "an empty segment ('//', or '/' at its start or end)"
+    elif any(s in (".", "..") for s in segments):
+        why = "a '.' or '..' segment"
+    elif any(s.startswith(".") for s in segments):
+        why = "a segment starting with '.'"
+    elif page:
+        why = "a character other than a-z, 0-9, '_', '.', '-', or a segment not starting with one of a-z, 0-9"
+    elif "\\" in path:
+        why = "a '\\'"
+    else:
+        why = "a segment starting with a space"
+    rule = ("a page path is segments of a-z, 0-9, '_', '.', '-', each starting with a letter or digit, "
+            "joined by single '/'") if page else FILE_PATH_RULE
+    return f"path {_show(path)} has {why}: {rule}"
+
+
 def op_id(*parts: str) -> str:
     """A stable op id from *parts* (``seat``, ``kind``, ``call key``…), joined
     by ``:``; past :data:`OP_ID_MAX`, everything after the first part is
@@ -561,6 +631,12 @@ def check_query(name: str, args: Any) -> None:
     problem = _plain(args, "args", FREE_DEPTH) if isinstance(args, dict) else None
     if problem:
         raise OpError(f"{name}: {problem}")
+    if name in ("file.get", "file.list") and isinstance(args, dict):
+        path = args.get("path") if name == "file.get" else (args.get("after") or {}).get("path") \
+            if isinstance(args.get("after"), dict) else None
+        problem = path_problem(path) if path is not None else None
+        if problem:
+            raise OpError(f"{name}: {problem}")
     problem = _problem(_query_check(name), args, name)
     if problem:
         raise OpError(problem)

@@ -110,6 +110,9 @@ def _opaque(case) -> str | None:
         return "invalid_company"
     if isinstance(case.query, dict) and case.query.get("cursor"):
         return "bad_cursor"
+    # Generated keys repeat ("0") with other bodies: the key reused, refused (issue 24).
+    if any(k.lower() == "idempotency-key" for k in (case.headers or {})):
+        return "idempotency_key_reused"
     return None
 
 

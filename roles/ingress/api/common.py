@@ -10,12 +10,19 @@ documentation only (``json_schema_extra``), not a check that would answer
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
-from typing import Any, Awaitable, TypeVar
+import time
+import uuid
+from typing import Any, AsyncIterator, Awaitable, TypeVar
 
-from fastapi import Header, Query
+from fastapi import Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from nats.js.errors import APIError
 
+from crewlet import bus
+from crewlet.coord import buckets
 from crewlet.estate.ops import OpError
 from crewlet.estate.router import BadRequest, NobodyAnswered, OutcomeUnknown
 from roles.ingress.problems import Problem
@@ -82,14 +89,139 @@ def seq_at(position: dict[str, Any], key: str, low: int = 1, high: int = SEQ_MAX
     return value
 
 
-async def idempotency_key(key: str | None = Header(None, alias="Idempotency-Key",
-                                                   description="Makes a retry of this write land once: "
-                                                               "1-100 of A-Z, a-z, 0-9, '_', '-'",
-                                                   json_schema_extra={"pattern": KEY_RE.pattern})) -> str | None:
+_KEY_HEADER = Header(None, alias="Idempotency-Key",
+                     description="Makes a retry of this write land once: 1-100 of A-Z, a-z, 0-9, '_', '-'. "
+                                 "The same key with another request (method, path, query, body) is a 422 "
+                                 "`idempotency_key_reused`",
+                     json_schema_extra={"pattern": KEY_RE.pattern})
+
+
+async def idempotency_key_only(key: str | None = _KEY_HEADER) -> str | None:
+    """The Idempotency-Key, checked for its form only: for a route that
+    claims it itself, once it knows its request's digest (a file's upload:
+    its bytes' sha256, :func:`claim_key`)."""
     if key is not None and not KEY_RE.match(key):
         raise Problem(400, "bad_idempotency_key", "Idempotency-Key must be 1-100 of A-Z, a-z, 0-9, "
                                                   "'_' or '-'")
     return key
+
+
+async def idempotency_key(request: Request, key: str | None = _KEY_HEADER) -> AsyncIterator[str | None]:
+    """The Idempotency-Key, claimed for this request (:func:`claim_key`): a
+    key that came first with another body is a 422 ``idempotency_key_reused``.
+    FastAPI reads a JSON route's body before its dependencies run, so the
+    body here is the one the route gets. A claim this request made is let go
+    again when the request is refused before anything was written (its body
+    not valid: a 422, a 400, a 413), so the corrected request may take it."""
+    key = await idempotency_key_only(key)
+    if key is None:
+        yield None
+        return
+    made = await claim_key(request, key, body_digest(await request.body()))
+    try:
+        yield key
+    except (RequestValidationError, Problem) as exc:
+        if made and (not isinstance(exc, Problem) or exc.status in (400, 413, 422)):
+            await _let_go(request, key)
+        raise
+
+
+# Where a key's claim is kept: the claims bucket (a week, as webhook deliveries
+# are), under a prefix no integration name (a-z, 0-9 first) nor outbox. takes.
+IDEMPOTENCY_PREFIX = "Idem."
+# Seconds a claim is sent again through a leader election before a 503.
+CLAIM_PATIENCE = 10.0
+
+
+def _claim_name(request: Request, key: str) -> str:
+    """The claims bucket key of *key* on this request's route: a key names one
+    write of one method and path (the same key on another path is another
+    write, as its op id says: ops.op_id("api", kind, target, key))."""
+    scope = f"{request.method} {request.url.path}\0{key}"
+    return IDEMPOTENCY_PREFIX + hashlib.sha256(scope.encode()).hexdigest()[:48]
+
+
+# Members of a JSON body that shape the answer, not the write: how long to wait
+# for the turn (mail), whether to stream the run's events (a run). A retry may
+# change them and is still the same write.
+ANSWER_ONLY = ("wait", "stream")
+
+
+def body_digest(raw: bytes) -> str:
+    """The sha256 of a request body as a write: a JSON object canonical (its
+    members sorted, no spacing) and without :data:`ANSWER_ONLY`; any other
+    body as its bytes."""
+    try:
+        doc = json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict):
+        doc = {k: v for k, v in doc.items() if k not in ANSWER_ONLY}
+        raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return hashlib.sha256(raw).hexdigest()
+
+
+def request_digest(request: Request, body_digest: str) -> str:
+    """What a retry must match: the method, the path, the query and the body
+    (by its sha256, *body_digest*)."""
+    whole = "\0".join((request.method, request.url.path, request.url.query, body_digest))
+    return hashlib.sha256(whole.encode()).hexdigest()
+
+
+async def claim_key(request: Request, key: str, body_digest: str) -> bool:
+    """Claim *key* for this request, fleet-wide: True if this call made the
+    claim, False if the same request made it before (a retry: the write's
+    own op id answers it with the first outcome). A claim made by another
+    request (another body, query or path: Stripe's rule) is a 422
+    ``idempotency_key_reused`` naming the key: the second write would
+    otherwise be answered with the first one's result and dropped unseen.
+    The claims bucket not answering is a 503 (nothing was written)."""
+    f = request.app.state.front
+    name, digest = _claim_name(request, key), request_digest(request, body_digest)
+    value = json.dumps({"digest": digest, "node": f.node_id, "at": time.time()}).encode()
+    deadline = time.monotonic() + CLAIM_PATIENCE
+    last, data = 0, None
+    try:
+        # A create: the key must not be there, or be there deleted (a claim
+        # let go) at the sequence last read. Three goes: a claim let go and
+        # taken again in between is rare; past that it is held.
+        for _ in range(3):
+            try:
+                await bus.publish_until(f.js, bus.kv_subject(f.js, buckets.CLAIMS.name) + name, value,
+                                        msg_id=f"idem:{uuid.uuid4().hex}", deadline=deadline,
+                                        headers={bus.EXPECTED_LAST: str(last)})
+                return True
+            except APIError as exc:
+                if exc.err_code not in bus.WRONG_LAST_SEQUENCE:
+                    raise
+            last, data = await buckets.last(f.js, buckets.CLAIMS.name, name, leader=True)
+            if data is not None:
+                break
+    except Exception as exc:  # the broker unanswered: nothing written yet
+        raise Problem(503, "idempotency_unavailable", f"the Idempotency-Key could not be checked "
+                                                      f"({type(exc).__name__}); send the request again",
+                      headers={"Retry-After": "5"}) from None
+    try:
+        first = json.loads(data or b"{}").get("digest")
+    except (ValueError, AttributeError):
+        first = None
+    if first is not None and first != digest:
+        raise Problem(422, "idempotency_key_reused",
+                      f"Idempotency-Key {key} was used with another request to {request.method} "
+                      f"{request.url.path}: a retry must send the same request; use a new key for "
+                      "another write", key=key)
+    return False
+
+
+async def _let_go(request: Request, key: str) -> None:
+    """Remove this request's claim of *key* (best effort: a claim left holds
+    the key to that request, as one that was written would)."""
+    f = request.app.state.front
+    try:
+        kv = await f.js.key_value(buckets.CLAIMS.name)
+        await kv.delete(_claim_name(request, key))
+    except Exception:
+        pass
 
 
 async def estate(call: Awaitable[T]) -> T:

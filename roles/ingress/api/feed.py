@@ -10,7 +10,9 @@ back with an id this feed still holds, then each change as it is seen.
 * WebSocket: a browser cannot set headers on one, so the token may instead
   be the first message, ``{"token": "...", "last_event_id": "..."}``, within
   :data:`WS_AUTH_WAIT` seconds; each event is then one JSON message
-  ``{"id", "event", "data"}``. A refused token closes with code 4401.
+  ``{"id", "event", "data"}``. A refused token closes with code 4401. A
+  client that leaves, before its token or after, is a departure: nothing is
+  logged as an error.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 
 from fastapi import APIRouter, Depends, Header, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
+from starlette.websockets import WebSocketState
 
 from crewlet.tokens import Keyring
 from roles.ingress.auth import READ
@@ -78,11 +81,30 @@ async def events(request: Request, last_event_id: str | None = Header(None, alia
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
+# What a WebSocket whose client has gone raises when it is written to: Starlette's
+# disconnect, the server's own (an OSError), or a send after the close (RuntimeError).
+GONE = (WebSocketDisconnect, OSError, RuntimeError)
+
+
+async def _close(socket: WebSocket, code: int, reason: str) -> None:
+    """Close *socket*, unless its client went first: a departure is not an
+    error (it once logged ``Exception in ASGI application`` at error level)."""
+    if socket.client_state != WebSocketState.CONNECTED:
+        return
+    try:
+        await socket.close(code, reason)
+    except GONE:
+        pass
+
+
 @router.websocket("/ws")
 async def ws(socket: WebSocket) -> None:
     f = socket.app.state.front
     ring: Keyring = socket.app.state.keyring
-    await socket.accept()
+    try:
+        await socket.accept()
+    except GONE:
+        return  # gone during the handshake
     header = socket.headers.get("authorization") or ""
     token = header[7:].strip() if header.lower().startswith("bearer ") else None
     last_id = None
@@ -90,11 +112,13 @@ async def ws(socket: WebSocket) -> None:
         try:
             first = json.loads(await asyncio.wait_for(socket.receive_text(), WS_AUTH_WAIT))
             token, last_id = first.get("token"), first.get("last_event_id")
-        except (asyncio.TimeoutError, ValueError, AttributeError, WebSocketDisconnect):
+        except GONE:
+            return  # the client left before it authenticated: nothing to answer
+        except (asyncio.TimeoutError, ValueError, AttributeError):
             token = None
     grant = ring.check(token) if isinstance(token, str) else None
     if grant is None or "read" not in grant.scopes:
-        await socket.close(WS_REFUSED, "unauthorized: send {\"token\": ...} first, or Authorization")
+        await _close(socket, WS_REFUSED, "unauthorized: send {\"token\": ...} first, or Authorization")
         return
     feed = f.projection.feed
     sub = feed.subscribe(last_id if isinstance(last_id, str) else None)
@@ -111,13 +135,13 @@ async def ws(socket: WebSocket) -> None:
                     return
                 event = getting.result()
                 if event is None:
-                    await socket.close(1013, "fell behind: reconnect with the last id")
+                    await _close(socket, 1013, "fell behind: reconnect with the last id")
                     return
                 await socket.send_json(event.message())
         finally:
             receiving.cancel()
-    except WebSocketDisconnect:
-        pass
+    except GONE:
+        pass  # the client went: a departure, not an error
     finally:
         feed.unsubscribe(sub)
 

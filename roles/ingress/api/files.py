@@ -12,9 +12,12 @@ estate's (roles/ingress/api/estate.py). Here:
             ``Content-Length`` before a byte is read or once a chunked body
             passes the limit, and nothing is stored. An ``Idempotency-Key``
             makes a retried upload register once (the retry's bytes are left
-            to the collector).
+            to the collector); the same key with other bytes or another
+            Content-Type is a 422 ``idempotency_key_reused``. The path is
+            held to the estate's rule (ops.FILE_PATH): a 422 otherwise.
 ``GET``     streams the bytes back: the row's ``Content-Type``, ``Content-Length``,
-            ``ETag`` (the sha256, quoted), ``Content-Disposition: attachment``.
+            ``ETag`` (the sha256, quoted), ``Content-Disposition: attachment``
+            (a safe ASCII ``filename`` and the UTF-8 ``filename*``).
             ``HEAD`` answers the same headers without opening the bytes.
 ``DELETE``  removes the row (``file.delete``; ``expect_version`` guards a race);
             the bytes are the collector's once no row names them.
@@ -37,7 +40,8 @@ from starlette.requests import ClientDisconnect
 from crewlet.estate import ops
 from crewlet.objects.base import NotFound, ObjectReader, ObjectStore, ObjectStoreError, TooLarge, Unavailable
 from crewlet.objects.files import open_file, row_refused, store_of, upload
-from roles.ingress.api.common import INT_MAX, WRITE_WAIT, estate, idempotency_key, read
+from roles.ingress.api.common import (INT_MAX, WRITE_WAIT, claim_key, estate, idempotency_key,
+                                      idempotency_key_only, read)
 from roles.ingress.api.estate import File
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import Front, front
@@ -55,9 +59,12 @@ RETRY_AFTER = "5"
 
 Project = Path(pattern=ops.PROJECT, description="The project: 1-100 of A-Z, a-z, 0-9, '_', '.', '-', "
                                                 "starting with a letter or digit")
+# The path's rule is ops.FILE_PATH, the one the estate holds every file row to
+# (the same as a page path's, with a wider alphabet): documented here, checked
+# by _path so a refusal says what is wrong in words (422 invalid).
 FilePath = Path(min_length=1, max_length=ops.FILE_PATH_MAX,
-                description=f"The file's path in its project (1-{ops.FILE_PATH_MAX} characters; '/' "
-                            "separates folders)")
+                description=f"The file's path in its project: {ops.FILE_PATH_RULE}",
+                json_schema_extra={"pattern": ops.FILE_PATH})
 
 _BYTES = {"schema": {"type": "string", "format": "binary"}}
 _UPLOAD = {"requestBody": {
@@ -130,11 +137,28 @@ async def _row(f: Front, project: str, path: str) -> dict[str, Any]:
     return row
 
 
+def _path(path: str) -> str:
+    """*path*, or 422 naming what is wrong with it (the estate's rule)."""
+    why = ops.path_problem(path)
+    if why is not None:
+        raise Problem(422, "invalid", why)
+    return path
+
+
+# What no downloaded name keeps: control and bidi characters (a right-to-left
+# override turns "gpj.exe" into what reads "exe.jpg"), and the path separators.
+_UNSAFE_NAME = re.compile(f"[{ops.UNSAFE_CHARS}/\\\\]")
+
+
 def _disposition(path: str) -> str:
-    """``attachment`` named by the path's last segment: an ASCII fallback and the
-    UTF-8 name (RFC 6266, RFC 8187)."""
-    name = path.rstrip("/").rsplit("/", 1)[-1] or "file"
-    fallback = re.sub(r'[^\x20-\x7e]|["\\]', "_", name)
+    """``attachment`` named by the path's last segment (RFC 6266): an ASCII
+    fallback ``filename=`` — control, bidi and separator characters dropped,
+    anything else outside printable ASCII, a quote or a '%' made '_' — and
+    the UTF-8 name ``filename*=`` (RFC 8187), also without control and bidi
+    characters. A row's path holds none of them (ops.FILE_PATH); this holds
+    for any row whatever it holds."""
+    name = _UNSAFE_NAME.sub("", path.rsplit("/", 1)[-1]).strip(" .") or "file"
+    fallback = re.sub(r'[^\x20-\x7e]|["\\%]', "_", name)
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
@@ -168,8 +192,9 @@ async def _streamed(reader: ObjectReader) -> AsyncIterator[bytes]:
             responses={**responses(400, 401, 403, 404, 409, 413, 422, 503, 507),
                        201: {"model": File, "description": "Created: the path had no file"}})
 async def put_file(request: Request, response: Response, project: str = Project, path: str = FilePath,
-                   _=Depends(WRITE), key: str | None = Depends(idempotency_key)) -> File:
+                   _=Depends(WRITE), key: str | None = Depends(idempotency_key_only)) -> File:
     f = front(request)
+    _path(path)
     limit = f.cfg.files.max_bytes
     length = request.headers.get("content-length")
     if length is not None:
@@ -185,6 +210,8 @@ async def put_file(request: Request, response: Response, project: str = Project,
         f.need_space("the file was not stored")
 
     async def register(args: dict[str, Any]) -> dict[str, Any]:
+        if key is not None:  # the key held to these bytes and this type (422 if it came with others)
+            await claim_key(request, key, f"{args['sha256']}\0{content_type or ''}")
         return (await _write(f, "file.register", args, key)).get("file") or {}
 
     try:
@@ -207,7 +234,7 @@ async def put_file(request: Request, response: Response, project: str = Project,
 async def get_file(request: Request, project: str = Project, path: str = FilePath,
                    _=Depends(READ)) -> StreamingResponse:
     f = front(request)
-    row = await _row(f, project, path)
+    row = await _row(f, project, _path(path))
     try:
         reader = await open_file(_store(request, f), row)
     except NotFound:
@@ -222,7 +249,7 @@ async def get_file(request: Request, project: str = Project, path: str = FilePat
 @router.head("/files/{project}/{path:path}", include_in_schema=False)
 async def head_file(request: Request, project: str = Project, path: str = FilePath,
                     _=Depends(READ)) -> Response:
-    row = await _row(front(request), project, path)
+    row = await _row(front(request), project, _path(path))
     size = row.get("size") if isinstance(row.get("size"), int) else 0
     return Response(media_type=_media_type(row), headers=_headers(row, size))
 
@@ -235,7 +262,7 @@ async def delete_file(request: Request, project: str = Project, path: str = File
                                                          description="Refused (409) unless the file is "
                                                                      "at this version"),
                       _=Depends(WRITE), key: str | None = Depends(idempotency_key)) -> Response:
-    args: dict[str, Any] = {"project": project, "path": path}
+    args: dict[str, Any] = {"project": project, "path": _path(path)}
     if expect_version is not None:
         args["expect_version"] = expect_version
     await _write(front(request), "file.delete", args, key)
