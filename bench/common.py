@@ -17,7 +17,10 @@ run (DESIGN §8); most baselines are bare nats-py on a bare ``nats-server
   of anything it left behind); :func:`child_env` — the environment a python
   child of a bench gets (this checkout first on its path);
 * :class:`CpuMeter` — CPU % of some processes over a window (100 % = one core),
-  from their CPU times, so a window may span awaits.
+  from their CPU times, so a window may span awaits;
+* :func:`add_smoke` — a bench's ``--smoke``: tiny sizes that run every part of it
+  once in seconds (``tests/integration/test_benches.py`` runs each), so a bench
+  whose code rotted fails; its figures mean nothing.
 
 ``bench/leases.py`` predates it and keeps its own nats-server class.
 """
@@ -35,12 +38,15 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import psutil
 
 from crewlet import ipc
 from crewlet.credentials import client_url as credentials_url
+
+if TYPE_CHECKING:
+    import argparse
 
 # This checkout: a child python (crewletd among them) imports crewlet from here.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -453,3 +459,17 @@ def emit(report: dict[str, Any], as_json: bool, print_text: Callable[[dict[str, 
     else:
         print_text(report)
     return 0
+
+
+def add_smoke(ap: "argparse.ArgumentParser", argv: list[str] | None, sizes: dict[str, Any]) -> None:
+    """Give *ap* a ``--smoke`` flag: every part of the bench once, with *sizes* (argparse
+    ``dest`` → value) as the defaults of the options the caller does not give, so a run takes
+    seconds. The suite runs each bench so (tests/integration/test_benches.py): a bench that no
+    longer runs fails CI. Its figures are printed as always, beside their baselines, but at these
+    sizes they are not measurements."""
+    shown = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in sizes.items() if not isinstance(v, bool))
+    ap.add_argument("--smoke", action="store_true",
+                    help="seconds, tiny sizes, every part once: does the bench still run? "
+                         "(the suite's test; figures meaningless)" + (f" [{shown}]" if shown else ""))
+    if "--smoke" in (sys.argv[1:] if argv is None else argv):
+        ap.set_defaults(**sizes)

@@ -108,7 +108,7 @@ from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
 from crewlet import log  # noqa: E402
 from bench.api import Conn, _header, http_request, wind_up  # noqa: E402  (the bench's HTTP/1.1 client)
-from bench.common import (stop_process, BenchError, CpuMeter, Crewletd, NatsServer, child_env, emit,  # noqa: E402
+from bench.common import (add_smoke, stop_process, BenchError, CpuMeter, Crewletd, NatsServer, child_env, emit,  # noqa: E402
                           find_nats_server, free_ports, ratio, say, server_version, summary, tail,
                           wait_jetstream)
 from bench.turns import Turns, plan as turns_plan  # noqa: E402  (bench/turns.py's measurement)
@@ -677,13 +677,13 @@ async def measure_throughput(node: ConvNode, args: argparse.Namespace) -> dict[s
     c = args.concurrency
     workers = [node.seats[i % len(node.seats)] for i in range(c)]
     per = args.runs_per_conversation
-    ends, turns = RunEnds(node.url), Turns(node.url)
+    ends, turns = RunEnds(node.url), Turns(node)
     procs = await asyncio.to_thread(node.processes, others=True)
     me = psutil.Process()
     rounds: dict[str, list[dict[str, Any]]] = {"runs": [], "turns": [], "mails": []}
     try:
         await ends.open()
-        await turns.open()
+        await turns.open(time.perf_counter() + 30)
 
         async def side(name: str, tag: str, k: int) -> dict[str, Any]:
             if name == "runs":  # made before the clock and the CPU meter start
@@ -1038,6 +1038,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nats-server", help="the nats-server binary for both sides (default: as crewlet finds it)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (a failed run keeps it)")
+    add_smoke(ap, argv, {"rounds": 1, "runs": 2, "concurrency": 3, "runs_per_conversation": 1,
+                         "refusals": 3, "seats": 3})
     args = ap.parse_args(argv)
     for name, full, small in (("rounds", 5, 2), ("runs", 50, 10), ("runs_per_conversation", 5, 1),
                               ("refusals", 200, 40)):

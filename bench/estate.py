@@ -106,8 +106,9 @@ import zmq.asyncio  # noqa: E402
 from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig  # noqa: E402
 
-from bench.common import (BenchError, Crewletd, emit, find_nats_server, ratio, say,  # noqa: E402
+from bench.common import (add_smoke, BenchError, Crewletd, emit, find_nats_server, ratio, say,  # noqa: E402
                           server_version, summary)
+from crewlet import log  # noqa: E402
 from crewlet.estate import apply as estate_apply  # noqa: E402
 from crewlet.estate import log as estate_log  # noqa: E402
 from crewlet.estate import store as estate_store  # noqa: E402
@@ -1054,6 +1055,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nats-server", help="the nats-server binary (default: as crewlet finds it)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
+    add_smoke(ap, argv, {"ops": 200, "e2e_ops": 100, "writes": 20, "reads": 20, "pages": 20,
+                         "queries": 5, "rounds": 1})
     args = ap.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     for k, v in sizes.items():
@@ -1069,6 +1072,8 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"bench/estate.py: {exc}", file=sys.stderr)
         return 1
+    # crewlet's own events (buckets made, watches waiting ...) go to stderr: stdout is the report.
+    log.configure(node=None, role="bench", level="warning", fmt="json", stream=sys.stderr)
     t0 = time.monotonic()
     raw = run(binary, args)
     say(f"done in {time.monotonic() - t0:.0f}s")

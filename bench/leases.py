@@ -57,7 +57,7 @@ from nats.errors import TimeoutError as NatsTimeoutError  # noqa: E402
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError  # noqa: E402
 
 from bench import common  # noqa: E402
-from bench.common import BenchError, emit, free_ports, ratio, say, split, summary  # noqa: E402,F401
+from bench.common import add_smoke, BenchError, emit, free_ports, ratio, say, split, summary  # noqa: E402,F401
 from crewlet.coord import buckets  # noqa: E402
 from crewlet.coord.lease import Held, Leases  # noqa: E402
 
@@ -628,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nats-server", help="the nats-server binary (default: next to python, then $PATH)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     ap.add_argument("--keep", action="store_true", help="keep the temp store dir")
+    add_smoke(ap, argv, {"ops": 20, "handovers": 3, "rounds": 1})
     args = ap.parse_args(argv)
     if args.ops < 1 or args.handovers < 1 or args.rounds < 1:
         ap.error("--ops, --handovers and --rounds must be >= 1")

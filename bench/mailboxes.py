@@ -55,7 +55,7 @@ from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
 from bench.leases import (BenchError, Server, find_nats_server, free_ports, retrying,  # noqa: E402
                           say, server_version, wait_jetstream)
-from bench.common import emit  # noqa: E402
+from bench.common import add_smoke, emit  # noqa: E402
 from crewlet import log  # noqa: E402
 from crewlet.queue import JetStreamMailboxes  # noqa: E402
 from crewlet.queue import jetstream as jsq  # noqa: E402
@@ -403,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-cluster", action="store_true", help="no R3 cluster in (b)")
     ap.add_argument("--nats-server", help="the nats-server binary (default: next to python, then $PATH)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    add_smoke(ap, argv, {"sizes": "20", "msgs": 20, "seats": 5, "concurrency": 4, "rounds": 1,
+                         "idle": 0.2, "create": 20, "r3_sample": 5})
     args = ap.parse_args(argv)
     try:
         args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]

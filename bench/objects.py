@@ -33,6 +33,7 @@ import importlib.util
 import io
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -46,8 +47,9 @@ if ROOT not in sys.path:
 import nats  # noqa: E402
 from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
-from bench.common import (BenchError, NatsServer, emit, find_nats_server, free_ports, ratio, say,  # noqa: E402
+from bench.common import (add_smoke, BenchError, NatsServer, emit, find_nats_server, free_ports, ratio, say,  # noqa: E402
                           server_version, wait_jetstream)
+from crewlet import log  # noqa: E402
 from crewlet.objects.nats import NatsObjectStore  # noqa: E402
 
 MiB = 1024 * 1024
@@ -228,7 +230,12 @@ def main() -> int:
     ap.add_argument("--nats-server", help="the nats-server binary (default: next to python, then $PATH)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     ap.add_argument("--keep", action="store_true", help="keep the temp store dir")
+    add_smoke(ap, None, {"sizes": "1,9", "rounds": "1,1"})
     args = ap.parse_args()
+    # SIGTERM ends the run through the finally blocks (the servers and nodes it started stop), like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # crewlet's own events (buckets made, watches waiting ...) go to stderr: stdout is the report.
+    log.configure(node=None, role="bench", level="warning", fmt="json", stream=sys.stderr)
     return emit(run(args), args.json, print_text)
 
 

@@ -49,7 +49,7 @@ import msgpack  # noqa: E402
 import psutil  # noqa: E402
 import zmq  # noqa: E402
 
-from bench.common import BenchError, Crewletd, child_env, emit, ratio, say, split, summary  # noqa: E402
+from bench.common import add_smoke, BenchError, Crewletd, child_env, emit, ratio, say, split, summary  # noqa: E402
 from crewlet import ipc  # noqa: E402
 from supervisor.zygote import DEFAULT_PRELOAD  # noqa: E402
 
@@ -561,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds the node idles before memory is measured (default 3)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     ap.add_argument("--keep", action="store_true", help="keep the temp data_dir")
+    add_smoke(ap, argv, {"kills": 4, "forks": 1, "spawns": 1, "rounds": 1, "gap": 0.05, "idle": 0.5})
     args = ap.parse_args(argv)
     if args.kills < 1 or args.forks < 1 or args.spawns < 1:
         ap.error("--kills, --forks and --spawns must be >= 1")

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -33,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import emit, ratio, say, summary  # noqa: E402
+from bench.common import add_smoke, emit, ratio, say, summary  # noqa: E402
 from crewlet import log  # noqa: E402
 from crewlet.agent.mcp import SeatServers  # noqa: E402
 from crewlet.agent.tools import Registry, ToolContext  # noqa: E402
@@ -165,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=500, help="tool calls per side")
     ap.add_argument("--seats", type=int, default=200, help="seats started at the sweep's pace (0: skip)")
     ap.add_argument("--json", action="store_true")
+    add_smoke(ap, argv, {"rounds": 1, "calls": 5, "seats": 1})
     args = ap.parse_args(argv)
+    # SIGTERM ends the run through the finally blocks (the servers and nodes it started stop), like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # The servers' events would fill the report: warnings only, on stderr.
     log.configure(node=None, role="bench", level="warning", fmt="json", stream=sys.stderr)
     return emit(asyncio.run(run(args)), args.json, show)

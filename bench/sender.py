@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,12 +38,13 @@ import nats
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import BenchError, Crewletd, emit, ratio, say  # noqa: E402
+from bench.common import add_smoke, BenchError, Crewletd, emit, ratio, say  # noqa: E402
 from crewlet import outbox  # noqa: E402
 from crewlet.mailer import message  # noqa: E402
 from tests.smtp import SmtpServer, worst_window  # noqa: E402
 
 CEILING_SECONDS = 3.0
+SETTLE = 2.0  # s after a company revision is applied before its round
 BURST = 1
 
 
@@ -79,9 +82,10 @@ async def wait_arrivals(smtpd: SmtpServer, prefix: str, n: int, timeout: float) 
         await asyncio.sleep(0.1)
 
 
-async def crewlet_round(node: Crewletd, smtpd: SmtpServer, rate: float, n: int, base: str) -> dict[str, Any]:
+async def crewlet_round(node: Crewletd, smtpd: SmtpServer, rate: float, n: int, base: str,
+                        settle: float = SETTLE) -> dict[str, Any]:
     ctl(node, "apply", company(os.path.join(base, f"company-{rate:g}.yaml"), rate))
-    await asyncio.sleep(2.0)  # every child has the revision (the sender reads the rate per send)
+    await asyncio.sleep(settle)  # every child has the revision (the sender reads the rate per send)
     prefix = f"crewlet-{rate:g}-"
     nc = await nats.connect(node.url)
     js = nc.jetstream()
@@ -134,12 +138,12 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise BenchError("no sender duty after 60 s")
             await asyncio.sleep(0.2)
-        report["ceiling"] = await bare_round(smtpd, None, None, CEILING_SECONDS, prefix="ceiling-")
+        report["ceiling"] = await bare_round(smtpd, None, None, args.ceiling, prefix="ceiling-")
         say(f"bare ceiling: {report['ceiling']['achieved']:.0f} emails/s")
         for rate in rates:
             n = int(rate * args.seconds) + 1
             say(f"rate {rate:g}/s: {n} notifications through crewlet …")
-            mine = await crewlet_round(node, smtpd, rate, n, base)
+            mine = await crewlet_round(node, smtpd, rate, n, base, args.settle)
             say(f"rate {rate:g}/s: {n} emails from a bare paced loop …")
             bare = await bare_round(smtpd, rate, n, prefix=f"bare-{rate:g}-")
             report["rates"][f"{rate:g}"] = {
@@ -150,6 +154,7 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         node.stop()
         smtpd.stop()
+    shutil.rmtree(base, ignore_errors=True)  # a failed run keeps it: the node's log
     return report
 
 
@@ -171,8 +176,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of sending per rate (default 60)")
     p.add_argument("--rates", default="1,10,100", help="configured rates, emails a second")
+    p.add_argument("--ceiling", type=float, default=CEILING_SECONDS,
+                   help=f"seconds of the unpaced bare loop (default {CEILING_SECONDS:g})")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--settle", type=float, default=SETTLE,
+                   help=f"seconds after a rate's revision is applied before its round (default {SETTLE:g})")
+    add_smoke(p, None, {"seconds": 0.5, "rates": "10", "ceiling": 0.3, "settle": 0.5})
     args = p.parse_args()
+    # SIGTERM ends the run through the finally blocks (the servers and nodes it started stop), like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         report = asyncio.run(run_all(args))
     except BenchError as exc:

@@ -125,7 +125,7 @@ import psutil  # noqa: E402
 from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 
 from bench.api import Conn, http_request  # noqa: E402  (the bench's HTTP/1.1 client)
-from bench.common import (stop_process, BenchError, CpuMeter, Crewletd, child_env, collapsed_stacks, emit,  # noqa: E402
+from bench.common import (add_smoke, stop_process, BenchError, CpuMeter, Crewletd, child_env, collapsed_stacks, emit,  # noqa: E402
                           find_nats_server, free_ports, ratio, say, server_version, summary, tail)
 from bench.turns import (JS_TIMEOUT, NODE_ID, ROLE_SHUTDOWN, SUBJECT, TRIGGER_HEADER,  # noqa: E402
                          CrewletNode, revision_bytes, seat_names)
@@ -989,6 +989,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nats-server", help="the nats-server binary (default: as crewlet finds it)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs (a failed size keeps its own)")
+    add_smoke(ap, argv, {"sizes": "5", "rounds": 1, "seconds": 0.5, "ramp": 0.2, "tokens": 5,
+                         "rate": 50.0, "profile": 0.0, "bare_stream": True})
     args = ap.parse_args(argv)
     quick = args.quick
     args.sizes = args.sizes or ("100" if quick else "100,1000")

