@@ -27,6 +27,7 @@ from crewlet.agent import bridge as bridge_mod
 from crewlet.agent.bridge import CURRENT, Bridge
 from crewlet.agent.estate_tools import ESTATE_TOOL_NAMES, estate_tools
 from crewlet.agent.tools import Registry, Tool, builtin_tools
+from crewlet.estate import store
 from crewlet.queue.jetstream import STREAM, JetStreamMailboxes
 from tests.estate import run, until
 from tests.integration.test_estate_tools import routed_services
@@ -94,7 +95,8 @@ async def test_an_agent_lists_the_seats_own_tools_sends_mail_and_writes_the_esta
     with the environment: the same calls key the same, so the mail and the
     task land once."""
     await fleet.add("a")
-    services = await routed_services(fleet, "a")
+    await fleet.add("b")
+    services = await routed_services(fleet, "a", "b")
     nc = await nats.connect(fleet.url, connect_timeout=2)
     js = nc.jetstream(timeout=2)
     services.mailboxes = JetStreamMailboxes(js, nc)
@@ -154,6 +156,20 @@ async def test_an_agent_lists_the_seats_own_tools_sends_mail_and_writes_the_esta
         assert await ceo.next(wait=0.3) is None
         tasks = fleet.appliers["a"].reader.query("task.list", {})["tasks"]
         assert [t["title"] for t in tasks] == ["ship the estate"]
+        # The write carried the seat's fence: every copy has it, and the seat's fence there.
+        token = services.tokens["cto"]
+
+        async def on_every_copy():
+            for node in ("a", "b"):
+                applier = fleet.appliers[node]
+                if [t["title"] for t in applier.reader.query("task.list", {})["tasks"]] != ["ship the estate"]:
+                    return False
+                with applier.store.env.begin() as txn:
+                    fence = txn.get(b"cto", db=applier.store.dbs["fences"])
+                if fence is None or store.unpack(fence) != token:
+                    return False
+            return True
+        await until(on_every_copy, 10)
         # No secret is ever logged.
         assert events.records and not any(grant.secret in json.dumps(r) or again.secret in json.dumps(r)
                                           for r in events.records)
