@@ -59,6 +59,7 @@ they need; MCP servers and CLI agents are :mod:`crewlet.agent.mcp`'s and
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -118,6 +119,9 @@ def learn(values: Iterable[str | None]) -> int:
     """Add *values* to the secrets this process knows (those under
     :data:`SECRET_MIN` characters, and None, are ignored); how many were new."""
     fresh = {v for v in values if isinstance(v, str) and len(v) >= SECRET_MIN}
+    # As a JSON line shows them too ("\"" and non-ASCII escaped): log.forward
+    # scrubs the line a child wrote, not its decoded fields.
+    fresh |= {json.dumps(v)[1:-1] for v in fresh} - {""}
     with _known.lock:
         new = fresh.difference(_known.values)
         if new:
@@ -283,6 +287,7 @@ def known_secrets(config: Any = None, run_dir: str | None = None, company: Any =
     (not made yet, unreadable) gives nothing; this never raises for one."""
     environ = os.environ if environ is None else environ
     found: set[str | None] = {environ.get(name) for name in company_env_names(company)}
+    found.update(_mcp_env_secrets(company))
     if config is not None:
         run_dir = run_dir or config.run_dir
         found.add(_quietly(config.smtp.password))
@@ -299,6 +304,19 @@ def known_secrets(config: Any = None, run_dir: str | None = None, company: Any =
         found.add(_quietly(lambda: tokens.read_admin_token(run_dir)))
         found.update((_quietly(lambda: credentials.read(run_dir)) or {}).values())
     return {v for v in found if isinstance(v, str) and len(v) >= SECRET_MIN}
+
+
+def _mcp_env_secrets(company: Any) -> list[str]:
+    """The values of the seats' MCP servers' ``env`` named like secrets: the
+    company holds them literally (``GITHUB_TOKEN: ghp_…``), and the server
+    that has them may print them."""
+    found: list[str] = []
+    for seat in _get(company, "seats") or () if company is not None else ():
+        for server in _get(seat, "mcp") or ():
+            env = _get(server, "env")
+            if isinstance(env, Mapping):
+                found += env_secrets(env)
+    return found
 
 
 def _quietly(read) -> Any:

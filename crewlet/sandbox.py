@@ -71,8 +71,10 @@ DEFAULT_MODE = "auto"
 
 # Where the workspace appears inside the sandbox (also cwd and HOME there).
 WORKSPACE = "/workspace"
-# Where the tool bridge's unix socket appears inside (crewlet.agent.bridge).
+# Where the tool bridge's unix socket and a turn's config for it appear inside
+# a CLI agent's sandbox (crewlet.agent.bridge); no MCP server's sees either.
 BRIDGE_SOCKET = "/run/crewlet/bridge.sock"
+BRIDGE_CONFIG = "/run/crewlet/mcp.json"
 # The part of <data_dir> that holds the workspaces, and where their uids are claimed.
 WORKSPACES_DIR = "workspaces"
 _UIDS_DIR = ".uids"
@@ -85,9 +87,10 @@ SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 ETC = ("/etc/alternatives", "/etc/ca-certificates", "/etc/ca-certificates.conf",
        "/etc/group", "/etc/host.conf", "/etc/hosts", "/etc/ld.so.cache", "/etc/ld.so.conf",
        "/etc/ld.so.conf.d", "/etc/localtime", "/etc/mime.types", "/etc/nsswitch.conf",
-       "/etc/os-release", "/etc/passwd", "/etc/pki", "/etc/protocols", "/etc/resolv.conf",
-       "/etc/services", "/etc/ssl", "/etc/timezone", "/etc/gai.conf", "/etc/python3",
-       "/etc/python3.11", "/etc/debian_version", "/etc/npmrc", "/etc/gitconfig")
+       "/etc/os-release", "/etc/passwd", "/etc/pki/tls/certs", "/etc/protocols", "/etc/resolv.conf",
+       "/etc/services", "/etc/ssl/certs", "/etc/timezone", "/etc/gai.conf", "/etc/python3",
+       "/etc/python3.11", "/etc/debian_version")
+# Not /etc/ssl/private (keys), /etc/npmrc or /etc/gitconfig (tokens, credential helpers).
 # Top-level names that are links into /usr on a merged-/usr system (or dirs of their own).
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What every sandbox shows of the system already.
@@ -187,12 +190,7 @@ class Sandbox:
         """The sandbox of a node config (its ``sandbox.mode`` and data dir),
         probed: a seats process makes one at start; crewletd one for its
         status."""
-        hidden = [config.data_dir]
-        stream = config.stream
-        for path in (getattr(stream, "credentials", None), getattr(stream, "fleet_credentials", None)):
-            if path:
-                hidden.append(os.path.abspath(path))  # the file: its directory may hold what a tool needs
-        box = cls(data_dir=config.data_dir, mode=config.sandbox.mode, hidden=tuple(hidden))
+        box = cls(data_dir=config.data_dir, mode=config.sandbox.mode, hidden=hidden_of(config))
         box.probe()
         return box
 
@@ -308,6 +306,14 @@ class Sandbox:
                           binds=tuple(binds), installs_of=[program], shown=_named_paths(argv[1:]))
         return Launch(full, env, workspace, confined=True)  # cwd of bwrap; --chdir is the tool's
 
+    def grants_dir(self) -> str:
+        """Where a turn's tool-bridge config is written: the run dir, never
+        the workspace (the seat's MCP servers share that, and must not hold
+        the agent's token); bound read-only into the agent's sandbox alone."""
+        folder = os.path.join(self.data_dir, "run", "grants")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        return folder
+
     def _check_bind(self, path: str) -> None:
         if not os.path.isabs(path):
             raise SandboxError(f"sandbox path {path!r} is not absolute")
@@ -334,8 +340,9 @@ class Sandbox:
         for path in ETC:
             args += ["--ro-bind-try", path, path]
         args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+        # Compared resolved: a hidden path is its target (hidden_of), so is a root.
         roots = [r for r in _outermost([*installs(installs_of), *shown])
-                 if not _within(r, "/usr") and not any(_within(r, h) for h in self.hidden)]
+                 if not _within(r, "/usr") and not any(_within(os.path.realpath(r), h) for h in self.hidden)]
         shown = [*roots, *policy.read_only, *policy.read_write]
         # The directories above a bind are made by bwrap, 0700 unless told:
         # traversable, so the tool's uid reaches what is bound below them.
@@ -350,13 +357,13 @@ class Sandbox:
         # An install that holds crewlet's data (a data dir inside a checkout):
         # cover it, so what is under it is not shown with the install.
         for hidden in self.hidden:
-            if any(_within(hidden, root) for root in shown):
+            if any(_within(hidden, os.path.realpath(root)) for root in shown):
                 if os.path.isdir(hidden):
                     args += ["--tmpfs", hidden]
                 elif os.path.exists(hidden):
                     args += ["--ro-bind", "/dev/null", hidden]
         for host, inside in binds:
-            args += ["--bind", host, inside]
+            args += ["--ro-bind", host, inside]  # a socket connects through a read-only mount
         if workspace is not None:
             args += ["--bind", workspace, WORKSPACE, "--chdir", WORKSPACE]
         args.append("--")
@@ -370,6 +377,18 @@ class Sandbox:
 
 
 # ------------------------------------------------------------------ helpers
+
+def hidden_of(config: Any) -> tuple[str, ...]:
+    """What no tool may see, resolved (a symlinked data dir is its target):
+    the data dir (the run dir in it), the config file, and every secret file
+    the config names — wherever each is."""
+    stream, tls = config.stream, getattr(config.stream, "tls", None)
+    paths = [config.data_dir, getattr(config, "source", None), stream.credentials, stream.fleet_credentials,
+             getattr(tls, "key", None), config.smtp.password_file, config.files.secret_key_file,
+             config.ingress.tokens_file]
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in paths if p and os.path.isabs(os.path.abspath(p))
+                               and not p.startswith("<")))
+
 
 def uid_window() -> tuple[int, int]:
     """(first uid, span) for seats' tools: high in the largest extent this
@@ -498,7 +517,9 @@ def _named_paths(args: Sequence[str]) -> list[str]:
         if os.path.isabs(value) and os.path.exists(value):
             real = os.path.realpath(value)
             shown = real if os.path.isdir(real) else os.path.dirname(real)
-            if shown.count(os.sep) >= 2:  # never "/", "/tmp", "/home" whole: name them in read_only
+            # Never "/", "/tmp", "/home" whole, nor anything of /etc (an
+            # operator's config and secrets): name such paths in read_only.
+            if shown.count(os.sep) >= 2 and not _within(shown, "/etc"):
                 found.append(shown)
     return found
 

@@ -127,7 +127,7 @@ import uvicorn.lifespan.off  # noqa: F401
 import uvicorn.protocols.http.auto  # noqa: F401
 
 import crewlet
-from crewlet import log, webserver
+from crewlet import log, redaction, webserver
 from crewlet.agent.tools import Registry, Tool, ToolContext
 
 # The only TCP address the bridge listens on: an agent runs on this machine.
@@ -535,7 +535,10 @@ class Bridge:
         call = ToolContext(seat=entry.seat, trigger=entry.trigger, token=entry.token,
                            call_key=f"{entry.trigger}.bridge.{n}", services=entry.services,
                            deadline=entry.deadline)
-        task = asyncio.ensure_future(_bounded(entry.registry, call, name, params.arguments or {}))
+        # As a turn's own calls (crewlet.agent.turn): no known secret goes in
+        # (an agent holds its own key) nor comes back out.
+        args = redaction.scrub_value(params.arguments or {})
+        task = asyncio.ensure_future(_bounded(entry.registry, call, name, args))
         entry.running.add(task)
         try:
             text, error = await task
@@ -546,7 +549,7 @@ class Bridge:
             return _result(f"{name} was stopped: this turn is over", True)
         finally:
             entry.running.discard(task)
-        return _result(text, error)
+        return _result(redaction.scrub(text), error)
 
 
 # ------------------------------------------------------------------ helpers

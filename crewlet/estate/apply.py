@@ -146,8 +146,6 @@ def raising(store: Store, entries: list[tuple[int, bytes]]) -> set[Fence]:
         for seq, data, *subject in entries:
             if seq <= applied:
                 continue
-            if subject and _origin_refusal(subject[0], data)[0] is not None:
-                continue  # passed over unapplied: its fence is nobody's to judge
             # Only the three fields, not the whole op checked (a third of
             # applying one): any op that checks has them of these types.
             try:
@@ -157,6 +155,8 @@ def raising(store: Store, entries: list[tuple[int, bytes]]) -> set[Fence]:
                 continue
             if not (isinstance(seat, str) and isinstance(token, int) and isinstance(node, str)):
                 continue
+            if subject and not _may_raise(subject[0], d.get("kind"), node):
+                continue  # passed over unapplied (_origin_refusal): its fence is nobody's to judge
             if seat not in fences:
                 raw = txn.get(seat.encode(), db=store.dbs["fences"]) if 0 < len(seat) < 512 else None
                 fences[seat] = unpack(raw) if raw is not None else 0
@@ -202,6 +202,17 @@ def apply_batch(store: Store, entries: list[tuple[int, bytes]], *,
         if before_commit is not None and out:
             before_commit(out)
     return out
+
+
+def _may_raise(subject: str, kind: Any, node: str) -> bool:
+    """Could an entry of *kind* for *node* on log subject *subject* be applied
+    for its origin? The fields :func:`_origin_refusal` judges, read without
+    decoding the op (:func:`raising` runs on every entry)."""
+    found = estate_log.origin_of(subject)
+    if found is None:
+        return False
+    origin, of = found
+    return origin == origins.OPERATOR or (kind in origins.LOG_KINDS.get(origin, ()) and of == node)
 
 
 def _origin_refusal(subject: str | None, data: bytes) -> tuple[str | None, Op | None]:

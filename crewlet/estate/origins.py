@@ -86,15 +86,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from crewlet.credentials import CREWLET_USER
+from crewlet.credentials import CREWLET_USER, USERS
 from crewlet.estate.ops import KINDS, Op
 
+# An origin is the broker user its process connects as (crewlet.credentials).
 OPERATOR = CREWLET_USER       # crewletd and crewletctl: every right
-APPLIER = "data_applier"
-SEATS = "seats"
-INGRESS = "ingress"
-WORKERS = "workers"
-ORIGINS = (OPERATOR, APPLIER, SEATS, INGRESS, WORKERS)
+APPLIER, SEATS, INGRESS, WORKERS = "data_applier", "seats", "ingress", "workers"
+ORIGINS = USERS
+assert set(ORIGINS) == {OPERATOR, APPLIER, SEATS, INGRESS, WORKERS}
 
 # A request or a log entry from a node older than origins: no origin in its
 # subject. Answered and applied as before (every kind): see the module doc.

@@ -29,8 +29,6 @@ def main() -> None:
     done = subprocess.run([sys.executable, os.path.join(HERE, "bridge_agent.py"), *how, json.dumps(steps)],
                           capture_output=True, text=True, timeout=60)
     print(done.stdout.strip().replace("\n", " | ") or done.stderr.strip()[-500:])
-    if "failed" in done.stdout:
-        print(json.dumps({"debug": how, "cfg": open(how[-1]).read() if how[0] == "--config" else "", "stderr": done.stderr[-1500:]}))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ from crewlet.company.model import Provider as ProviderSpec
 SPAWN_MARK_ENV = "CREWLET_SPAWN_MARK"
 SPAWNED_BY_ENV = "CREWLET_SPAWNED_BY"
 # Names the MCP client config (the tool bridge under this turn's grant) in
-# the agent's environment: a file in its workspace, gone with the turn.
+# the agent's environment: a file of the run dir bound read-only into the
+# agent's sandbox alone (crewlet.sandbox.BRIDGE_CONFIG), gone with the turn.
 CONFIG_ENV = "CREWLET_MCP_CONFIG"
 # Characters of stderr quoted when the agent fails: its last words, not its whole log.
 STDERR_TAIL = 2000
@@ -125,11 +126,16 @@ class CliProvider(Provider):
             return list(self.command), env, None
         env["CREWLET_SEAT"] = seat.seat
         if grant is not None:
-            workspace, uid = await asyncio.to_thread(seat.sandbox.workspace, seat.seat)
-            written = await asyncio.to_thread(grant.config_file, workspace, uid)
-            inside = sandbox.WORKSPACE if seat.sandbox.state == "confined" else workspace
-            env[CONFIG_ENV] = os.path.join(inside, os.path.basename(written))
-            if grant.socket_path and seat.sandbox.state == "confined":
+            # The config holds the turn's token: outside the workspace, which
+            # the seat's own MCP servers share, and shown to this agent alone.
+            _, uid = await asyncio.to_thread(seat.sandbox.workspace, seat.seat)
+            folder = await asyncio.to_thread(seat.sandbox.grants_dir)
+            written = grant.config_file(folder, uid)  # on the loop: a revoke cannot race it
+            confined = seat.sandbox.state == "confined"
+            env[CONFIG_ENV] = sandbox.BRIDGE_CONFIG if confined else written
+            if confined:
+                binds = (*binds, (written, sandbox.BRIDGE_CONFIG))
+            if grant.socket_path and confined:
                 binds = (*binds, (grant.socket_path, sandbox.BRIDGE_SOCKET))
                 env["CREWLET_MCP_BRIDGE_SOCKET"] = sandbox.BRIDGE_SOCKET
         try:
@@ -173,7 +179,8 @@ class CliProvider(Provider):
         if proc.returncode != 0:
             how = (f"exit {proc.returncode}" if proc.returncode > 0
                    else f"signal {-proc.returncode} ({signal.Signals(-proc.returncode).name})")
-            tail = redact(err.decode(errors="replace").strip()[-STDERR_TAIL:], env_secrets(self._env))
+            tail = redact(err.decode(errors="replace").strip()[-STDERR_TAIL:],
+                          [*env_secrets(self._env), *env_secrets(env)])
             raise ProviderError(f"provider {self.name}: {self.command[0]} failed, {how}: {tail}",
                                 retryable=False)
         return out.decode(errors="replace").strip()
