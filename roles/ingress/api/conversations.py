@@ -20,7 +20,8 @@
   (idempotent): a queued run at once, a running one before its next round.
 * ``GET /v1/approvals`` (``?status=pending``), ``GET /v1/approvals/{id}``,
   ``POST /v1/approvals/{id}`` ``{decision: approve|deny, note}`` — the same
-  decision again is answered the same, another one is a 409.
+  decision again is answered the same, another one is a 409; the answer's
+  ``resumed_by`` is the run that resumes the conversation (follow its stream).
 
 A stream sends a comment every :data:`HEARTBEAT` seconds of silence. A client
 that goes away from a run started with ``on_disconnect: cancel`` cancels it;
@@ -41,7 +42,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from crewlet.conversations import runs
-from crewlet.conversations.driver import Conductor, PendingApproval, Queued, Refused
+from crewlet.conversations.driver import Conductor, PendingApproval, Queued, Refused, resumption_id
 from crewlet.conversations.lease import ConversationBusy
 from crewlet.coord.lease import LeaseError
 from crewlet.estate import ops
@@ -132,6 +133,8 @@ class Approval(_Open):
     run: str
     tool: str
     status: Literal["pending", "decided"]
+    resumed_by: str | None = Field(None, description="Deciding: the run that resumes the conversation "
+                                                      "(follow its stream)")
 
 
 class ApprovalPage(BaseModel):
@@ -421,4 +424,7 @@ async def decide(request: Request, body: Decision, approval: str = ApprovalPath,
         if problem.code == CONFLICT:
             problem.code = "already_decided"
         raise
+    if row.get("status") == "decided" and row.get("conversation"):
+        # The run that resumes the conversation: a client follows its stream from here.
+        row = {**row, "resumed_by": resumption_id(row["id"])}
     return Approval(**row)

@@ -1,0 +1,64 @@
+/* What the node's names mean, in words a person reads. */
+
+export const ROLE_WORDS = {
+  data: "keeps a copy of the estate (tasks, pages, turns)",
+  ingress: "serves the API and this dashboard",
+  seats: "runs seats: the agents' turns",
+  workers: "runs fleet-wide duties",
+};
+export const CHILD_WORDS = {
+  broker: "the message broker (NATS) the fleet talks through",
+  fleet: "fleet membership: presence and leases",
+  data_applier: "keeps this node's estate copy up to date",
+  ingress: "serves the API and this dashboard",
+  seats: "runs the seats' turns",
+  workers: "runs fleet-wide duties",
+};
+export const DUTY_WORDS = {
+  fleet_shape: "checks that the fleet, as assembled, can do every job",
+  mailbox_retirement: "removes mailboxes of seats the company dropped and trims worked mail",
+};
+export const CHILD_STATES = {
+  running: ["ok", "Running", "running normally"],
+  starting: ["warn", "Starting", "being started"],
+  backoff: ["warn", "Restarting soon", "exited; waiting a moment before it is started again"],
+  stopping: ["warn", "Stopping", "being stopped"],
+  exited: ["bad", "Exited", "exited; its supervisor decides what next"],
+  stopped: ["bad", "Stopped", "not running"],
+  fatal: ["bad", "Failed, gave up", "will not be started again: it kept failing or its configuration is wrong"],
+};
+const OUTCOMES = {
+  running: ["ok", "Working…", "the seat is working on this message now"],
+  done: ["ok", "Done", "the seat answered"],
+  failed: ["bad", "Failed", "the turn failed"],
+  deferred: ["warn", "Waiting", "the seat is not taking mail for now"],
+  skipped: ["unknown", "Already done", "this message had been worked before: nothing done again"],
+  fenced: ["warn", "Handed over", "the seat moved to another node mid-turn; that node works the message"],
+  interrupted: ["warn", "Interrupted", "the seat was released mid-turn; the message goes back to its mailbox"],
+  unsettled: ["warn", "Not recorded", "worked, but its record could not be written; it will be tried again"],
+};
+
+export function humanize(name) {
+  const words = String(name).replace(/[_-]+/g, " ").trim();
+  return words.charAt(0).toUpperCase() + words.slice(1);
+}
+
+/** Who sent a message, in words: a seat, the API under a token's name, crewletctl. */
+export function senderWords(sender) {
+  if (!sender) return null;
+  if (sender.startsWith("api:")) return `from the API (${sender.slice(4)})`;
+  return `from ${sender}`;
+}
+
+export function outcomeInfo(outcome) {
+  return OUTCOMES[outcome] || ["unknown", humanize(outcome || "unknown"), null];
+}
+
+export function excerpt(text, max) {
+  text = String(text || "").replace(/\s+/g, " ").trim();
+  return text.length > max ? text.slice(0, max - 1) + "…" : text;
+}
+
+export function plural(n, one, many) {
+  return `${n} ${n === 1 ? one : many}`;
+}
