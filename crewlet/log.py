@@ -11,10 +11,15 @@ broker's own log) is wrapped as a ``child_output`` event tagged with the child's
 role and pid, so nothing a child says is lost or left unattributed.
 
 No known secret passes :func:`forward` (DESIGN §14, :mod:`crewlet.redaction`):
-a tool's stray stderr lands in its role's output, so every forwarded line has
-the secret values crewletd knows replaced (a cost of one attribute read while
-none is known, a few µs a line when some are), and a line that is not one of
-ours is scrubbed of credential shapes too.
+every forwarded line has the secret values crewletd knows replaced (a cost of
+one attribute read while none is known, a few µs a line when some are), and a
+line that is not one of ours is scrubbed of credential shapes too.
+
+A line a child writes in our JSON shape is taken for its own event, so no
+third-party program a role starts may write to that role's output: a seat's
+MCP servers and CLI agents have stderr pipes of their own, which the seats
+role reads and logs as their output, tagged and redacted
+(:mod:`crewlet.agent.mcp`, :mod:`crewlet.agent.providers.cli`).
 
 Python's stdlib ``logging`` (used by nats-py, uvicorn, …) is routed into the
 same stream as ``log`` events, so third-party messages are tagged too.

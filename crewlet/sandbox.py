@@ -49,20 +49,38 @@ bubblewrap works is probed once per process (:func:`probe`): a real run of
 ``true`` under the same wrap a tool gets.
 
 The turn a tool runs for is carried by :data:`SEAT` (a ContextVar the seats
-role sets around each turn), so a provider shared by every seat of the
-process — a CLI agent — confines each call as its own seat's.
+role sets around each turn's work with :func:`turn`, and resets as it ends),
+so a provider shared by every seat of the process — a CLI agent — confines
+each call as its own seat's and hands it that turn's tool-bridge grant (the
+:class:`Seat`'s ``grant``); nothing of a turn is left set after it.
+
+**What an install shows** (:func:`installs`): the program's install root —
+``<prefix>`` of ``<prefix>/bin/<name>``, else its own directory — its
+interpreter's, a virtual environment's base interpreter and the code its
+editable installs point at. Narrower where a root is shared with a person's
+other files: a prefix that is a home directory or a direct child of one
+(``~/bin``, ``~/.local``, ``~/.cargo``, ``~/go``) shows only its code
+directories (:data:`PREFIX_CODE`: ``bin``, ``lib``…; never ``~/.local/share``
+or ``~/.cargo/credentials.toml``), unless it is an install of its own (a venv,
+a conda environment); a checkout a ``.pth`` line names shows only what Python
+imports from it (its packages, modules and metadata; never its ``.git`` or
+``.env``). The walk is remembered per program and done again when a file it
+read changed (an upgraded tool gets its new install bound), at most
+:data:`INSTALLS_KEPT` programs.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import contextvars
-import functools
 import hashlib
 import os
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from crewlet import log
 
@@ -99,6 +117,18 @@ _SYSTEM = ("/usr", *_ROOT_LINKS)
 PROBE_TIMEOUT = 10.0
 # How far a program's launcher chain is followed (script -> interpreter -> …).
 _INSTALL_DEPTH = 8
+# Programs whose install walk is remembered (each checked against the files it read).
+INSTALLS_KEPT = 256
+# What a prefix shared with a person's other files (a home directory or a
+# direct child of one: ~/.local, ~/.cargo) shows: where installs put code.
+PREFIX_CODE = ("bin", "sbin", "lib", "lib32", "lib64", "libexec")
+# A prefix that is an install of its own whatever its place: shown whole.
+_OWN_INSTALL = ("pyvenv.cfg", "conda-meta")
+# What of a checkout a .pth line names Python imports: its packages (a
+# directory with Python in it), top-level modules and the metadata of what
+# was installed from it (entry points, versions).
+_IMPORTED = (".py", ".so")
+_METADATA = (".egg-info", ".dist-info", ".egg-link")
 
 # The defaults of a policy: generous enough that common MCP servers (Python,
 # Node, a binary on PATH) and the sample company run unchanged, tight enough
@@ -140,16 +170,31 @@ DEFAULT_POLICY = Policy()
 class Seat:
     """The seat a turn's tools run for: what :data:`SEAT` carries."""
 
-    sandbox: "Sandbox"
+    sandbox: "Sandbox | None"  # None: unwrapped (a node without one: unit tests)
     seat: str
     policy: Policy = DEFAULT_POLICY
-    # Extra binds for this turn: (host path, path inside) — the bridge's socket.
+    # Extra binds for this turn: (host path, path inside).
     binds: tuple[tuple[str, str], ...] = ()
+    # The turn's tool-bridge grant (crewlet.agent.bridge.Grant), for its CLI
+    # agent; None when the turn has none.
+    grant: Any = None
 
 
 # The seat whose turn the current task runs (set by the seats role around a
-# turn; read by the CLI provider, which every seat of the process shares).
+# turn with turn(); read by the CLI provider, which every seat of the process shares).
 SEAT: contextvars.ContextVar[Seat | None] = contextvars.ContextVar("crewlet_sandbox_seat", default=None)
+
+
+@contextlib.contextmanager
+def turn(seat: Seat) -> Iterator[Seat]:
+    """*seat* is :data:`SEAT` inside the block, and what was before it after:
+    a seat's task runs turn after turn, and none may find the last one's
+    seat or grant (its token) still set."""
+    token = SEAT.set(seat)
+    try:
+        yield seat
+    finally:
+        SEAT.reset(token)
 
 
 @dataclass(frozen=True)
@@ -279,14 +324,15 @@ class Sandbox:
     # ------------------------------------------------------------ wrapping
 
     def wrap(self, argv: Sequence[str], env: Mapping[str, str], seat: str, policy: Policy = DEFAULT_POLICY,
-             binds: Sequence[tuple[str, str]] = ()) -> Launch:
+             binds: Sequence[tuple[str, str]] = (), place: tuple[str, int | None] | None = None) -> Launch:
         """How to start *argv* for *seat* under *policy*, with exactly *env*
-        (plus HOME, PATH, TMPDIR where it sets none). SandboxError when it
-        must not start (mode required and no sandbox; a path the policy
-        names is not allowed)."""
+        (plus HOME, PATH, TMPDIR where it sets none). *place* is the seat's
+        :meth:`workspace` when the caller has it already (else it is made
+        here). SandboxError when it must not start (mode required and no
+        sandbox; a path the policy names is not allowed)."""
         if self.state == "refused":
             raise SandboxError(f"sandbox.mode is required and tools cannot be confined: {self.reason}")
-        workspace, uid = self.workspace(seat)
+        workspace, uid = place if place is not None else self.workspace(seat)
         env = dict(env)
         if self.state != "confined":
             program = _which(argv[0], env.get("PATH") or os.environ.get("PATH", SANDBOX_PATH))
@@ -355,13 +401,14 @@ class Sandbox:
         for path in policy.read_write:
             args += ["--bind", path, path]
         # An install that holds crewlet's data (a data dir inside a checkout):
-        # cover it, so what is under it is not shown with the install.
+        # cover it where it shows inside — under the root as bound, which is
+        # not where it is on the host when the root's path has a link in it.
         for hidden in self.hidden:
-            if any(_within(hidden, os.path.realpath(root)) for root in shown):
+            for inside in _covers(hidden, shown):
                 if os.path.isdir(hidden):
-                    args += ["--tmpfs", hidden]
+                    args += ["--tmpfs", inside]
                 elif os.path.exists(hidden):
-                    args += ["--ro-bind", "/dev/null", hidden]
+                    args += ["--ro-bind", "/dev/null", inside]
         for host, inside in binds:
             args += ["--ro-bind", host, inside]  # a socket connects through a read-only mount
         if workspace is not None:
@@ -442,6 +489,19 @@ def _parents(paths: Sequence[str]) -> list[str]:
     return [p for p in found if not any(_within(p, q) and p != q for q in paths)]
 
 
+def _covers(hidden: str, shown: Sequence[str]) -> list[str]:
+    """Where *hidden* (resolved) shows inside a sandbox that binds each of
+    *shown* at its own path: once under each that holds it."""
+    found = []
+    for root in shown:
+        real = os.path.realpath(root)
+        if _within(hidden, real):
+            inside = os.path.normpath(os.path.join(root, os.path.relpath(hidden, real)))
+            if inside not in found:
+                found.append(inside)
+    return found
+
+
 def _within(path: str, root: str) -> bool:
     path, root = os.path.normpath(path), os.path.normpath(root)
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
@@ -457,25 +517,69 @@ def _chown_tree(path: str, uid: int) -> None:
                 pass
 
 
+# The install walks remembered: programs -> (what each file read looked
+# like then, the roots found). Walks run in threads (wrap is called off the loop).
+_walked: "collections.OrderedDict[tuple[str, ...], tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]]" = \
+    collections.OrderedDict()
+_walked_lock = threading.Lock()
+
+
 def installs(programs: Sequence[str]) -> list[str]:
-    """:func:`_installs`, remembered per program: every claim of a seat wraps
-    its servers, and the walk reads a venv's site-packages."""
-    return list(_installs_of(tuple(programs)))
+    """:func:`_installs`, remembered per program list while every file and
+    directory the walk read is as it was then (an upgraded tool, a venv
+    given another package, is walked again); the :data:`INSTALLS_KEPT` most
+    recent are kept. Every claim of a seat wraps its servers, and the walk
+    reads a venv's site-packages; a look costs a stat per file it read."""
+    key = tuple(programs)
+    with _walked_lock:
+        hit = _walked.get(key)
+        if hit is not None:
+            _walked.move_to_end(key)
+    if hit is not None and all(_signature(path) == was for path, was in hit[0]):
+        return list(hit[1])
+    read: list[tuple[str, Any]] = []
+    roots = _installs(key, read)
+    looks: dict[str, Any] = {}
+    for path, was in read:
+        looks.setdefault(path, was)  # as it was before it was first read
+    with _walked_lock:
+        _walked[key] = (tuple(looks.items()), tuple(roots))
+        _walked.move_to_end(key)
+        while len(_walked) > INSTALLS_KEPT:
+            _walked.popitem(last=False)
+    return roots
 
 
-@functools.lru_cache(maxsize=256)
-def _installs_of(programs: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(_installs(programs))
+def _signature(path: str) -> Any:
+    """What a changed file or directory would not share with its old self
+    (None: not there). A directory's mtime moves when an entry is added,
+    removed or renamed in it; a file replaced is another inode."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode
 
 
-def _installs(programs: Sequence[str]) -> list[str]:
-    """The directories a program needs to run, read-only: its install root
+def _note(read: list[tuple[str, Any]], path: str) -> str:
+    """Note *path* as read by the walk, before it is read: a change after
+    this look makes the next look differ, so the walk is done again."""
+    read.append((path, _signature(path)))
+    return path
+
+
+def _installs(programs: Sequence[str], read: list[tuple[str, Any]] | None = None) -> list[str]:
+    """The paths a program needs to run, read-only: its install root
     (``<prefix>`` of ``<prefix>/bin/<name>``, else its own directory), its
     interpreter's (a script's shebang, ``env NAME`` resolved on the PATH), a
     virtual environment's base interpreter (``pyvenv.cfg``'s home), and the
-    source trees of editable installs in it. Each link of a symlink chain
-    counts (a venv's ``python`` links to the base install)."""
+    code of editable installs in it. Each link of a symlink chain counts (a
+    venv's ``python`` links to the base install). A root shared with a
+    person's other files shows only its code (:func:`_shown_of`); every file
+    and directory looked at is noted in *read*."""
+    read = [] if read is None else read
     roots: list[str] = []
+    walked: set[str] = set()
     todo = [(p, 0) for p in programs]
     seen: set[str] = set()
     while todo:
@@ -483,18 +587,56 @@ def _installs(programs: Sequence[str]) -> list[str]:
         if depth > _INSTALL_DEPTH or path in seen:
             continue
         seen.add(path)
-        for hop in _link_chain(path):
+        for hop in _link_chain(path, read):
             root = _root_of(hop)
-            if any(_within(root, system) for system in _SYSTEM):
+            if root in walked or any(_within(root, system) for system in _SYSTEM):
                 continue  # shown already, read-only: /usr and its links
-            if root not in roots:
-                roots.append(root)
-                roots += [r for r in _venv_extras(root) if r not in roots]
+            walked.add(root)
+            roots += [r for r in [*_shown_of(root, hop, read), *_venv_extras(root, read)] if r not in roots]
         real = os.path.realpath(path)
-        interpreter = _shebang(real)
+        interpreter = _shebang(_note(read, real))
         if interpreter:
             todo.append((interpreter, depth + 1))
     return _outermost(roots)
+
+
+def _shown_of(root: str, hop: str, read: list[tuple[str, Any]]) -> list[str]:
+    """What of *root*, the install root of the program at *hop*, is shown.
+
+    All of it, unless it is shared with a person's other files
+    (:func:`_shared`): then a prefix (``~/.local`` of ``~/.local/bin/x``)
+    shows its code directories (:data:`PREFIX_CODE`) — all of it still when
+    it is an install of its own (a venv, a conda environment) — and a
+    program's own directory (``~/x``, ``/opt/x``) shows the program alone."""
+    if not _shared(root) or any(os.path.exists(_note(read, os.path.join(root, f))) for f in _OWN_INSTALL):
+        return [root]
+    if root != os.path.dirname(hop):  # a prefix: the program is in its bin
+        return [d for d in (os.path.join(root, name) for name in PREFIX_CODE) if os.path.isdir(_note(read, d))]
+    return [hop]
+
+
+def _homes() -> set[str]:
+    """Where people's files are: this process's home, root's, and every
+    directory of /home. (Not the password database's every entry: a
+    directory service may list thousands, and a service user's home is
+    no person's.)"""
+    homes = {os.path.expanduser("~"), "/root"}
+    try:
+        homes.update(e.path for e in os.scandir("/home") if e.is_dir())
+    except OSError:
+        pass
+    return {os.path.normpath(h) for h in homes if h and os.path.isabs(h)}
+
+
+def _shared(path: str) -> bool:
+    """Is *path* a directory shared with files that are none of a tool's
+    business: ``/`` or a top-level directory (``/opt``, ``/tmp``), a home
+    directory, or a direct child of one (``~/.local``, ``~/.cargo``, ``~/src``)?"""
+    path = os.path.normpath(path)
+    if path.count(os.sep) <= 1:
+        return True
+    homes = _homes()
+    return path in homes or os.path.dirname(path) in homes
 
 
 def _outermost(paths: Sequence[str]) -> list[str]:
@@ -510,25 +652,31 @@ def _named_paths(args: Sequence[str]) -> list[str]:
     """What a tool's arguments name on the host, to be shown read-only: an
     absolute path that exists (``--opt=/path`` too) — its directory when it
     is a file, so ``python /srv/tools/server.py`` finds the modules beside
-    its script. Never the data dir (the caller hides it)."""
+    its script; the file alone when that directory is shared with others'
+    files (``/opt``, a home directory: :func:`_shared`). Never anything of
+    ``/etc``, nor a shared directory whole. Never the data dir (the caller
+    hides it)."""
     found = []
     for arg in args:
         value = arg.partition("=")[2] if arg.startswith("-") and "=" in arg else arg
         if os.path.isabs(value) and os.path.exists(value):
             real = os.path.realpath(value)
             shown = real if os.path.isdir(real) else os.path.dirname(real)
-            # Never "/", "/tmp", "/home" whole, nor anything of /etc (an
-            # operator's config and secrets): name such paths in read_only.
-            if shown.count(os.sep) >= 2 and not _within(shown, "/etc"):
+            # An operator's config and secrets live in /etc: name such paths in read_only.
+            if _within(real, "/etc"):
+                continue
+            if not _shared(shown):
                 found.append(shown)
+            elif shown != real:
+                found.append(real)
     return found
 
 
-def _link_chain(path: str) -> list[str]:
+def _link_chain(path: str, read: list[tuple[str, Any]] | None = None) -> list[str]:
     chain = [os.path.abspath(path)]
     for _ in range(_INSTALL_DEPTH):
         try:
-            target = os.readlink(chain[-1])
+            target = os.readlink(chain[-1] if read is None else _note(read, chain[-1]))
         except OSError:
             break
         chain.append(os.path.normpath(os.path.join(os.path.dirname(chain[-1]), target)))
@@ -542,29 +690,34 @@ def _root_of(path: str) -> str:
     return parent
 
 
-def _venv_extras(root: str) -> list[str]:
-    """A venv's base interpreter install and its editable installs' trees."""
+def _venv_extras(root: str, read: list[tuple[str, Any]]) -> list[str]:
+    """A venv's base interpreter install and the code its editable installs
+    point at (a checkout a .pth line names: what Python imports of it)."""
     cfg = os.path.join(root, "pyvenv.cfg")
     if not os.path.isfile(cfg):
         return []
     extras: list[str] = []
     try:
-        with open(cfg, encoding="utf-8") as f:
+        with open(_note(read, cfg), encoding="utf-8") as f:
             for line in f:
                 key, _, value = line.partition("=")
                 if key.strip() == "home" and value.strip():
-                    extras.append(_root_of(os.path.join(value.strip(), "python")))
+                    python = os.path.join(value.strip(), "python")
+                    base = _root_of(python)
+                    if not any(_within(base, system) for system in _SYSTEM):
+                        extras += _shown_of(base, python, read)
     except OSError:
         pass
     lib = os.path.join(root, "lib")
-    for site in _site_dirs(lib):
-        for name in os.listdir(site):
+    for site in _site_dirs(_note(read, lib)):
+        for name in os.listdir(_note(read, site)):
             full = os.path.join(site, name)
             if name.endswith(".pth"):
-                extras += _pth_dirs(full)
+                for checkout in _pth_dirs(_note(read, full)):
+                    extras += _imported(checkout, read)
             elif name.startswith("__editable__") and name.endswith("_finder.py"):
-                extras += _finder_dirs(full)
-    return [e for e in dict.fromkeys(extras) if os.path.isdir(e)]
+                extras += _finder_dirs(_note(read, full))
+    return [e for e in dict.fromkeys(extras) if os.path.exists(e)]
 
 
 def _site_dirs(lib: str) -> list[str]:
@@ -581,6 +734,39 @@ def _pth_dirs(path: str) -> list[str]:
             return [ln.strip() for ln in f if ln.strip().startswith("/") and not ln.startswith("import")]
     except OSError:
         return []
+
+
+def _imported(folder: str, read: list[tuple[str, Any]]) -> list[str]:
+    """What Python imports from *folder*, a directory on ``sys.path`` (a
+    checkout a ``.pth`` line names): its packages (a directory with Python
+    in it, or with packages in it: a namespace), its top-level modules and
+    installed metadata — not the checkout around them (its ``.git``, an
+    ``.env``, whatever else lies there)."""
+    try:
+        entries = list(os.scandir(_note(read, folder)))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        if entry.name.startswith(".") or entry.name == "__pycache__":
+            continue
+        if entry.name.endswith(_METADATA) or (entry.is_file() and entry.name.endswith(_IMPORTED)):
+            found.append(entry.path)
+        elif entry.is_dir() and _python_in(_note(read, entry.path), read):
+            found.append(entry.path)
+    return found
+
+
+def _python_in(folder: str, read: list[tuple[str, Any]], depth: int = 1) -> bool:
+    """Does *folder* hold Python modules (or, *depth* levels down, packages)?"""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return False
+    if any(e.name.endswith(_IMPORTED) and e.is_file() for e in entries):
+        return True
+    return depth > 0 and any(e.is_dir() and not e.name.startswith(".") and
+                             _python_in(_note(read, e.path), read, depth - 1) for e in entries)
 
 
 def _finder_dirs(path: str) -> list[str]:

@@ -459,8 +459,16 @@ class Node:
 
     def sandbox_condition(self) -> dict[str, Any] | None:
         """``node.sandbox`` of the status: mode, state (confined | unconfined |
-        refused), confined, reason; None before the probe or without seats."""
-        return self.sandbox.describe() if self.sandbox is not None else None
+        refused), confined, reason, and ``by``: the seats role's own probe
+        once it reported it in its stats (its tools run under that one, and
+        the two can disagree — a PATH, a restart apart), crewletd's until
+        then; None before either, or without seats."""
+        for child in self._process_children():
+            if child["name"] == "seats":
+                found = (self.host.stats.get(child["pid"]) or {}).get("sandbox")
+                if isinstance(found, dict):
+                    return {**found, "by": "seats"}
+        return {**self.sandbox.describe(), "by": "crewletd"} if self.sandbox is not None else None
 
     def disk_condition(self) -> dict[str, Any]:
         """``node.disk`` of the status (crewlet.disk.condition)."""

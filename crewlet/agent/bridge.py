@@ -13,15 +13,17 @@ Usage — one :class:`Bridge` per seats process, one grant per turn::
     ...
     with bridge.grant(seat="cto", token=7, trigger="m-41", registry=reg, services=services,
                       fence=lambda: holds("cto", 7), deadline=time.monotonic() + 300) as grant:
-        config = bridge.config_file(grant, workdir)   # {"mcpServers": {"crewlet": ...}}, mode 0600
+        config = bridge.config_file(grant, folder)    # {"mcpServers": {"crewlet": ...}}, mode 0600
         env = grant.env()                             # CREWLET_MCP_BRIDGE_URL / _TOKEN / _SOCKET
-        token = CURRENT.set(grant)                    # what the CLI provider reads
-        try:
-            ... run the agent, pointed at config or env ...
-        finally:
-            CURRENT.reset(token)
+        ... run the agent, pointed at config or env ...
     # revoked here: its token answers 401 from now on, its config file is gone
     await bridge.close()
+
+The seats role hands a turn's grant to its CLI agent on the turn's
+:class:`crewlet.sandbox.Seat` (``grant``), set for the turn's length only
+(:func:`crewlet.sandbox.turn`); the CLI provider writes the config and the
+environment from it (:mod:`crewlet.agent.providers.cli`). Nothing of the
+bridge is process-wide state a provider looks up.
 
 What a grant is. A capability for one turn: a random secret (32 bytes,
 URL-safe base64) bound to the seat, its fencing token, the turn's trigger and
@@ -105,7 +107,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import hashlib
 import json
 import os
@@ -156,10 +157,6 @@ GRACE = 2.0
 REFUSALS_LOGGED = 20
 # Grants kept before expired ones are purged (then twice as many as are live).
 PURGE_AT = 256
-
-CURRENT: contextvars.ContextVar[Grant | None] = contextvars.ContextVar("crewlet_bridge_grant", default=None)
-"""The grant of the turn this code runs in (set by the turn around its
-provider call): the CLI provider reads it to point its agent at the bridge."""
 
 # Where the ASGI layer leaves a request's grant for the MCP handlers (the
 # SDK hands them the Starlette request, whose scope is the same dict).

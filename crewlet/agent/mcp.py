@@ -26,8 +26,21 @@ Every server's environment carries ``CREWLET_SPAWNED_BY=<mark>`` and
 ``CREWLET_SEAT``: a seats role killed before it could stop its servers
 leaves them to its successor's :func:`crewlet.agent.janitor.kill_marked`.
 
+**Its stderr is its own.** Each incarnation's stderr is a pipe of its own
+that this process reads (:class:`_Stderr`), never the seats role's own
+stderr: crewletd parses that output as crewlet's own JSON log events
+(:func:`crewlet.log.forward`), so a tool writing there could forge any
+event at any level. Each line becomes an ``mcp_server_output`` event
+(info) tagged with the seat and the server, its text a field — never parsed
+— cut at :data:`OUTPUT_LINE_MAX` characters (``cut``), control characters
+escaped (no terminal tricks in a text log), known secrets and credential
+shapes redacted (:func:`crewlet.redaction.scrub`); at most
+:data:`OUTPUT_LINES_PER_S` lines a second a server are logged, the rest
+counted in the next one that is (``unlogged``).
+
 Events: ``mcp_server_started``, ``mcp_server_exited``, ``mcp_server_failed``
-(a start that did not come up), ``mcp_server_stopped``, ``mcp_tool_skipped``.
+(a start that did not come up), ``mcp_server_stopped``, ``mcp_tool_skipped``,
+``mcp_server_output``.
 """
 
 from __future__ import annotations
@@ -37,7 +50,6 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -52,7 +64,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
 import crewlet
-from crewlet import log
+from crewlet import log, redaction
 from crewlet.agent.janitor import SPAWNED_BY
 from crewlet.agent.tools import Registry, Tool, ToolContext, ToolError
 from crewlet.agent.types import TOOL_NAME_MAX
@@ -75,6 +87,17 @@ _FIND_WAIT = 2.0
 _FIND_POLL = 0.005
 # Names this incarnation of a server in its environment, to find its pid.
 _INSTANCE_ENV = "CREWLET_MCP_ID"
+# Characters of one line of a server's stderr kept in its event (the rest of
+# the line is dropped), and lines a second one server may log: a tool
+# printing without end must not become the node's log.
+OUTPUT_LINE_MAX = 2000
+OUTPUT_LINES_PER_S = 50
+# Bytes read from a server's stderr at a time; what is left in the pipe when
+# an incarnation ends is read up to this many more.
+_OUTPUT_READ = 65536
+_OUTPUT_DRAIN = 1 << 20
+# Control characters escaped in a line (tab kept): ANSI escapes, bells, CRs.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 _NOT_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
 # Who we are to a server (its logs may show it).
 _CLIENT_INFO = mcp_types.Implementation(name="crewlet", version=crewlet.__version__)
@@ -254,10 +277,12 @@ class _Server:
                                            cwd=launch.cwd)
         else:
             params = StdioServerParameters(command=self.spec.command, args=list(self.spec.args), env=env)
-        client = stdio_client(params, errlog=_errlog())
+        errors = _Stderr(self._fields())
+        client = stdio_client(params, errlog=errors.file)
         process = None
         try:
             async with client as (read, write):
+                errors.spawned()
                 process = _sdk_process(client)
                 # The SDK's own process when it can be seen (no scan of our
                 # children, which blocks the loop at thousands of seats).
@@ -277,6 +302,7 @@ class _Server:
                     await _exited(self.pid)
                     self._down()  # at once, for the turns calling it; the SDK's shutdown follows
         finally:
+            errors.close()  # its last words read: the SDK has stopped it
             self._code = getattr(process, "returncode", None)
 
     def _adopt(self, session: ClientSession, listed: list[mcp_types.Tool]) -> None:
@@ -450,14 +476,101 @@ def _group_running(pgid: int) -> bool:
     return False
 
 
-def _errlog() -> Any:
-    """Where servers' stderr goes: ours, if it is a real file (a test runner
-    may have swapped in one that is not)."""
-    try:
-        sys.stderr.fileno()
-        return sys.stderr
-    except (AttributeError, ValueError, OSError):
-        return sys.__stderr__
+class _Stderr:
+    """One incarnation's stderr: a pipe read on the loop, each line logged as
+    an ``mcp_server_output`` event of its seat and server (see the module's
+    manual). :attr:`file` is the write end the SDK hands the process;
+    :meth:`spawned` lets go of ours once the process holds its own, so the
+    read end ends when the process (and whatever it started) is gone."""
+
+    def __init__(self, fields: dict[str, Any]):
+        self._fields = fields
+        read, write = os.pipe()  # both close-on-exec: the child gets a dup as its fd 2
+        os.set_blocking(read, False)
+        self.file = os.fdopen(write, "w")
+        self._fd: int | None = read
+        self._line = bytearray()
+        self._cut = False        # the line being read passed OUTPUT_LINE_MAX: the rest is dropped
+        self._second = 0         # the second lines are being counted in
+        self._logged = 0         # lines logged in it
+        self._unlogged = 0       # lines not logged since the last one that was
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(read, self._read)
+
+    def spawned(self) -> None:
+        self.file.close()
+
+    def close(self) -> None:
+        """Read what is left (bounded), log the unfinished line, let go."""
+        self.file.close()
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        self._loop.remove_reader(fd)
+        try:
+            left = _OUTPUT_DRAIN
+            while left > 0:
+                chunk = os.read(fd, min(_OUTPUT_READ, left))
+                if not chunk:
+                    break
+                left -= len(chunk)
+                self._take(chunk)
+        except OSError:  # BlockingIOError: nothing more now (a grandchild still holds it)
+            pass
+        finally:
+            os.close(fd)
+        if self._line and not self._cut:
+            self._emit(bytes(self._line), cut=False)
+        if self._unlogged:
+            log.event("mcp_server_output", **self._fields, line="", unlogged=self._unlogged)
+
+    def _read(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            chunk = os.read(self._fd, _OUTPUT_READ)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            self._take(chunk)
+        else:  # every writer is gone; close() logs the unfinished line
+            self._loop.remove_reader(self._fd)
+
+    def _take(self, chunk: bytes) -> None:
+        for n, piece in enumerate(chunk.split(b"\n")):
+            if n:  # a newline ended the line before this piece
+                if not self._cut:
+                    self._emit(bytes(self._line), cut=False)
+                self._line.clear()
+                self._cut = False
+            if self._cut:
+                continue
+            self._line += piece
+            if len(self._line) > OUTPUT_LINE_MAX:
+                self._emit(bytes(self._line[:OUTPUT_LINE_MAX]), cut=True)
+                self._line.clear()
+                self._cut = True
+
+    def _emit(self, raw: bytes, *, cut: bool) -> None:
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        if not text.strip():
+            return
+        now = int(time.monotonic())
+        if now != self._second:
+            self._second, self._logged = now, 0
+        if self._logged >= OUTPUT_LINES_PER_S:
+            self._unlogged += 1
+            return
+        self._logged += 1
+        fields: dict[str, Any] = {}
+        if cut:
+            fields["cut"] = True
+        if self._unlogged:
+            fields["unlogged"], self._unlogged = self._unlogged, 0
+        text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+        log.event("mcp_server_output", **self._fields, line=redaction.scrub(text)[:OUTPUT_LINE_MAX], **fields)
 
 
 def _describe(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ import nats
 import pytest
 
 from crewlet.agent import bridge as bridge_mod
-from crewlet.agent.bridge import CURRENT, Bridge
+from crewlet.agent.bridge import Bridge
 from crewlet.agent.estate_tools import ESTATE_TOOL_NAMES, estate_tools
 from crewlet.agent.tools import Registry, Tool, builtin_tools
 from crewlet.estate import store
@@ -411,13 +411,6 @@ def test_the_bridge_listens_on_loopback_only_and_keeps_no_stranger_files(short_t
                                  fence=lambda: True, deadline=None)
             assert answer(await rpc("http://localhost/mcp", grant.secret, "tools/call", {"name": "echo"},
                                     uds=stale))[0] == "cto t 1 t.bridge.0 None"
-            # The turn sets the current grant around its provider call.
-            assert CURRENT.get() is None
-            token = CURRENT.set(grant)
-            try:
-                assert CURRENT.get() is grant
-            finally:
-                CURRENT.reset(token)
         finally:
             await bridge.close()
         assert not os.path.exists(stale)

@@ -8,6 +8,13 @@ everything the issue's probe did and more against the node that runs it;
 every attempt must fail, each for the reason expected; the seats answer,
 other seats go on, nothing crashes and the node says nothing above info.
 
+Beside it, each wall on its own with real bubblewrap and real processes: a
+tool's stderr is its tagged output, never a crewlet log event; a data dir
+reached through links stays hidden; a path a server's arguments name is shown
+read-only, nothing of /etc; an upgraded tool gets its new install; a shared
+prefix (~/.cargo, ~/.local) or a checkout shows its code alone; a seat's MCP
+server cannot read its CLI agent's bridge config.
+
 Needs bubblewrap (Debian's ``bubblewrap``): without it these tests skip,
 unless ``CREWLET_TEST_SANDBOX=required`` (CI sets it), which fails them.
 """
@@ -19,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+import time
 
 import pytest
 
@@ -218,6 +226,21 @@ def test_a_hostile_tool_and_agent_can_do_nothing_to_the_node(make_node, monkeypa
             with open(path, "rb") as f:
                 assert key.encode() not in f.read(), os.path.join(top, name)
 
+    # What each server wrote on its stderr as it started — a forged record
+    # of crewletd's, an error — is in the node's log as that server's output
+    # alone, tagged with its seat and server, never an event of its own.
+    from tests.integration.hostile_tool import FORGED
+    events = node.events()
+    assert not [e for e in events if e.get("event") == FORGED["event"] or e.get("node") == FORGED["node"]]
+    said = {(e["role"], e["seat"], e["server"], e["level"]) for e in events
+            if e.get("event") == "mcp_server_output" and e.get("line") == json.dumps(FORGED)}
+    assert said == {("seats", "mallory", "evil", "info"), ("seats", "mallory", "offline", "info")}, said
+
+    # The status says how the seats role itself found the sandbox: its tools run under that probe.
+    box = wait_for(lambda: (node.status()["node"]["sandbox"] or {}).get("by") == "seats"
+                   and node.status()["node"]["sandbox"], 10, what="the seats role's probe in the status")
+    assert box == {**seats_stats(node)["sandbox"], "by": "seats"} and box["state"] == "confined", box
+
     # Nothing crashed; the node said nothing above info while it was attacked.
     assert all(c["restarts"] == 0 for c in node.status()["children"]), node.status()["children"]
     loud = [e for e in node.events()[started:] if e.get("level") in ("warning", "error")]
@@ -244,7 +267,8 @@ def test_required_without_bubblewrap_refuses_the_seats_servers_and_says_so(make_
         return len(mcp) == 2 and all(s["state"] == "refused" for s in mcp.values()) and mcp
     mcp = wait_for(refused_servers, 30, what="mallory's servers refused")
     assert all("bubblewrap is not installed" in s["last_error"] for s in mcp.values()), mcp
-    box = node.status()["node"]["sandbox"]
+    box = wait_for(lambda: (node.status()["node"]["sandbox"] or {}).get("by") == "seats"
+                   and node.status()["node"]["sandbox"], 10, what="the seats role's probe in the status")
     assert box["state"] == "refused" and "bubblewrap" in box["reason"], box
     out = ctl_json(node, "send", "bob", "hello", "--wait", "30")
     assert out["turn"]["reply"] == "hello back"
@@ -339,3 +363,265 @@ def test_a_confined_servers_whole_tree_goes_with_its_stop(short_tmp):
         await servers.stop()
         assert marked() == []  # stop() returns once nothing of it runs, namespace and all
     asyncio.run(main())
+
+
+# --------------------------------------------------------------------------
+# What a confined tool's stderr becomes
+# --------------------------------------------------------------------------
+
+def test_a_tools_stderr_is_its_output_tagged_never_a_crewlet_event(short_tmp):
+    """A confined server writes a forged crewlet log record to its stderr
+    (an error of crewletd's), a known secret, an endless line and a terminal
+    escape: each is an ``mcp_server_output`` event of its seat and server,
+    its text a field — the forged record is never an event of its own."""
+    needs_bwrap()
+    import asyncio
+    from crewlet import redaction
+    from crewlet.agent import mcp
+    from crewlet.agent.mcp import SeatServers
+    from crewlet.agent.tools import Registry
+    from crewlet.company.model import McpServer
+    from tests.integration.hostile_tool import FORGED
+    from tests.integration.test_mcp import captured_events, until
+
+    secret = "tool-says-secret-0123456789"
+    redaction.learn([secret])
+    box = sandbox.Sandbox.of(NodeConfig.model_validate({"data_dir": os.path.join(short_tmp, "data")}))
+    flood = [f"flood {n}" for n in range(3 * mcp.OUTPUT_LINES_PER_S)]
+    said = [f"the key is {secret}", "x" * (mcp.OUTPUT_LINE_MAX * 3), "\x1b[2Jcleared", *flood]
+
+    async def main(events):
+        servers = SeatServers("mallory", [McpServer(name="evil", command=sys.executable, args=[HOSTILE],
+                                                    env={"HOSTILE_STDERR": json.dumps(said)})],
+                              Registry(), mark=f"test/sandbox/{os.getpid()}", sandbox=box)
+        await servers.start()
+        try:
+            assert servers.status()["evil"]["state"] == "up", servers.status()
+            return await until(lambda: len(events.named("mcp_server_output")) >= 4 and
+                               events.named("mcp_server_output"), 10, "the server's stderr lines")
+        finally:
+            await servers.stop()
+
+    with captured_events() as events:
+        lines = asyncio.run(main(events))
+        assert not events.named(FORGED["event"])
+        everything = events.named("mcp_server_output")
+    # A flood is bounded: what was not logged is counted (the last count as the server stops).
+    logged = [e for e in everything if e["line"]]
+    held_back = sum(e.get("unlogged", 0) for e in everything)
+    assert held_back and len(logged) + held_back == 1 + len(said), (len(logged), held_back)
+    assert all(e["seat"] == "mallory" and e["server"] == "evil" and e["level"] == "info" for e in lines), lines
+    assert lines[0]["line"] == json.dumps(FORGED)
+    assert lines[1]["line"] == f"the key is {redaction.REDACTED}"
+    assert lines[2]["line"] == "x" * mcp.OUTPUT_LINE_MAX and lines[2]["cut"] is True
+    assert lines[3]["line"] == "\\x1b[2Jcleared"
+
+
+# --------------------------------------------------------------------------
+# What an install shows, and what it never does
+# --------------------------------------------------------------------------
+
+def run_confined(box: sandbox.Sandbox, argv: list[str], seat: str = "s", policy=sandbox.DEFAULT_POLICY):
+    import subprocess
+    launch = box.wrap(argv, {}, seat, policy)
+    assert launch.confined
+    return subprocess.run(launch.argv, env=launch.env, cwd=launch.cwd, capture_output=True, text=True,
+                          timeout=30)
+
+
+def make_script(path: str, text: str) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+# A shell function the tools below use: say what reading each path did.
+TRY = 'try() { if cat "$1" >/dev/null 2>&1; then echo "$1 read"; else echo "$1 refused"; fi; }\n'
+
+
+def test_a_symlinked_data_dir_stays_hidden_from_a_tool(short_tmp):
+    """The data dir is a link into a checkout the tool is installed from,
+    and the tool is run through a link to that checkout: the data is in no
+    path the tool can name — the link, its target, nor under the install's
+    own linked path — while the rest of the install is there."""
+    needs_bwrap()
+    app = os.path.join(short_tmp, "app")
+    real = os.path.join(app, "var", "data")
+    os.makedirs(os.path.join(real, "run"))
+    with open(os.path.join(real, "run", "api-token"), "w") as f:
+        f.write("secret")
+    with open(os.path.join(app, "ok.txt"), "w") as f:
+        f.write("fine")
+    data, applink = os.path.join(short_tmp, "data"), os.path.join(short_tmp, "applink")
+    os.symlink(real, data)
+    os.symlink(app, applink)
+    box = sandbox.Sandbox.of(NodeConfig.model_validate({"data_dir": data}))
+    assert box.hidden[0] == os.path.realpath(real)
+    paths = [os.path.join(p, "run", "api-token") for p in (data, real, os.path.join(applink, "var", "data"))]
+    tool = make_script(os.path.join(app, "bin", "tool"),
+                       "#!/bin/sh\n" + TRY + "".join(f"try {p}\n" for p in [*paths, f"{app}/ok.txt"]))
+    # Started by its own path, the install is there (ok.txt); by the link, it is
+    # there under the link alone — and the data dir is nowhere either way.
+    for how, ok in ((tool, "read"), (os.path.join(applink, "bin", "tool"), "refused")):
+        done = run_confined(box, [how])
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [*(f"{p} refused" for p in paths), f"{app}/ok.txt {ok}"], \
+            (how, done.stdout)
+    # Nor by a policy's path: the link, the checkout around it, the linked checkout.
+    for path in (data, app, applink):
+        with pytest.raises(sandbox.SandboxError, match="must never see"):
+            box.wrap(["true"], {}, "s", sandbox.Policy(read_only=(path,)))
+
+
+def test_a_path_named_in_a_servers_args_is_shown_read_only_and_nothing_of_etc(short_tmp):
+    """``sh /srv/tools/run.sh --conf=/etc/hostname``: the script's directory
+    is there, read-only (the modules beside it); /etc/hostname is not, nor
+    anything not named."""
+    needs_bwrap()
+    tools, other = os.path.join(short_tmp, "tools"), os.path.join(short_tmp, "other")
+    for folder, name, text in ((tools, "beside.txt", "a module"), (other, "secret.txt", "not named")):
+        os.makedirs(folder)
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+    os.chmod(tools, 0o777)  # writable by anyone: only the read-only bind stops a write
+    run = make_script(os.path.join(tools, "run.sh"), TRY + "\n".join([
+        f"try {tools}/beside.txt", "try /etc/hostname", f"try {other}/secret.txt",
+        f"if touch {tools}/new 2>/dev/null; then echo written; else echo read-only; fi", ""]))
+    box = sandbox.Sandbox.of(NodeConfig.model_validate({"data_dir": os.path.join(short_tmp, "data")}))
+    done = run_confined(box, ["sh", run, "--conf=/etc/hostname", "/etc/ssl/private"])
+    assert done.stdout.split("\n")[:-1] == [f"{tools}/beside.txt read", "/etc/hostname refused",
+                                            f"{other}/secret.txt refused", "read-only"], (done.stdout, done.stderr)
+    assert not os.path.exists(os.path.join(tools, "new"))
+
+
+def test_an_upgraded_tool_gets_its_new_install_bound(short_tmp):
+    """The tool's file is replaced by one naming an interpreter installed
+    elsewhere: the next start binds that install (a walk remembered from
+    before would leave the new interpreter out, and the tool would not run)."""
+    needs_bwrap()
+    box = sandbox.Sandbox.of(NodeConfig.model_validate({"data_dir": os.path.join(short_tmp, "data")}))
+    interpreters = {}
+    for name in ("one", "two"):
+        interpreters[name] = os.path.join(short_tmp, name, "bin", "sh")
+        os.makedirs(os.path.dirname(interpreters[name]))
+        os.symlink("/bin/sh", interpreters[name])
+    tool = make_script(os.path.join(short_tmp, "app", "bin", "tool"), f"#!{interpreters['one']}\necho one\n")
+    assert run_confined(box, [tool]).stdout == "one\n"
+    make_script(tool + ".new", f"#!{interpreters['two']}\necho two\n")
+    os.replace(tool + ".new", tool)  # as an upgrade writes it: a new file renamed over the old
+    done = run_confined(box, [tool])
+    assert done.stdout == "two\n", done.stderr
+
+
+def test_a_tool_in_a_shared_prefix_or_from_a_checkout_sees_its_code_not_what_lies_beside(short_tmp, monkeypatch):
+    """~/.cargo/bin/tool: not ~/.cargo/credentials.toml; ~/.local/bin/tool:
+    ~/.local/lib, not ~/.local/share; a venv's editable install from a
+    checkout: its package, not the checkout's .env or .git."""
+    needs_bwrap()
+    home = os.path.join(short_tmp, "home")
+    monkeypatch.setenv("HOME", home)
+    files = {".cargo/credentials.toml": "token", ".local/lib/x/data.txt": "code",
+             ".local/share/keyrings/login": "secret", ".ssh/id": "key",
+             "src/app/pkg/__init__.py": "", "src/app/.env": "API_KEY=x", "src/app/.git/config": "url"}
+    for name, text in files.items():
+        make_script(os.path.join(home, name), text)
+    venv = os.path.join(short_tmp, "venv")
+    site = os.path.join(venv, "lib", "python3.11", "site-packages")
+    os.makedirs(site)
+    with open(os.path.join(venv, "pyvenv.cfg"), "w") as f:
+        f.write("home = /usr/bin\n")
+    with open(os.path.join(site, "app.pth"), "w") as f:
+        f.write(os.path.join(home, "src", "app") + "\n")
+    body = "#!/bin/sh\n" + TRY + "".join(f"try {os.path.join(home, n)}\n" for n in files)
+    box = sandbox.Sandbox.of(NodeConfig.model_validate({"data_dir": os.path.join(short_tmp, "data")}))
+    readable = {}
+    for where in (".cargo/bin/tool", ".local/bin/tool", "bin/tool", "tool"):
+        done = run_confined(box, [make_script(os.path.join(home, where), body)])
+        assert done.returncode == 0, (where, done.stderr)
+        readable[where] = {os.path.relpath(line.split()[0], home) for line in done.stdout.splitlines()
+                           if line.endswith(" read")}
+    done = run_confined(box, [make_script(os.path.join(venv, "bin", "tool"), body)])
+    readable["venv"] = {os.path.relpath(line.split()[0], home) for line in done.stdout.splitlines()
+                        if line.endswith(" read")}
+    assert readable == {".cargo/bin/tool": set(), ".local/bin/tool": {".local/lib/x/data.txt"},
+                        "bin/tool": set(), "tool": set(), "venv": {"src/app/pkg/__init__.py"}}, readable
+
+
+# --------------------------------------------------------------------------
+# A CLI turn's bridge config is its agent's alone
+# --------------------------------------------------------------------------
+
+def test_a_seats_mcp_server_cannot_read_its_cli_agents_bridge_config(short_tmp):
+    """While a seat's CLI agent holds its turn (and reads its bridge config
+    at /run/crewlet/mcp.json), the same seat's MCP server — the same
+    workspace, the same uid — finds neither that path nor the file on the
+    host. The call made the seat's workspace once, and nothing of the turn
+    is left set after it."""
+    needs_bwrap()
+    import asyncio
+    import glob
+    from crewlet.agent.bridge import Bridge
+    from crewlet.agent.mcp import SeatServers
+    from crewlet.agent.providers import make_provider
+    from crewlet.agent.tools import Registry, ToolContext
+    from crewlet.agent.types import Message
+    from crewlet.company.model import McpServer
+    from crewlet.company.model import Provider as ProviderSpec
+
+    class Counted(sandbox.Sandbox):
+        made = 0
+
+        def workspace(self, seat):
+            Counted.made += 1
+            return super().workspace(seat)
+
+    data = os.path.join(short_tmp, "data")
+    box = Counted.of(NodeConfig.model_validate({"data_dir": data}))
+    workspace = os.path.join(data, "workspaces", "s")
+    agent = make_provider("agent", ProviderSpec.model_validate(
+        {"kind": "cli", "command": [sys.executable, HOSTILE, "--hold"]}))
+
+    async def main():
+        registry = Registry()
+        servers = SeatServers("s", [McpServer(name="peek", command=sys.executable, args=[HOSTILE])], registry,
+                              mark=f"test/sandbox/{os.getpid()}", sandbox=box)
+        bridge = Bridge()
+        await bridge.start()
+        await servers.start()
+        try:
+            assert servers.status()["peek"]["state"] == "up", servers.status()
+            grant = bridge.grant(seat="s", token=1, trigger="t", registry=registry, services=None,
+                                 fence=lambda: True, deadline=None)
+            Counted.made = 0
+            with sandbox.turn(sandbox.Seat(box, "s", grant=grant)):
+                call = asyncio.create_task(agent.complete("", [Message("user", "hold")], [],
+                                                          deadline=time.monotonic() + 60))
+            assert sandbox.SEAT.get() is None
+            deadline = time.monotonic() + 30
+            while not os.path.exists(os.path.join(workspace, "held")):
+                assert time.monotonic() < deadline and not call.done(), call.done() and call.result()
+                await asyncio.sleep(0.02)
+            written = glob.glob(os.path.join(data, "run", "grants", "*.json"))
+            assert len(written) == 1
+            ctx = ToolContext(seat="s", trigger="t", token=1, call_key="t.0", services=None)
+            text, error = await registry.call(ctx, "peek__peek_at", {"paths": json.dumps(
+                [sandbox.BRIDGE_CONFIG, written[0], os.path.dirname(written[0]), f"{sandbox.WORKSPACE}/held"])})
+            assert not error, text
+            with open(os.path.join(workspace, "release"), "w"):
+                pass
+            reply = await asyncio.wait_for(call, 30)
+            bridge.revoke(grant)
+            assert not os.path.exists(written[0])
+            return json.loads(text), json.loads(reply.text)
+        finally:
+            await servers.stop()
+            await bridge.close()
+
+    seen, said = asyncio.run(main())
+    assert said == {"config": sandbox.BRIDGE_CONFIG, "read": True}  # the agent's own, in its sandbox
+    held = f"{sandbox.WORKSPACE}/held"  # the workspace both share: there
+    assert seen == {sandbox.BRIDGE_CONFIG: "ENOENT", held: "read",
+                    **{p: "ENOENT" for p in seen if p not in (sandbox.BRIDGE_CONFIG, held)}}, seen
+    assert Counted.made == 1

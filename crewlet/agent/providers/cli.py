@@ -25,11 +25,18 @@ spawned.
 built from nothing: the one variable its provider names (``api_key_env``,
 its own key), ``LANG``, the spawn mark, and — when the turn has a tool
 bridge (:mod:`crewlet.agent.bridge`) — the bridge's URL, its per-turn token
-and an MCP config file in the workspace that names them, so an agent in
-agent mode calls crewlet's tools as its seat and through nothing else. The
-seat whose turn it is (:data:`crewlet.sandbox.SEAT`) runs it under its own
-sandbox, in its workspace; a node whose ``sandbox.mode`` is ``required``
-and cannot confine fails the call with the reason.
+and an MCP config file that names them (written in the run dir, bound
+read-only at :data:`crewlet.sandbox.BRIDGE_CONFIG` into this agent's sandbox
+alone: the seat's MCP servers share its workspace), so an agent in agent
+mode calls crewlet's tools as its seat and through nothing else. The seat
+whose turn it is, and the turn's grant, are :data:`crewlet.sandbox.SEAT`
+(set by the seats role for the turn's length, :func:`crewlet.sandbox.turn`):
+the agent runs under that seat's sandbox, in its workspace; a node whose
+``sandbox.mode`` is ``required`` and cannot confine fails the call with the
+reason.
+
+The agent's stderr is a pipe of its own, read here: never the seats role's
+output, whose lines crewletd takes for crewlet's own log events.
 """
 
 from __future__ import annotations
@@ -39,7 +46,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -117,21 +123,32 @@ class CliProvider(Provider):
         the seat whose turn it is, with the turn's bridge when it has one."""
         env = self.environment()
         seat = sandbox.SEAT.get()
-        grant = _bridge_grant()
-        binds: tuple[tuple[str, str], ...] = seat.binds if seat is not None else ()
+        grant = seat.grant if seat is not None else None
         if grant is not None:
             env.update(grant.env())
-        if seat is None:  # a provider called outside a seat's turn (tests, tools): no sandbox
+        if seat is None or seat.sandbox is None:
+            # Called outside a seat's turn (tests, tools), or a node without a
+            # sandbox (unit tests): run as it is.
             env.setdefault("PATH", self._env.get("PATH", sandbox.SANDBOX_PATH))
             return list(self.command), env, None
+        box = seat.sandbox
+        if box.state == "refused":  # nothing is made for a call that cannot run
+            raise ProviderError(f"provider {self.name}: sandbox.mode is required and tools cannot be "
+                                f"confined: {box.reason}", retryable=False)
         env["CREWLET_SEAT"] = seat.seat
+        binds = seat.binds
+        # Once a call: made (and, as root, owned by the seat's uid) here, used
+        # by the config's owner and the wrap alike.
+        try:
+            place = await asyncio.to_thread(box.workspace, seat.seat)
+        except sandbox.SandboxError as exc:
+            raise ProviderError(f"provider {self.name}: {exc}", retryable=False) from None
         if grant is not None:
             # The config holds the turn's token: outside the workspace, which
             # the seat's own MCP servers share, and shown to this agent alone.
-            _, uid = await asyncio.to_thread(seat.sandbox.workspace, seat.seat)
-            folder = await asyncio.to_thread(seat.sandbox.grants_dir)
-            written = grant.config_file(folder, uid)  # on the loop: a revoke cannot race it
-            confined = seat.sandbox.state == "confined"
+            folder = await asyncio.to_thread(box.grants_dir)
+            written = grant.config_file(folder, place[1])  # on the loop: a revoke cannot race it
+            confined = box.state == "confined"
             env[CONFIG_ENV] = sandbox.BRIDGE_CONFIG if confined else written
             if confined:
                 binds = (*binds, (written, sandbox.BRIDGE_CONFIG))
@@ -139,7 +156,7 @@ class CliProvider(Provider):
                 binds = (*binds, (grant.socket_path, sandbox.BRIDGE_SOCKET))
                 env["CREWLET_MCP_BRIDGE_SOCKET"] = sandbox.BRIDGE_SOCKET
         try:
-            launch = await asyncio.to_thread(seat.sandbox.wrap, self.command, env, seat.seat, seat.policy, binds)
+            launch = await asyncio.to_thread(box.wrap, self.command, env, seat.seat, seat.policy, binds, place)
         except (sandbox.SandboxError, FileNotFoundError) as exc:
             raise ProviderError(f"provider {self.name}: {exc}", retryable=False) from None
         return launch.argv, launch.env, launch.cwd
@@ -223,12 +240,6 @@ async def _talk(proc: asyncio.subprocess.Process, prompt: bytes) -> tuple[bytes,
 
     _, out, err = await asyncio.gather(write(), proc.stdout.read(), proc.stderr.read())
     return out, err
-
-
-def _bridge_grant():
-    """The tool bridge's grant of the turn this call runs in, if it has one."""
-    bridge = sys.modules.get("crewlet.agent.bridge")  # imported by the seats role when it serves one
-    return bridge.CURRENT.get() if bridge is not None else None
 
 
 def _kill_group(pgid: int) -> None:
