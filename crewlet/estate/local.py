@@ -38,6 +38,7 @@ caller (the router) decides what that means for the op.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
@@ -87,6 +88,7 @@ class LocalCopy:
         self.stale = stale
         self._heard: dict[str, Any] | None = None   # the last applied message
         self._heard_at: float | None = None         # monotonic time it came
+        self._made_at = time.monotonic()            # a copy not heard yet is not stopped before `stale`
         self._tick = asyncio.Event()                # set (and replaced) on each message
         self._pending: dict[str, asyncio.Future] = {}
         self._sub: zmq.asyncio.Socket | None = None
@@ -248,6 +250,7 @@ class LocalCopy:
         deadline, plus :data:`REPLY_MARGIN`), after which
         :class:`TimeoutError` is raised.
         """
+        await self.first_word()
         why = self.reason()
         if why is not None:
             return self._answer(wire.OUT_OF_SERVICE, reason=why)
@@ -257,6 +260,21 @@ class LocalCopy:
         if kind == wire.WRITE:
             return await self._write(request, timeout)
         return self._answer(wire.BAD_REQUEST, reason=f"unknown request kind {kind!r}")
+
+    async def first_word(self) -> None:
+        """Call before judging the copy by :meth:`reason` for a request. A
+        subscription made a moment ago misses what the applier published
+        before it joined (ZeroMQ's slow joiner), so a request in this
+        process's first seconds waits for the applier's next message (it
+        publishes every second) rather than take the silence for "applier
+        stopped" — at most until ``stale`` after the copy was made, when
+        silence means what it says. At once once anything was heard."""
+        left = self._made_at + self.stale - time.monotonic()
+        if self._heard is None and left > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    while self._heard is None:
+                        await self._tick.wait()
 
     def _answer(self, status: str, **fields: Any) -> dict[str, Any]:
         return wire.answer(status, self.node_id, **fields)

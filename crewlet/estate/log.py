@@ -8,9 +8,20 @@ Its subjects name who published an op (:mod:`crewlet.estate.origins`):
 ``estate.ops`` (:data:`SUBJECT`) the appliers' and the operator's, every
 kind; ``estate.ops.seats.<node>`` (:func:`seats_subject`) the seats role of
 ``<node>``, which publishes there a seat's fence and its turn records
-straight. :func:`publish` picks the subject from the connection's broker
-user; every applier reads both (:data:`SUBJECTS`) and refuses an op that does
-not fit the subject it is on.
+straight. The caller of :func:`publish` names the subject: the operator's
+is the default, which no role's broker user may publish on (a role that
+forgets to name its own is refused by the broker, never taken for the
+operator). Every applier reads every subject the stream has and refuses an
+op that does not fit the subject it is on.
+
+The seats' subject is read only by appliers of protocol
+:data:`SEATS_READ_SINCE` and later; an older applier follows ``estate.ops``
+alone and takes each seats entry for a gap (it starts its follow again, and
+its copy misses the entry). So a seats process publishes there only while
+every live data node's presence says a protocol that reads it
+(:func:`reads_seats`); until then it asks an applier of this version to
+publish the op on ``estate.ops`` for it
+(:meth:`crewlet.estate.router.Router.to_log`).
 
 The stream:
 
@@ -31,6 +42,17 @@ every start, and a node configured with another ``stream.replicas`` must not
 move the fleet's log (changing replicas is an operator's decision, made on
 the stream itself).
 
+Those two changes are asked for, not required. An external broker's
+account may lack ``STREAM.UPDATE`` (the broker then leaves the request
+unanswered); the stream is then taken as it is, said once (per log, per process)
+(``estate_log_unchanged``, warning: ops published on a subject it lacks are
+not captured until an operator updates it), and asked again at most every
+:data:`UPDATE_AGAIN_AFTER` seconds. An applier follows the subjects the
+stream has (:func:`followed`), so a log it cannot change is followed all the
+same; once an operator adds the seats' subject, its first entry there is a
+gap to that follow (seen at the next entry, or as a stall), which then
+starts again on the subjects the stream has by then.
+
 :func:`publish` makes **one** attempt. Whether a publish that went
 unanswered may be sent again is the op kind's rule (``move_on`` or ``once``,
 :mod:`crewlet.estate.ops`), so the caller decides; a resend under the same id
@@ -39,13 +61,17 @@ inside the window lands once either way.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from typing import Any
+
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig, StreamInfo
 from nats.js.errors import BadRequestError, NotFoundError
 
 from crewlet import log
 from crewlet.bus import MAX_READERS, publish_until
-from crewlet.coord.buckets import limit_consumers
 from crewlet.estate import origins
 from crewlet.estate.ops import Op
 
@@ -63,7 +89,19 @@ SUBJECTS = [SUBJECT, SEATS_PREFIX + "*"]
 DUPLICATE_WINDOW = 120.0
 MSG_ID = "Nats-Msg-Id"
 
+# The first protocol version (crewlet.PROTOCOL_VERSION, in each node's
+# presence) whose appliers read the seats' subjects; an older one follows
+# estate.ops alone.
+SEATS_READ_SINCE = 2
+# Seconds before a process asks again for a change to the stream the broker
+# refused or left unanswered (each try may cost a JetStream timeout).
+UPDATE_AGAIN_AFTER = 60.0
+
 _ERR_STREAM_NAME_IN_USE = 10058
+
+# This process's refused changes, by log (name and creation time): when last
+# asked (monotonic). A log's first refusal is said; the others are not.
+_unchanged: dict[tuple[str, str], float] = {}
 
 
 def seats_subject(node: str) -> str:
@@ -71,10 +109,11 @@ def seats_subject(node: str) -> str:
     return SEATS_PREFIX + node
 
 
-def subject_for(origin: str, node: str) -> str:
-    """The log subject an op from *origin* (:mod:`crewlet.estate.origins`)
-    issued by node *node* is published on."""
-    return seats_subject(node) if origin == origins.SEATS else SUBJECT
+def reads_seats(protocol: Any) -> bool:
+    """Whether an applier of *protocol* (a node's presence says it; None: a
+    node older than saying it) reads the seats' subjects."""
+    return isinstance(protocol, int) and not isinstance(protocol, bool) \
+        and protocol >= SEATS_READ_SINCE
 
 
 def origin_of(subject: str | None) -> tuple[str, str | None] | None:
@@ -101,20 +140,17 @@ async def ensure_stream(js: JetStreamContext, replicas: int) -> StreamInfo:
     """The ``ESTATE`` stream's info, creating the stream if it does not exist.
 
     An existing stream is never re-created, and its replicas stay what they
-    are; it gets the subjects of :data:`SUBJECTS` it lacks (a log made
-    before the seats' subject) and a consumer limit where it has none.
-    Raises what JetStream raised when it did not answer.
+    are; it is asked for the subjects of :data:`SUBJECTS` it lacks (a log
+    made before the seats' subject) and a consumer limit where it has none,
+    and taken as it is when that is refused (module doc). Raises what
+    JetStream raised when the stream could not be read or made.
     """
     try:
         info = await js.stream_info(STREAM)
-        # The changes made to a stream that exists: its subjects (an older
-        # log's) and a consumer limit where it has none (a log made before
-        # crewlet set one).
-        info = await _add_subjects(js, info)
-        await limit_consumers(js, STREAM, MAX_READERS, info)
-        return info
     except NotFoundError:
         pass
+    else:
+        return await _update(js, info)
     try:
         info = await js.add_stream(stream_config(replicas))
         log.event("estate_log_created", stream=STREAM, replicas=replicas)
@@ -127,17 +163,51 @@ async def ensure_stream(js: JetStreamContext, replicas: int) -> StreamInfo:
     return await js.stream_info(STREAM)
 
 
-async def _add_subjects(js: JetStreamContext, info: StreamInfo) -> StreamInfo:
-    """*info*'s stream given the subjects of :data:`SUBJECTS` it lacks (the
-    others it has are left)."""
+async def _update(js: JetStreamContext, info: StreamInfo) -> StreamInfo:
+    """*info*'s stream given the subjects of :data:`SUBJECTS` it lacks (an
+    older log's; the others it has are left) and a consumer limit where it
+    has none (a log made before crewlet set one) — or *info* as it is when
+    the broker refuses the change or leaves it unanswered (module doc)."""
     have = list(info.config.subjects or [])
     missing = [s for s in SUBJECTS if s not in have]
-    if not missing:
+    unlimited = info.config.max_consumers in (None, -1, 0)
+    if not missing and not unlimited:
         return info
-    info.config.subjects = have + missing
-    info = await js.update_stream(info.config)
-    log.event("estate_log_subjects", stream=STREAM, subjects=info.config.subjects)
-    return info
+    log_id = (STREAM, info.created.isoformat() if info.created is not None else "")
+    asked = _unchanged.get(log_id)
+    if asked is not None and time.monotonic() - asked < UPDATE_AGAIN_AFTER:
+        return info
+    # A copy: a refused change must not show in the info handed back.
+    config = dataclasses.replace(info.config, subjects=have + missing,
+                                 max_consumers=MAX_READERS if unlimited else info.config.max_consumers)
+    try:
+        updated = await js.update_stream(config)
+    except nats.errors.Error as exc:
+        # A permissions violation is unanswered (a timeout); an APIError is
+        # a refusal in words (another stream holds the subject, say).
+        if asked is None:
+            log.event("estate_log_unchanged", "warning", stream=STREAM, subjects=have,
+                      missing=missing, error=f"{type(exc).__name__}: {exc}",
+                      why=("ops published on " + ", ".join(missing) + " are not captured by the log "
+                           "until an operator adds them to its subjects; the log is followed on the "
+                           "subjects it has") if missing else
+                          f"the log keeps no consumer limit (an operator may set {MAX_READERS})")
+        _unchanged[log_id] = time.monotonic()
+        return info
+    _unchanged.pop(log_id, None)
+    if missing:
+        log.event("estate_log_subjects", stream=STREAM, subjects=updated.config.subjects)
+    if unlimited:
+        log.event("stream_consumers_limited", "debug", stream=STREAM, max_consumers=MAX_READERS)
+    return updated
+
+
+def followed(info: StreamInfo) -> list[str]:
+    """The subjects an applier follows the log on: every subject the stream
+    has (whatever it is: an entry on a subject that is no origin's is
+    refused, not skipped — a skipped one would be a gap to the follow), or
+    :data:`SUBJECTS` when its info names none."""
+    return list(info.config.subjects or SUBJECTS)
 
 
 async def bounds(js: JetStreamContext) -> tuple[int, int]:
@@ -146,10 +216,16 @@ async def bounds(js: JetStreamContext) -> tuple[int, int]:
     return info.state.first_seq, info.state.last_seq
 
 
-async def publish(js: JetStreamContext, op: Op, *, timeout: float,
+async def publish(js: JetStreamContext, op: Op, *, timeout: float, subject: str = SUBJECT,
                   deadline: float | None = None) -> tuple[int, bool]:
-    """Publish *op* once, under :attr:`Op.msg_id <crewlet.estate.ops.Op.msg_id>`
-    as ``Nats-Msg-Id``: ``(seq, duplicate)``.
+    """Publish *op* once on *subject*, under :attr:`Op.msg_id
+    <crewlet.estate.ops.Op.msg_id>` as ``Nats-Msg-Id``: ``(seq, duplicate)``.
+
+    *subject* is the publisher's own (module doc): :data:`SUBJECT`, the
+    default, the operator's and the appliers'; :func:`seats_subject` of its
+    node for a seats process (:meth:`crewlet.estate.router.Router.to_log`
+    chooses). Nothing here guesses it: a role's broker user refuses a
+    subject that is not its own.
 
     ``duplicate`` is the broker saying the id was already in the log within
     the window; ``seq`` is then the first one's. Raises what nats-py raises:
@@ -160,13 +236,7 @@ async def publish(js: JetStreamContext, op: Op, *, timeout: float,
     With a monotonic *deadline*, an unanswered publish is sent again under
     the same id until then (:func:`crewlet.bus.publish_until`; it raises
     ``Unanswered``): only for an op whose kind may be sent twice.
-
-    The subject is the origin's (:func:`subject_for`): the broker user *js*'s
-    connection is (:func:`crewlet.estate.origins.of_connection`), and the
-    op's node — the seats role publishes on its node's seats subject, which
-    its broker user alone may.
     """
-    subject = subject_for(origins.of_connection(getattr(js, "_nc", None)), op.node)
     if deadline is not None:
         ack = await publish_until(js, subject, op.encode(), msg_id=op.msg_id, deadline=deadline,
                                   timeout=timeout, stream=STREAM)

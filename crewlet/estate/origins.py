@@ -20,7 +20,9 @@ Two ways in
 the operator's); an applier publishes there only ops it checked, as below.
 ``estate.ops.seats.<node>`` is the seats role of node ``<node>``: a seat's
 fence and its turn records go to the log straight, without asking an
-applier (:mod:`roles.seats.turns`; the hot path of every turn).
+applier (:mod:`roles.seats.turns`, through
+:meth:`crewlet.estate.router.Router.to_log`; the hot path of every turn),
+once every data node reads that subject (Mixed versions, below).
 
 **A request** to a data node's applier (:mod:`crewlet.estate.wire`):
 ``estate.req.<data node>.<origin>.<asking node>``. Reads are open to every
@@ -38,7 +40,9 @@ origin             on the log                 writes it may ask for
                                               ``file.register``, ``diary.write``; a conversation
                                               run's turn (:mod:`crewlet.conversations.turn`):
                                               ``conversation.message``, ``approval.request``,
-                                              ``run.update``
+                                              ``run.update``; and what it publishes to the log,
+                                              asked for while an older applier cannot read its
+                                              subject (below)
 ``ingress``        none                       the API (:mod:`roles.ingress.api`): ``task.create``,
                                               ``task.update``, ``task.comment``, ``page.write``,
                                               ``file.register``, ``file.delete``,
@@ -70,11 +74,22 @@ entries. It is logged (``estate_op_refused``, warning) and counted (the
 applier's ``refused`` stat). Refused, as a request: ``bad_request`` naming
 the origin and the kind, nothing published (``estate_request_refused``).
 
-An older node (mixed versions) asks on ``estate.req.<data node>`` without an
+Mixed versions
+--------------
+An older node (protocol 1) asks on ``estate.req.<data node>`` without an
 origin and publishes its seats' ops on ``estate.ops``; an applier still
-answers and applies those as before (a role of a node of this version may
-publish on neither: its broker refuses). See :data:`LEGACY` and the
-permissions module's note on upgrading.
+answers and applies those as before (:data:`LEGACY`: every kind; a role of
+a node of this version may publish on neither: its broker refuses). The
+other way round, an older applier follows ``estate.ops`` alone: a seats
+entry is a gap to it (it starts its follow again, and its copy misses the
+entry). So the seats of this version publish on their subject only while
+every live data node's presence says a protocol that reads it
+(:func:`crewlet.estate.log.reads_seats`); until then they ask an applier
+of this version for the same ops (:meth:`crewlet.estate.router.Router.to_log`),
+which checks them as it would on their subject (:func:`may_ask`: an origin
+may ask for what it may publish itself) and publishes them on
+``estate.ops``, which every applier reads. See the permissions module's
+note on upgrading.
 
 ``tests/unit/test_estate_origins.py`` holds this table against the code in
 both directions: every kind a role's code writes is in its row, and every
@@ -123,7 +138,9 @@ ASKS: dict[str, frozenset[str]] = {
 }
 
 # Whether an origin's ops are a seat's (True: carry a seat and token) or the
-# operator's (False: carry none); an origin not named here may do either.
+# operator's (False: carry none): every origin whose ops are judged beyond
+# their kind (the operator's and an older node's are not; the appliers' ask
+# for nothing).
 SEATED: dict[str, bool] = {SEATS: True, INGRESS: False, WORKERS: False}
 
 assert all(k in KINDS for kinds in (*LOG_KINDS.values(), *ASKS.values()) for k in kinds)
@@ -142,12 +159,20 @@ def _names(kinds: frozenset[str]) -> str:
     return ", ".join(sorted(kinds)) or "none"
 
 
-def _fits(origin: str, node: str, op: Op) -> str | None:
+def may_ask(origin: str) -> frozenset[str]:
+    """The kinds *origin* may ask an applier to write: its row of
+    :data:`ASKS`, and what it publishes to the log itself
+    (:data:`LOG_KINDS`) — the way those reach the log while an older applier
+    cannot read its subject (module doc); no right it lacks otherwise.
+    Raises KeyError for an origin that is not a role's."""
+    return ASKS[origin] | LOG_KINDS.get(origin, frozenset())
+
+
+def _fits(origin: str, node: str | None, op: Op) -> str | None:
     """What is wrong with *op* from *origin* on *node*, besides its kind (None: nothing)."""
-    seated = SEATED.get(origin)
-    if seated is True and op.seat is None:
+    if SEATED[origin] and op.seat is None:
         return f"a {origin} op is a seat's: it carries its seat and fencing token ({op.kind} carries none)"
-    if seated is False and op.seat is not None:
+    if not SEATED[origin] and op.seat is not None:
         return f"a {origin} op is the operator's: it writes as no seat ({op.kind} names seat {op.seat})"
     if op.node != node:
         return f"a {origin} op of node {node} names node {op.node!r}"
@@ -156,10 +181,10 @@ def _fits(origin: str, node: str, op: Op) -> str | None:
 
 def log_refusal(origin: str, node: str, op: Op) -> str | None:
     """Why *op*, found on the log subject of *origin* for node *node*, is
-    refused (None: it is applied). The operator's subject takes every op."""
-    if origin in (OPERATOR, APPLIER, LEGACY):
-        return None
-    allowed = LOG_KINDS.get(origin, frozenset())
+    refused (None: it is applied). *origin* is one that has a subject of
+    its own (:data:`LOG_KINDS`: the seats); the operator's subject takes
+    every op and is not judged (:mod:`crewlet.estate.apply`)."""
+    allowed = LOG_KINDS[origin]
     if op.kind not in allowed:
         return (f"{op.kind} may not be published by {origin} to the log "
                 f"({origin} publishes there: {_names(allowed)})")
@@ -169,12 +194,12 @@ def log_refusal(origin: str, node: str, op: Op) -> str | None:
 def request_refusal(origin: str, node: str | None, op: Op) -> str | None:
     """Why a write of *op* asked for by *origin* from node *node* is refused
     (None: it may be written). The operator, and an older node's request
-    (:data:`LEGACY`), may ask for any."""
+    (:data:`LEGACY`, which names no node), may ask for any; every other
+    origin is a role's (the subject names one of :data:`ORIGINS`) and names
+    its node."""
     if origin in (OPERATOR, LEGACY):
         return None
-    allowed = ASKS.get(origin)
-    if allowed is None:
-        return f"unknown origin {origin!r}: {', '.join(ORIGINS)}"
+    allowed = may_ask(origin)
     if op.kind not in allowed:
         return f"{origin} may not write {op.kind} (what {origin} asks for: {_names(allowed)})"
-    return _fits(origin, node, op) if node is not None else None
+    return _fits(origin, node, op)

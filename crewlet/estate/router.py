@@ -75,6 +75,23 @@ request. An applier answers a write the origin does not make with
 ``bad_request`` (:class:`BadRequest`; every node would say the same, so
 nobody else is asked).
 
+Straight to the log
+-------------------
+What an origin publishes to the log itself — the seats' fences and turn
+records (:data:`crewlet.estate.origins.LOG_KINDS`) — goes through
+:meth:`Router.to_log`, which chooses the way each time:
+
+* an origin with no subject of its own (the operator: crewletd, or any role
+  on a broker that is not the node's own) publishes on ``estate.ops``;
+* the seats publish on their node's subject, ``estate.ops.seats.<node>``,
+  while every live data node's presence says a protocol whose applier reads
+  it (:func:`crewlet.estate.log.reads_seats`);
+* otherwise — an older data node is live, or the fleet's presence is not
+  read yet — the op is asked for like any write (:meth:`Router.write`): an
+  applier of this version checks it and publishes it on ``estate.ops``,
+  which an older applier reads too. A change of way is said once
+  (``estate_seats_log_way``).
+
 The floor
 ---------
 :attr:`Router.floor` is the highest seq of this router's own writes (and of
@@ -95,6 +112,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from crewlet import log
+from crewlet.estate import log as estate_log
 from crewlet.estate import origins, wire
 from crewlet.estate.ops import Op, check_query
 from crewlet.estate.view import EstateView, NodeState
@@ -308,6 +326,9 @@ class Router:
         # Pages in the knowledge index, as the last search answer said (None:
         # not asked yet): a split search is worth it only for a large one.
         self.corpus: int | None = None
+        # How to_log put the last op of a subject of this origin's own in the
+        # log ("straight" or "asked"; None: none yet), so a change is said once.
+        self.log_way: str | None = None
 
     # ----------------------------------------------------------- floor
 
@@ -380,6 +401,43 @@ class Router:
         outcome = answer.get("answer") or {}
         self._raise_floor(outcome.get("seq", answer.get("seq")))
         return outcome
+
+    async def to_log(self, js, op: Op, *, timeout: float,
+                     deadline: float | None = None) -> int | None:
+        """Put *op*, of a kind this router's origin publishes to the log
+        itself, in the log through JetStream context *js*: the seq it landed
+        at (the way: module doc, "Straight to the log").
+
+        *timeout* is one publish's wait; with a monotonic *deadline* the op
+        (a kind that may be sent twice) is sent again until then — asked
+        for instead, the deadline bounds the whole write. Raises what
+        :func:`crewlet.estate.log.publish` raises, or what :meth:`write`
+        raises when asked.
+        """
+        if self.origin not in origins.LOG_KINDS:
+            # No subject of its own: the operator's, which it may use.
+            seq, _ = await estate_log.publish(js, op, timeout=timeout, deadline=deadline)
+            return seq
+        if not self.view.ready:
+            await self.view.wait_ready(min(VIEW_READY_WAIT, timeout if deadline is None
+                                           else max(deadline - time.monotonic(), 0.0)))
+        older = ({s.id: s.protocol for s in self.view.data_nodes()
+                  if not estate_log.reads_seats(s.protocol)}
+                 if self.view.ready else None)
+        way = "straight" if older == {} else "asked"
+        if way != self.log_way and (self.log_way is not None or way == "asked"):
+            log.event("estate_seats_log_way", way=way, origin=self.origin,
+                      older=older if older is not None else "the fleet's presence is not read yet")
+        self.log_way = way
+        if way == "straight":
+            seq, _ = await estate_log.publish(js, op, timeout=timeout, deadline=deadline,
+                                              subject=estate_log.seats_subject(self.node_id))
+            return seq
+        # An older applier would take the seats' subject for a gap: an applier
+        # of this version publishes it on estate.ops, which every one reads.
+        outcome = await self.write(op, timeout=timeout if deadline is None
+                                   else max(deadline - time.monotonic(), 0.0))
+        return outcome.get("seq")
 
     async def read(self, query: str, args: dict[str, Any], *,
                    timeout: float | None = None) -> dict[str, Any]:
@@ -538,6 +596,7 @@ class Router:
         ran = False   # a node may have run the write
 
         if self.local is not None:
+            await self.local.first_word()   # this process's first seconds: not "stopped" yet
             why = self.local.reason()
             if why is not None:
                 self._pass_over(answers, self.node_id, f"out of service: {why}", what)

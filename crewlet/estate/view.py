@@ -11,7 +11,10 @@ bucket     keys              says
 =========  ================  ================================================
 leases     ``node.<id>``     the node is alive (its presence lease), its
                              roles — a node with the ``data`` role holds a
-                             copy — and its broker kind
+                             copy —, its broker kind and its protocol
+                             version (which log subjects its applier reads:
+                             :meth:`Router.to_log
+                             <crewlet.estate.router.Router.to_log>`)
 status     ``estate.<id>``   the node's applier's record, written every 2 s:
                              applied seq, in service or not and why, when
 status     ``evicted.<id>``  present: the operator evicted the node (why)
@@ -39,6 +42,7 @@ that decide an order without a broker.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -75,6 +79,7 @@ class NodeState:
     at: float | None = None       # wall-clock time of that record
     lagging: bool = False         # more than LAG_OPS behind the furthest copy
     broker: str | None = None     # member | leaf | external, from its presence
+    protocol: int | None = None   # crewlet.PROTOCOL_VERSION, from its presence (None: says none)
 
 
 def _state(node: str, presence: dict[str, Any], record: dict[str, Any] | None,
@@ -82,18 +87,20 @@ def _state(node: str, presence: dict[str, Any], record: dict[str, Any] | None,
     """A data node's state from its presence, applier record and eviction."""
     applied = int((record or {}).get("applied") or 0)
     at = (record or {}).get("at")
-    broker = presence.get("broker")
+    broker, protocol = presence.get("broker"), presence.get("protocol")
+    if not isinstance(protocol, int) or isinstance(protocol, bool):
+        protocol = None  # a presence that says none, or something else: older than saying it
     if evicted is not None:
         why = evicted.get("reason") or "no reason given"
-        return NodeState(node, False, f"node evicted: {why}", applied, at, broker=broker)
+        return NodeState(node, False, f"node evicted: {why}", applied, at, broker=broker, protocol=protocol)
     if record is None:
-        return NodeState(node, False, NO_RECORD, 0, None, broker=broker)
+        return NodeState(node, False, NO_RECORD, 0, None, broker=broker, protocol=protocol)
     if not isinstance(at, (int, float)) or now - at > STATUS_STALE:
-        return NodeState(node, False, STOPPED, applied, at, broker=broker)
+        return NodeState(node, False, STOPPED, applied, at, broker=broker, protocol=protocol)
     if not record.get("in_service"):
         return NodeState(node, False, record.get("reason") or "out of service", applied, at,
-                         broker=broker)
-    return NodeState(node, True, None, applied, at, broker=broker)
+                         broker=broker, protocol=protocol)
+    return NodeState(node, True, None, applied, at, broker=broker, protocol=protocol)
 
 
 def with_lag(states: Iterable[NodeState]) -> list[NodeState]:
@@ -101,8 +108,7 @@ def with_lag(states: Iterable[NodeState]) -> list[NodeState]:
     states = list(states)
     top = max((s.applied for s in states), default=0)
     return [s if (top - s.applied > LAG_OPS) == s.lagging else
-            NodeState(s.id, s.in_service, s.reason, s.applied, s.at, top - s.applied > LAG_OPS,
-                      s.broker)
+            dataclasses.replace(s, lagging=top - s.applied > LAG_OPS)
             for s in states]
 
 

@@ -89,7 +89,7 @@ STATS_EVERY = 1.0
 PUB_LINGER_MS = 500
 
 
-async def answer(applier: Applier, request: Any, *, origin: str = origins.OPERATOR,
+async def answer(applier: Applier, request: Any, *, origin: str,
                  asker: str | None = None) -> dict[str, Any] | None:
     """*applier*'s answer to *request* from *origin* on node *asker*; an
     error of ours is an answer too, never silence."""

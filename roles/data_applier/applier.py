@@ -17,10 +17,12 @@ start before its cluster has a quorum), then compare the copy with the log:
 the log, so the copy is out of service and applies nothing (it needs
 rebuilding, not patching). Otherwise follow the log with an **ordered
 consumer** from ``applied + 1``: ephemeral, flow-controlled, nobody's group
-(every data node reads every entry), on every subject of the log — each
-entry is applied with the subject it was found on, and one whose origin may
-not publish it there (:mod:`crewlet.estate.origins`) is passed over
-(``estate_op_refused``, the ``refused`` stat; :mod:`crewlet.estate.apply`). Whatever has arrived, up to
+(every data node reads every entry), on every subject the stream has
+(:func:`crewlet.estate.log.followed`: a log whose subjects the broker would
+not let it change is followed as it is) — each entry is applied with the
+subject it was found on, and one whose origin may not publish it there
+(:mod:`crewlet.estate.origins`) is passed over (``estate_op_refused``, the
+``refused`` stat; :mod:`crewlet.estate.apply`). Whatever has arrived, up to
 :data:`BATCH_MAX` entries, is applied in one LMDB transaction
 (:func:`crewlet.estate.apply.apply_batch`, which commits ``applied`` with the
 rows), the search index catches up, and then the requests waiting for that
@@ -390,14 +392,17 @@ class Applier:
             await asyncio.sleep(STATUS_EVERY)  # the status loop keeps looking
             return
         start = self.applied + 1
-        # Every subject of the log (each origin's, crewlet.estate.origins): a
+        # Every subject the log has (each origin's, crewlet.estate.origins): a
         # copy applies or passes over every entry, by the subject it is on.
+        # The stream's, not the ones it should have: one it lacks (an account
+        # that may not update it) carries nothing, and one it has that no
+        # filter named would be a gap to this follow at each of its entries.
         self._sub = await self.js.subscribe(
             estate_log.SUBJECT, stream=estate_log.STREAM, ordered_consumer=True,
             idle_heartbeat=HEARTBEAT,
             config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                                   opt_start_seq=start,
-                                  filter_subjects=list(estate_log.SUBJECTS)))
+                                  filter_subjects=estate_log.followed(info)))
         events.event("estate_log_following", start=start, log_first=self.log_first,
                      log_last=self.log_last)
         fresh = True
@@ -618,14 +623,16 @@ class Applier:
 
     # ------------------------------------------------------------ requests
 
-    async def handle(self, request: Any, *, origin: str = origins.OPERATOR,
+    async def handle(self, request: Any, *, origin: str,
                      asker: str | None = None) -> dict[str, Any] | None:
         """The answer to one request (:mod:`crewlet.estate.wire`); None: dropped
         unrun, its deadline had passed.
 
         *origin* is who asks (:mod:`crewlet.estate.origins`; the subject it
         came on names it) and *asker* the node it asks from: a write whose op
-        does not fit them is ``bad_request``, nothing published."""
+        does not fit them is ``bad_request``, nothing published. No default:
+        whoever hands a request in says who sent it, and the operator (every
+        right) is said, never assumed."""
         self.stats["requests"] += 1
         if not isinstance(request, dict):
             return self._bad(f"a request is a map, got {type(request).__name__}")
@@ -724,7 +731,9 @@ class Applier:
         while (left := until - time.time()) > 0:
             timeout = left if op.retry == "once" else min(PUBLISH_TIMEOUT, left)
             try:
-                seq, _ = await estate_log.publish(self.js, op, timeout=timeout)
+                # The appliers' own subject: every copy reads it, whatever its version.
+                seq, _ = await estate_log.publish(self.js, op, timeout=timeout,
+                                                  subject=estate_log.SUBJECT)
                 return seq, ""
             except NoStreamResponseError:
                 # Nobody listened: nothing was stored, so even a once-op may go again.

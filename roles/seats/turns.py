@@ -95,7 +95,6 @@ import importlib
 import json
 import os
 import random
-import sys
 import time
 import traceback
 import uuid
@@ -114,7 +113,6 @@ from crewlet.conversations import turn as conversation_turn
 from crewlet.conversations.turn import RunTurn
 from crewlet.coord.control_plane import ControlPlane, RevisionNotFound
 from crewlet.coord.counters import Budgets, Cooldowns, CounterError, Ledger
-from crewlet.estate import log as estate_log
 from crewlet.estate.ops import make_op, op_id
 from crewlet.queue.base import Delivery, Mailbox, MailboxError, Mailboxes
 from crewlet.queue.jetstream import KEPT_TURNS
@@ -390,7 +388,7 @@ class TurnEngine:
         try:
             op = make_op("seat.fence", {}, node=self.node, seat=seat, token=token,
                          id=op_id("fence", seat, str(token)))
-            await estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT)
+            await self.estate.to_log(self.js, op, timeout=JETSTREAM_TIMEOUT)
         except Exception as exc:
             log.event("seat_fence_failed", "warning", seat=seat, token=token,
                       error=f"{type(exc).__name__}: {exc}")
@@ -465,6 +463,9 @@ class TurnEngine:
                 "unsettled": self.unsettled, "records_failed": self.records_failed,
                 "record_batches": self.kept.batches, "records_kept": self.kept.records,
                 "poisoned": self.poisoned,
+                # What this process's own probe found: its tools run under it
+                # (crewletd's status shows this one once reported).
+                "sandbox": self.sandbox.describe() if self.sandbox is not None else None,
                 "seats": {seat: self.work[seat].stats() for seat in sorted(shown)}}
 
     # ------------------------------------------------------------ helpers
@@ -503,7 +504,7 @@ class TurnEngine:
         op = make_op("turn.record", {"record": body}, node=self.node, seat=record.seat,
                      token=record.token if token is None else token,
                      id=op_id(record.seat, "turn", record.trigger, which))
-        await estate_log.publish(self.js, op, timeout=JETSTREAM_TIMEOUT, deadline=deadline)
+        await self.estate.to_log(self.js, op, timeout=JETSTREAM_TIMEOUT, deadline=deadline)
 
     async def _store_kept(self, body: bytes, msg_id: str, deadline: float) -> None:
         """A batch of turn records, stored on ``EVENTS`` for custody (roles/seats/kept.py)."""
@@ -858,10 +859,6 @@ class SeatWork:
                     raise RuntimeError(f"the ledger did not answer: {type(exc).__name__}: {exc}") from exc
                 if worked is not None:
                     raise _Worked(worked)
-            # The seat a CLI agent of this turn runs as (crewlet.sandbox.SEAT):
-            # this task's own context, so it ends with the turn.
-            if engine.sandbox is not None:
-                sandbox.SEAT.set(sandbox.Seat(engine.sandbox, self.seat, effective_sandbox(seat_cfg.sandbox)))
             try:
                 async with asyncio.timeout(TURN_TIMEOUT):
                     fence = lambda: engine.fence(self.seat, self.token) and not self.stopped  # noqa: E731
@@ -873,19 +870,31 @@ class SeatWork:
                             seat=self.seat, token=self.token, trigger=delivery.trigger,
                             registry=self.registry, services=engine.services, fence=fence,
                             deadline=deadline)
-                        sys.modules["crewlet.agent.bridge"].CURRENT.set(grant)
-                    if run is not None:
-                        # A conversation's run: its history, messages and end
-                        # are the run's (crewlet.conversations.turn).
-                        await run.work(record, provider=provider, registry=self.registry,
-                                       services=engine.services, fence=fence, deadline=deadline)
-                    else:
-                        await run_rounds(
-                            record, text=delivery.data.decode(errors="replace"), persona=seat_cfg.persona,
-                            provider=provider, registry=self.registry, services=engine.services,
-                            fence=fence, deadline=deadline, gate=unworked if early else None)
-                        if early:
-                            await unworked()  # a turn of no tool calls: before its settling
+                    # The seat a CLI agent of this turn runs as, and the turn's
+                    # grant (crewlet.sandbox.SEAT): set for the work alone, reset
+                    # as it ends — this task runs the seat's next turn too.
+                    try:
+                        with sandbox.turn(sandbox.Seat(engine.sandbox, self.seat,
+                                                       effective_sandbox(seat_cfg.sandbox), grant=grant)):
+                            if run is not None:
+                                # A conversation's run: its history, messages and end
+                                # are the run's (crewlet.conversations.turn).
+                                await run.work(record, provider=provider, registry=self.registry,
+                                               services=engine.services, fence=fence, deadline=deadline)
+                            else:
+                                await run_rounds(
+                                    record, text=delivery.data.decode(errors="replace"),
+                                    persona=seat_cfg.persona, provider=provider, registry=self.registry,
+                                    services=engine.services, fence=fence, deadline=deadline,
+                                    gate=unworked if early else None)
+                                if early:
+                                    await unworked()  # a turn of no tool calls: before its settling
+                    finally:
+                        if grant is not None:
+                            # The agent's work is over: its token dies now, not
+                            # once the turn's records have settled (its reply is
+                            # on the feed already, and settling may take retries).
+                            engine._bridge.revoke(grant)
             except _Worked as skipped:
                 engine.budgets.add(self.seat, sum(record.tokens.values()))
                 await self._skip(delivery, record, skipped.worked, run)

@@ -27,6 +27,7 @@ import zmq
 from crewlet import ipc
 from crewlet.estate import log as estate_log
 from crewlet.estate import apply, store, wire
+from crewlet.estate.origins import OPERATOR
 from crewlet.estate.ops import make_op
 from crewlet.groups import GroupRefused
 from crewlet.queue import JetStreamMailboxes
@@ -133,7 +134,7 @@ def test_two_writers_land_in_order_and_identically_in_two_copies(natsd, short_tm
                     # The search index caught up with the pages.
                     assert a.index.indexed() == last
                     hits = (await a.handle(wire.read_request("page.search", {"query": "deploy"},
-                                                             floor=last)))["answer"]["hits"]
+                                                             floor=last), origin=OPERATOR))["answer"]["hits"]
                     pages = a.reader.query("page.list", {})["pages"]
                     assert {h["path"] for h in hits} == {p["path"] for p in pages}
     run(check(), DEADLINE)
@@ -151,8 +152,8 @@ def test_a_duplicated_op_id_lands_once_and_both_answers_carry_the_first_outcome(
             assert (dup1, dup2) == (False, True) and seq1 == seq2
             # Sent twice through the applier: published once, the same outcome twice.
             op2 = make_op("task.create", {"title": "twice"}, node="w")
-            first = await a.handle(wire.write_request(op2, wait=5))
-            second = await a.handle(wire.write_request(op2, wait=5))
+            first = await a.handle(wire.write_request(op2, wait=5), origin=OPERATOR)
+            second = await a.handle(wire.write_request(op2, wait=5), origin=OPERATOR)
             assert first["status"] == second["status"] == "ok"
             assert first["answer"] == second["answer"]
             assert first["answer"]["ok"] and first["answer"]["result"]["task"]["title"] == "twice"
@@ -162,7 +163,7 @@ def test_a_duplicated_op_id_lands_once_and_both_answers_carry_the_first_outcome(
             await js.publish(estate_log.SUBJECT, op2.encode(), headers={"Nats-Msg-Id": "late-resend"})
             info = await js.stream_info(estate_log.STREAM)
             await until(lambda: a.applied == info.state.last_seq, what="the resend applied")
-            third = await a.handle(wire.write_request(op2, wait=5))
+            third = await a.handle(wire.write_request(op2, wait=5), origin=OPERATOR)
             assert third["answer"] == first["answer"]
             titles = [t["title"] for t in a.reader.query("task.list", {})["tasks"]]
             assert sorted(titles) == ["once", "twice"]
@@ -177,15 +178,15 @@ def test_a_stale_fencing_token_is_refused_and_the_refusal_is_the_outcome(natsd, 
             old = await grant(js, "cto", "n1")
             new = await grant(js, "cto", "n2", release=False)
             fence = make_op("seat.fence", {}, node="n2", seat="cto", token=new)
-            got = await a.handle(wire.write_request(fence, wait=5))
+            got = await a.handle(wire.write_request(fence, wait=5), origin=OPERATOR)
             assert got["status"] == "ok" and got["answer"]["ok"]
             stale = make_op("task.create", {"title": "late"}, node="n1", seat="cto", token=old)
-            got = await a.handle(wire.write_request(stale, wait=5))
+            got = await a.handle(wire.write_request(stale, wait=5), origin=OPERATOR)
             assert got["status"] == "ok"
             assert got["answer"]["ok"] is False
             assert got["answer"]["error"] == f"stale fencing token {old} for seat cto: the seat is at {new}"
             # The refusal is kept: asked again, the same answer, nothing published.
-            again = await a.handle(wire.write_request(stale, wait=5))
+            again = await a.handle(wire.write_request(stale, wait=5), origin=OPERATOR)
             assert again["answer"] == got["answer"]
             assert a.reader.query("task.list", {})["tasks"] == []
     run(check(), DEADLINE)
@@ -212,7 +213,7 @@ def test_a_forged_fence_token_is_refused_and_locks_nobody_out(natsd, short_tmp):
                 assert outcome["ok"] is False and "not a lease the fleet granted" in outcome["error"], outcome
             # The owner's write lands, and raises the fence to its own token.
             write = make_op("task.create", {"title": "still mine"}, node="n2", seat="cto", token=token)
-            got = await a.handle(wire.write_request(write, wait=5))
+            got = await a.handle(wire.write_request(write, wait=5), origin=OPERATOR)
             assert got["answer"]["ok"], got
             # A second copy built later from the same log reaches the same
             # outcomes (the verdicts are recorded, not judged again).
@@ -229,7 +230,7 @@ def test_a_read_waits_for_its_floor_or_answers_behind(natsd, short_tmp):
             await until(lambda: a.log_first is not None, what="the log ensured")
             # A floor the log has not reached yet: the read waits for it...
             pending = asyncio.create_task(a.handle(wire.read_request("task.get", {"id": "T1"},
-                                                                     floor=1, wait=10)))
+                                                                     floor=1, wait=10), origin=OPERATOR))
             await until(lambda: a._waiters, 5, "the read waiting for its floor")
             assert not pending.done()
             await publish_all(js, [make_op("task.create", {"title": "first"}, node="w")])
@@ -238,18 +239,18 @@ def test_a_read_waits_for_its_floor_or_answers_behind(natsd, short_tmp):
             assert got["answer"]["task"]["title"] == "first"
             # ...and says it is behind when the floor is not reached in the wait.
             t0 = time.monotonic()
-            got = await a.handle(wire.read_request("task.list", {}, floor=50, wait=0.5))
+            got = await a.handle(wire.read_request("task.list", {}, floor=50, wait=0.5), origin=OPERATOR)
             assert got == {"status": "behind", "node": "a", "applied": 1, "floor": 50}
             assert 0.4 < time.monotonic() - t0 < 3
             # Never past the deadline, whatever the wait says.
             t0 = time.monotonic()
             got = await a.handle(wire.read_request("task.list", {}, floor=50, wait=10,
-                                                   deadline=time.time() + 0.3))
+                                                   deadline=time.time() + 0.3), origin=OPERATOR)
             assert got["status"] == "behind" and time.monotonic() - t0 < 2
             # A bad request says which field and why.
-            bad = await a.handle(wire.read_request("task.get", {"id": "nope"}))
+            bad = await a.handle(wire.read_request("task.get", {"id": "nope"}), origin=OPERATOR)
             assert bad["status"] == "bad_request" and "task.get: id" in bad["reason"]
-            bad = await a.handle({"kind": "write", "op": {"id": "x"}, "wait": 1})
+            bad = await a.handle({"kind": "write", "op": {"id": "x"}, "wait": 1}, origin=OPERATOR)
             assert bad["status"] == "bad_request" and "'kind'" in bad["reason"]
     run(check(), DEADLINE)
 
@@ -260,7 +261,8 @@ def test_a_request_past_its_deadline_is_not_run(natsd, short_tmp):
                 connection(natsd.url) as (_, js):
             await until(lambda: a.log_first is not None, what="the log ensured")
             op = make_op("task.create", {"title": "too late"}, node="w")
-            got = await a.handle(wire.write_request(op, wait=5, deadline=time.time() - 0.01))
+            got = await a.handle(wire.write_request(op, wait=5, deadline=time.time() - 0.01),
+                                 origin=OPERATOR)
             assert got is None  # dropped: no answer, nothing ran
             info = await js.stream_info(estate_log.STREAM)
             assert info.state.messages == 0
@@ -327,10 +329,10 @@ def test_rows_below_the_logs_first_sequence_put_the_copy_out_of_service(natsd, s
                 assert reason == "rows below the log's first sequence (applied 10, the log starts at 15)"
                 await until(lambda: a.reason == reason, what="out of service")
                 assert not a.in_service and a.applied == 10
-                got = await a.handle(wire.read_request("task.list", {}))
+                got = await a.handle(wire.read_request("task.list", {}), origin=OPERATOR)
                 assert got == {"status": "out_of_service", "node": "a", "reason": reason}
                 op = make_op("task.create", {"title": "nope"}, node="w")
-                got = await a.handle(wire.write_request(op, wait=2))
+                got = await a.handle(wire.write_request(op, wait=2), origin=OPERATOR)
                 assert got["status"] == "out_of_service"
                 kv = await js.key_value("status")
                 await until(lambda: a.log_first == 15, what="the bounds read")
@@ -370,7 +372,7 @@ def test_a_copy_applied_under_older_rules_is_applied_again_from_the_log(natsd, s
                 await until(lambda: a.applied == 60 and a.in_service, what="applied again")
                 assert store.rules(a.store) == apply.RULES
                 assert store.digest(a.store) == made_now  # the forged row is gone
-                got = await a.handle(wire.read_request("task.get", {"id": "T999"}))
+                got = await a.handle(wire.read_request("task.get", {"id": "T999"}), origin=OPERATOR)
                 assert got["status"] == "ok" and got["answer"]["task"] is None
             # The log no longer starts at 1: nothing to apply again from.
             await js.purge_stream(estate_log.STREAM, seq=10)
@@ -396,7 +398,7 @@ def test_a_copy_written_by_a_newer_version_is_refused_and_kept_as_it_is(natsd, s
             async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
                 await until(lambda: a.reason == rules_newer(apply.RULES + 1), what="refused")
                 assert "newer crewlet" in a.reason and f"rules {apply.RULES + 1}" in a.reason
-                got = await a.handle(wire.read_request("task.list", {}))
+                got = await a.handle(wire.read_request("task.list", {}), origin=OPERATOR)
                 assert got["status"] == "out_of_service"
                 assert store.digest(a.store) == made_now and a.applied == 20  # nothing emptied
                 assert store.rules(a.store) == apply.RULES + 1
@@ -458,7 +460,7 @@ def test_a_log_made_anew_under_a_copy_puts_it_out_of_service(natsd, short_tmp):
                 await until(lambda: (a.reason or "").startswith("the log was made anew"), 10,
                             "made anew")
                 assert a.applied == 5
-                got = await a.handle(wire.read_request("task.list", {}))
+                got = await a.handle(wire.read_request("task.list", {}), origin=OPERATOR)
                 assert got["status"] == "out_of_service"
     run(check(), DEADLINE)
 
@@ -468,15 +470,16 @@ def test_with_the_broker_gone_reads_answer_from_the_copy_and_writes_are_unvouche
     async def check():
         async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
             op = make_op("task.create", {"title": "kept"}, node="w")
-            got = await a.handle(wire.write_request(op, wait=5))
+            got = await a.handle(wire.write_request(op, wait=5), origin=OPERATOR)
             assert got["status"] == "ok"
             natsd.stop()
-            got = await a.handle(wire.read_request("task.list", {}, floor=got["seq"]))
+            got = await a.handle(wire.read_request("task.list", {}, floor=got["seq"]), origin=OPERATOR)
             assert got["status"] == "ok" and [t["title"] for t in got["answer"]["tasks"]] == ["kept"]
             for kind, args in (("task.create", {"title": "lost?"}),
                                ("page.write", {"path": "kb/x", "title": "x", "body": "x"})):
                 t0 = time.monotonic()
-                got = await a.handle(wire.write_request(make_op(kind, args, node="w"), wait=1))
+                got = await a.handle(wire.write_request(make_op(kind, args, node="w"), wait=1),
+                                     origin=OPERATOR)
                 assert got["status"] == "unvouched", got
                 assert "may be in it" in got["reason"] or "not published" in got["reason"]
                 assert time.monotonic() - t0 < 2.5  # never past the wait
@@ -492,7 +495,7 @@ def test_eviction_takes_the_copy_out_of_service_and_its_removal_brings_it_back(n
                                  ignoring=(nats.errors.Error,))
                 await kv.put("evicted.a", json.dumps({"reason": "disk failing", "at": 1}).encode())
                 await until(lambda: a.reason == "node evicted: disk failing", what="evicted")
-                got = await a.handle(wire.read_request("task.list", {}))
+                got = await a.handle(wire.read_request("task.list", {}), origin=OPERATOR)
                 assert got == {"status": "out_of_service", "node": "a",
                                "reason": "node evicted: disk failing"}
 
@@ -502,7 +505,7 @@ def test_eviction_takes_the_copy_out_of_service_and_its_removal_brings_it_back(n
                             ignoring=(nats.errors.Error,))
                 await kv.delete("evicted.a")
                 await until(lambda: a.in_service, what="back in service")
-                got = await a.handle(wire.read_request("task.list", {}))
+                got = await a.handle(wire.read_request("task.list", {}), origin=OPERATOR)
                 assert got["status"] == "ok"
                 await until(lambda: recorded(True), what="the record in service",
                             ignoring=(nats.errors.Error,))
@@ -580,7 +583,7 @@ def test_each_event_is_kept_by_exactly_one_data_node(natsd, short_tmp):
                 info = await until(all_acked, what="every event acked", ignoring=(nats.errors.Error,))
                 assert info.config.ack_wait == 30
                 # The node-local table is not part of the copy's digest.
-                got = await a.handle(wire.read_request("event.list", {"limit": 500}))
+                got = await a.handle(wire.read_request("event.list", {"limit": 500}), origin=OPERATOR)
                 assert len(got["answer"]["events"]) == len(ka)
                 # A node out of service (evicted) takes no events: b keeps them all.
                 status = await js.key_value("status")

@@ -3,30 +3,42 @@
 
 Two halves. On a bare broker: a log made before the seats' subject is given
 it when an applier starts, and two copies pass over the same entries a
-seats subject may not carry — applied past, kept nowhere, logged. On a real
-node with the roles' real credentials (its ``broker-users.json``): the seats
-user cannot publish on ``estate.ops`` (the broker refuses), what it does
-publish on its own subject that is not a fence or a turn record is passed
-over by the applier (not in the copy, logged ``estate_op_refused``), it asks
-an applier only for a seat's writes, it writes no lease but ``seat.*`` and
-its own ``life.<node>``; ingress and workers publish on no log subject.
+seats subject may not carry — applied past, kept nowhere, logged; on a
+broker whose account may not update the stream, an applier follows the log
+as it is (said once) and the seats' subject as soon as an operator adds it.
+On a real node with the roles' real credentials (its ``broker-users.json``):
+the seats user cannot publish on ``estate.ops`` (the broker refuses), what
+it does publish on its own subject that is not a fence or a turn record is
+passed over by the applier (not in the copy, logged ``estate_op_refused``),
+it asks an applier only for a seat's writes — and for its fence and turn
+records while a data node of protocol 1 is live, which then land on
+``estate.ops`` —, it writes no lease but ``seat.*`` and its own
+``life.<node>``; ingress and workers publish on no log subject.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import json
+import os
 
 import nats
 import pytest
 from nats.js.api import StreamConfig
+from nats.js.errors import NoStreamResponseError
 
 from crewlet.estate import store, wire
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import make_op
-from tests.conftest import wait_for
-from tests.estate import copy_of, run, until
+from crewlet.estate.router import Router
+from crewlet.estate.view import EstateView
+from tests.conftest import NatsServer, free_port, wait_for
+from tests.estate import copy_of, grant, in_service, publish_all, run, until
 from tests.integration.test_applier import applier, connection
 from tests.integration.test_broker_permissions import Client, _state, _streams
+from tests.integration.test_joining import Said
 from tests.seats import node_url, read_nats
 
 NODE = "orig"
@@ -74,6 +86,75 @@ def test_an_older_log_gets_the_seats_subject_and_copies_pass_over_the_same_entri
 
 async def _subjects(js) -> bool:
     return (await js.stream_info(estate_log.STREAM)).config.subjects == estate_log.SUBJECTS
+
+
+# An external broker's account that may do all but update the log's stream.
+OPERATOR_USER, ACCOUNT_USER = "operator", "account"
+
+
+@pytest.fixture
+def guarded(short_tmp):
+    d = os.path.join(short_tmp, "guarded")
+    server = NatsServer("guarded", d, free_port(), conf=[
+        f'jetstream {{ store_dir: "{os.path.join(d, "js")}" }}',
+        "authorization { users: [",
+        f'  {{ user: "{OPERATOR_USER}", password: "{OPERATOR_USER}" }},',
+        f'  {{ user: "{ACCOUNT_USER}", password: "{ACCOUNT_USER}", permissions: {{',
+        f'      publish: {{ allow: [">"], deny: ["$JS.API.STREAM.UPDATE.{estate_log.STREAM}"] }},',
+        '      subscribe: [">"] } }',
+        "] }"]).start()
+    yield server
+    server.stop()
+
+
+def _as(server: NatsServer, user: str) -> str:
+    return f"nats://{user}:{user}@127.0.0.1:{server.port}"
+
+
+def test_an_applier_follows_a_log_its_account_may_not_update(guarded, short_tmp, monkeypatch):
+    # Asked again at every ensure: the warning is once, not merely throttled.
+    monkeypatch.setattr(estate_log, "UPDATE_AGAIN_AFTER", 0.0)
+
+    async def check():
+        async with connection(_as(guarded, OPERATOR_USER)) as (_, ojs):
+            # The log as an older crewlet made it: one subject, no consumer limit.
+            await ojs.add_stream(StreamConfig(name=estate_log.STREAM, subjects=[estate_log.SUBJECT],
+                                              duplicate_window=estate_log.DUPLICATE_WINDOW))
+            with Said() as said:
+                async with applier(_as(guarded, ACCOUNT_USER), f"{short_tmp}/a", "a") as a:
+                    tasks = [make_op("task.create", {"title": f"t{i}"}, node="n1", id=f"task-{i}")
+                             for i in range(3)]
+                    last = (await publish_all(ojs, tasks))[-1][0]
+                    await until(lambda: a.applied == last, 15, "the copy applied the log it may not update")
+                    assert a.in_service and a.reader.outcome("task-2")["ok"] is True
+                    # Asked again (another start of the follow, crewletd's boot): not said again.
+                    async with connection(_as(guarded, ACCOUNT_USER)) as (_, ajs):
+                        again = await estate_log.ensure_stream(ajs, 1)
+                    assert again.config.subjects == [estate_log.SUBJECT]
+                    said_once = said.events("estate_log_unchanged")
+                    assert len(said_once) == 1, said_once
+                    ev = said_once[0]
+                    assert ev["level"] == "warning" and ev["missing"] == [estate_log.SUBJECTS[1]], ev
+                    assert "not captured by the log until an operator" in ev["why"], ev
+                    # Not captured indeed: no stream listens on the seats' subject.
+                    with pytest.raises(NoStreamResponseError):
+                        await ojs.publish(estate_log.seats_subject("n1"), b"x", timeout=2)
+
+                    # An operator updates the stream: the copy follows the seats' subject too.
+                    info = await ojs.stream_info(estate_log.STREAM)
+                    await ojs.update_stream(dataclasses.replace(
+                        info.config, subjects=list(estate_log.SUBJECTS), max_consumers=64))
+                    token = await grant(ojs, "s", "n1", release=False)  # held: the claim is the proof
+                    fence = make_op("seat.fence", {}, node="n1", seat="s", token=token, id="fence")
+                    after = make_op("task.create", {"title": "after"}, node="n1", id="after")
+                    seqs = [(await ojs.publish(subject, op.encode(), headers={"Nats-Msg-Id": op.msg_id})).seq
+                            for subject, op in ((estate_log.seats_subject("n1"), fence),
+                                                (estate_log.SUBJECT, after))]
+                    await until(lambda: a.applied == seqs[-1], 15, "the copy applied past the seats' entry")
+                    fenced = a.reader.outcome(fence.id, fence.token)
+                    assert fenced["ok"] is True, fenced
+                    assert a.reader.outcome("after")["ok"] is True
+    run(check(), DEADLINE)
 
 
 def test_an_applier_refuses_a_request_its_origin_does_not_make_and_answers_an_older_node(natsd, short_tmp):
@@ -177,6 +258,8 @@ def test_the_seats_publish_on_their_own_subject_and_the_applier_passes_over_an_o
             return refused, other, seqs
 
     before = _state(node)["estate"]
+    # The refusals counted so far, whatever ran on this node before.
+    counted = _applier_stats(node, before)["refused"]
     refused, other, seqs = asyncio.run(go())
     assert refused and other, (refused, other)
     assert before < seqs[0] < seqs[1] < seqs[2], (before, seqs)  # the broker took them
@@ -195,10 +278,74 @@ def test_the_seats_publish_on_their_own_subject_and_the_applier_passes_over_an_o
         ev = node.wait_event("estate_op_refused", timeout=10, seq=seq)
         assert ev["level"] == "warning" and ev["subject"] == seats and ev["kind"] == op.kind, ev
         assert ev["op"] == op.id and "may not be published by seats" in ev["why"], ev
-    # Passed over, the copy serves on.
+    # Passed over, the copy serves on; the two (the fence was applied) are counted.
     assert node.children()["data_applier"]["state"] == "running"
-    wait_for(lambda: (node.children()["data_applier"].get("stats") or {}).get("refused") == 2,
-             10, what="the refusals counted")
+    assert _applier_stats(node, seqs[-1])["refused"] - counted == 2
+
+
+def _applier_stats(node, applied: int) -> dict:
+    """The applier's stats as it reports them, once they say it applied *applied*
+    (its counts then include every entry up to it)."""
+    def reported():
+        stats = node.children()["data_applier"].get("stats") or {}
+        return stats if (stats.get("applied") or 0) >= applied else None
+    return wait_for(reported, 20, what=f"the applier's stats at {applied}")
+
+
+OLDER = "older"
+
+
+def test_the_seats_ask_an_applier_while_a_data_node_of_protocol_1_is_live(node):
+    """An applier of protocol 1 reads estate.ops alone: while one is live, the
+    seats' fence and turn records go through an applier of this version to
+    estate.ops; once none is, straight to their own subject."""
+    seat = "mixed"
+    # As crewletd writes a presence (crewlet.coord.lease's value): a data node of protocol 1.
+    presence = {"roles": ["data"], "protocol": 1, "broker": "member", "node": OLDER,
+                "boot": f"boot-{OLDER}", "token": None}
+
+    async def go():
+        async with connection(node_url(node)) as (_, cjs), Client(node, "seats") as c:
+            leases = await cjs.key_value("leases")
+            token = await grant(cjs, seat, NODE, release=False)  # held: the claim is the proof
+            fence = make_op("seat.fence", {}, node=NODE, seat=seat, token=token, id=f"mixed-fence-{token}")
+            record = make_op("turn.record", {"record": {"seat": seat, "trigger": "mixed", "outcome": "done"}},
+                             node=NODE, seat=seat, token=token, id=f"mixed-record-{token}")
+            js = c.nc.jetstream(timeout=2)   # the seats' own broker user, as the seats process is
+            view = EstateView(js)
+            watch = asyncio.create_task(view.run())
+            await leases.put(f"node.{OLDER}", json.dumps(presence).encode())
+            try:
+                assert await view.wait_ready(10), "the view never listed the buckets"
+                await in_service(view, NODE)
+                await until(lambda: any(s.id == OLDER and s.protocol == 1 for s in view.data_nodes()),
+                            10, "the older data node in the view")
+                router = Router(c.nc, node_id=NODE, view=view, origin="seats")
+                asked = await router.to_log(js, fence, timeout=10)
+                assert router.log_way == "asked"
+                await leases.delete(f"node.{OLDER}")
+                await until(lambda: OLDER not in {s.id for s in view.data_nodes()}, 10, "the older node gone")
+                straight = await router.to_log(js, record, timeout=5)
+                assert router.log_way == "straight"
+            finally:
+                with contextlib.suppress(Exception):
+                    await leases.delete(f"node.{OLDER}")
+                with contextlib.suppress(Exception):
+                    await leases.delete(f"seat.{seat}")
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
+            subjects = [(await cjs.get_msg(estate_log.STREAM, seq)).subject for seq in (asked, straight)]
+            return fence, record, subjects, straight
+
+    fence, record, subjects, last = asyncio.run(go())
+    # Asked: the node's applier (protocol 2) checked it and published it where
+    # protocol 1 reads; then straight on the seats' own subject.
+    assert subjects == [estate_log.SUBJECT, estate_log.seats_subject(NODE)], subjects
+    copy = wait_for(lambda: (c := copy_of(node)) is not None and c.applied() >= last and c, 20,
+                    what="the copy applied both")
+    reader = store.Reader(copy)
+    assert reader.outcome(fence.id, fence.token)["ok"] is True
+    assert reader.outcome(record.id, record.token)["ok"] is True
 
 
 def test_a_role_asks_only_under_its_own_origin_and_only_for_its_kinds(node):

@@ -565,6 +565,30 @@ async def test_a_data_node_answers_from_its_own_copy_and_from_peers_when_it_is_o
 
 
 @fleet_test
+async def test_a_copy_made_a_moment_ago_is_asked_not_passed_over_as_stopped(fleet):
+    """A role's first request, the moment its copy is made: what the applier
+    published before the subscription joined is lost (ZeroMQ's slow joiner),
+    and that silence is not yet "applier stopped" — the request waits for the
+    applier's next word (it speaks every second) and is answered by this copy."""
+    proc = await fleet.spawn("s")
+    earlier = fleet.local("s")
+    router = await fleet.router("s", local=earlier)
+    await fleet.in_service(router.view, "s")
+    await until(earlier.in_service, 10, "s's copy in service")
+    outcome = await router.write(task_op("kept before the role started"))
+    assert outcome["ok"]
+
+    fresh = fleet.local("s")   # a role started just now
+    router.local = fresh
+    assert fresh.reason() == "applier stopped"   # nothing heard yet: silence
+    task = await router.read("task.get", {"id": f"T{outcome['seq']}"})
+    assert task["task"]["title"] == "kept before the role started"
+    assert fresh.in_service()
+    proc.terminate()
+    assert proc.wait(10) == 0
+
+
+@fleet_test
 async def test_a_data_nodes_own_copy_searches_the_index_its_applier_made_anew(fleet):
     """The search index is derived: deleted, the applier makes it anew from
     the copy (as it does one SQLite cannot read). The node's roles, which

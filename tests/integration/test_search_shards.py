@@ -19,6 +19,7 @@ import pytest
 
 from crewlet.estate import router as router_mod
 from crewlet.estate import wire
+from crewlet.estate.origins import OPERATOR
 from crewlet.estate.router import coverage, coverage_text, merge_hits, split_shards
 from crewlet.estate.search import (SCHEMA_VERSION, SHARD_SHIFT, SHARDS, SearchIndex, check_shards,
                                    shard_of)
@@ -198,10 +199,10 @@ async def test_a_split_search_merges_three_nodes_and_a_silent_one_costs_its_shar
         assert first.searched and first.coverage == coverage(64) and len(first.nodes) == 1
         assert router.corpus == 60
         # The applier answers a range search with its hits, its size and the range.
-        ranged = (await apps["a"].handle(wire_search("deploy", 100, [21, 42])))["answer"]
+        ranged = (await apps["a"].handle(wire_search("deploy", 100, [21, 42]), origin=OPERATOR))["answer"]
         assert ranged["docs"] == 60 and ranged["shards"] == [21, 42]
         assert ranged["hits"] and all(21 <= shard_of(h["path"]) < 42 for h in ranged["hits"])
-        bad = await apps["a"].handle(wire_search("deploy", 10, [3, 99]))
+        bad = await apps["a"].handle(wire_search("deploy", 10, [3, 99]), origin=OPERATOR)
         assert bad["status"] == wire.BAD_REQUEST and "shards" in bad["reason"]
 
         split = await router.search("deploy", 20)
