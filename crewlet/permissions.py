@@ -136,13 +136,15 @@ request refused is answered ``bad_request`` (``estate_request_refused``).
 ops on ``estate.ops`` and asks on the bare ``estate.req.<node>``: an
 applier of this version still applies and answers those as before (every
 kind), and a role of this version's node may publish on neither (its broker
-refuses). The other way round does not work: an older applier reads only
-``estate.ops`` (a newer node's seats ops are holes to it, passed over with
-``estate_log_gap``, so its copy misses those fences and turn records) and
-answers only the bare subject (a newer node's request finds nobody there
-and goes to the next data node). So upgrade every data node first, then the
-nodes without data; a data node that ran the older version while newer
-seats published should have its copy rebuilt from a snapshot.
+refuses). The other way round: an older applier reads only ``estate.ops``
+and answers only the bare subject. So while any live data node reports an
+older protocol (its presence), a newer node's seats do not publish on
+``estate.ops.seats.<node>``: they send each fence and turn record as a write
+request to an applier of this version, which checks it and publishes it on
+``estate.ops`` (:meth:`crewlet.estate.router.Router.to_log`); once every
+data node reports protocol 2 they publish straight. A newer node's request
+to an older applier finds nobody on its subject and goes to the next data
+node. Upgrading data nodes first still keeps the asking short.
 
 A role's rights hold on its own node's broker, where it connects: on a leaf
 node, the leaf's broker checks them, and what the leaf forwards to the

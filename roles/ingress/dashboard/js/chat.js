@@ -59,6 +59,10 @@ const chat = {
   busyTimer: null,
 };
 
+// A tool call's element by the call's id, wherever it is shown: a call asked
+// in one run (awaiting approval) gets its result in the run that resumes.
+const callParts = new Map();
+
 // ------------------------------------------------------------------ saved views
 
 function savedKey(conversation) {
@@ -216,13 +220,13 @@ class RunView {
       part.text = (d.restart ? "" : part.text) + String(d.text ?? "");
       this.draw(part);
     } else if (type === "tool.call") {
-      const part = { key: `c${d.call}`, kind: "tool", name: d.name, args: d.args, result: null, error: false };
+      const part = { key: `c${d.call}`, kind: "tool", call: d.call, name: d.name, args: d.args, result: null, error: false };
       if (!parts.some((p) => p.key === part.key)) parts.push(part);
       this.draw(part);
     } else if (type === "tool.result") {
       let part = parts.find((p) => p.key === `c${d.call}`);
       if (!part) {
-        part = { key: `c${d.call}`, kind: "tool", name: d.name, args: null };
+        part = { key: `c${d.call}`, kind: "tool", call: d.call, name: d.name, args: null };
         parts.push(part);
       }
       part.result = typeof d.result === "string" ? d.result : JSON.stringify(d.result);
@@ -254,9 +258,12 @@ class RunView {
       setText(dom.text, part.text);
     } else if (part.kind === "tool") {
       if (!dom) {
-        dom = toolCall(this.seat, part.name, part.args);
-        this.node.append(dom.node);
+        // A result of a call shown in an earlier run (it waited for approval): shown there.
+        const asked = part.args === null ? callParts.get(part.call) : null;
+        dom = asked && asked.node.isConnected ? asked : toolCall(this.seat, part.name, part.args);
+        if (dom !== asked) this.node.append(dom.node);
         this.dom.set(part.key, dom);
+        callParts.set(part.call, dom);
       }
       if (part.result !== null && part.result !== undefined) toolResult(dom, part.result, part.error);
     } else if (part.kind === "approval" && !dom) {
@@ -314,14 +321,15 @@ class RunView {
 // ------------------------------------------------------------------ the estate's messages
 
 /** The ended runs' messages, a run to an item: the seat's words, each tool
- *  call with its result, as a run's view shows them. */
+ *  call with its result (in the item of the run that asked it), as a run's
+ *  view shows them. */
 function drawMessages(messages, seat) {
   const runs = [];
   const byRun = new Map();
   for (const m of messages) {
     let run = byRun.get(m.run);
     if (!run) {
-      run = { node: el("li", { class: "run", "data-testid": "run", "data-run": m.run || "", "data-state": "kept" }), calls: new Map() };
+      run = { node: el("li", { class: "run", "data-testid": "run", "data-run": m.run || "", "data-state": "kept" }) };
       byRun.set(m.run, run);
       runs.push(run.node);
     }
@@ -335,11 +343,11 @@ function drawMessages(messages, seat) {
       }
       for (const c of m.calls || []) {
         const part = toolCall(seat, c.name, c.args);
-        run.calls.set(c.id, part);
+        callParts.set(c.id, part);
         run.node.append(part.node);
       }
     } else if (m.role === "tool") {
-      let part = run.calls.get(m.call_id);
+      let part = callParts.get(m.call_id);
       if (!part) {
         part = toolCall(seat, m.name || "a tool", null);
         run.node.append(part.node);
@@ -376,7 +384,7 @@ function setStatus(status) {
   const live = [...chat.views.values()].some((v) => !v.ended);
   $("chat-stop").hidden = !live;
   if (live) say($("chat-status"), "info", `${chat.seat} is answering…`);
-  emit("conversation", { id: chat.id, seat: chat.seat, status });
+  emit("conversation", { id: chat.id, seat: chat.seat, status, ran: log().querySelector("li.run[data-run]") !== null });
 }
 
 /** The run views that are still going, newest last. */
@@ -402,6 +410,7 @@ export async function openChat(id, { quiet = false, focus = true } = {}) {
   const opening = ++chat.opening;
   if (chat.id !== id) {
     closeViews();
+    callParts.clear();
     chat.id = id;
     following = true;
     say($("chat-status"), "", "");

@@ -137,11 +137,12 @@ on("signed-in", () => {
 on("turn", (d) => {
   if (String(d.trigger || "").startsWith(RUN_TRIGGER)) softRefresh("convs");
 });
-on("conversation", ({ id, status }) => {
+on("conversation", ({ id, status, ran }) => {
   // The chat knows first: the row says it at once.
   const row = convs.rows.find((c) => c.id === id);
-  if (row && row.status !== status) {
+  if (row && (row.status !== status || (ran && !row.run))) {
     row.status = status;
+    if (ran && !row.run) row.run = true;  // "no run yet" no more; its id comes with the next read
     renderConversations();
   }
 });
