@@ -25,7 +25,8 @@ stored messages), the sink (the run events, the live feed) and the record
 :class:`~crewlet.redaction.Stream`, which holds back the tail that might
 still become a secret until the provider call ends. A call the model makes
 with a secret in its arguments runs with :data:`~crewlet.redaction.REDACTED`
-there instead.
+there instead. A record's ``error``, made from an exception's text wherever
+the turn failed, is scrubbed as it is set (:class:`TurnRecord`).
 """
 
 from __future__ import annotations
@@ -76,8 +77,28 @@ class TurnRecord:
     def as_dict(self) -> dict[str, Any]:
         # Not dataclasses.asdict (its recursive deep copy showed in the seats
         # process's profile): the record's own fields, its two containers copied.
-        return {**vars(self), "tool_calls": [dict(c) for c in self.tool_calls],
+        body = {**vars(self), "tool_calls": [dict(c) for c in self.tool_calls],
                 "tokens": dict(self.tokens)}
+        body["error"] = body.pop("_error")
+        return body
+
+
+def _get_error(record: TurnRecord) -> str | None:
+    return record._error
+
+
+def _set_error(record: TurnRecord, value: str | None) -> None:
+    record._error = redaction.scrub(value) if isinstance(value, str) and value else value
+
+
+# A record's error is scrubbed as it is set (redaction.scrub: the values known
+# and the credential shapes): it is built from an exception's text — a
+# provider's, the broker's, a tool's, roles/seats/turns.py's ``f"{type(exc)}:
+# {exc}"`` — which may quote a secret, and it leaves the process every way the
+# record does (the live feed, custody, the estate's row, the seat's stats, the
+# ``turn`` log line). Once, on the rare record that has one; a property, not a
+# __setattr__, so the other fields' writes cost nothing more.
+TurnRecord.error = property(_get_error, _set_error)  # type: ignore[assignment]
 
 
 class AwaitingApproval(Exception):

@@ -382,6 +382,28 @@ class IngressSection(_Section):
     # Seconds the live feed keeps a node that left, shown as gone, before it forgets it;
     # at most a day (a fleet's churn would pile up rows).
     gone_for: float = Field(600.0, ge=0, le=DAY)
+    # What a client sending a request is held to (roles/ingress/deadlines.py), so that
+    # one trickling a byte a second cannot hold a connection for ever:
+    # Seconds a request's headers have from its first byte (the connection's opening,
+    # for its first); past them a 408 and the connection closed. A second at least (a
+    # client sends its headers in milliseconds; under a second one on a busy link is
+    # cut); 5 minutes at most (past that a client sending nothing holds its slot
+    # about as long as if there were no deadline).
+    header_timeout: float = Field(10.0, ge=1, le=300)
+    # Seconds a request's body may take before its pace counts; an hour at most.
+    body_grace: float = Field(20.0, ge=0, le=HOUR)
+    # Bytes a second a body must average after body_grace, else it is cut. 1 at least;
+    # 10 MiB/s at most (an upload over an ordinary link would be cut).
+    body_min_rate: int = Field(1024, ge=1, le=10 * MIB)
+    # Connections (and requests in progress) served at once; a request past them is a
+    # 503 at once. 8 at least (each dashboard's live feed holds one; fewer leaves no room
+    # for /readyz beside them); COUNT_MAX at most (each holds a socket and a buffer).
+    max_connections: int = Field(1024, ge=8, le=COUNT_MAX)
+    # Bytes of a request's line and headers held while they are incomplete (h11's bound:
+    # what a connection may make the server keep); past it a 400. 1 KiB at least (a
+    # browser's headers with a bearer token take ~1 KiB); 1 MiB at most (held in memory,
+    # per connection).
+    max_header_bytes: int = Field(16384, ge=1024, le=MIB)
 
     @field_validator("tokens_file")
     @classmethod

@@ -37,7 +37,7 @@ from typing import Any, Callable
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from crewlet import bus, groups, log
 from crewlet.bus import MAX_READERS, publish_until
@@ -94,40 +94,113 @@ async def claim(js, integration: str, delivery: str, *, node: str, seat: str) ->
     """Claim *delivery* of *integration*: None if this call made the claim,
     else the state the claim already had (:data:`CLAIMED` or :data:`STORED`).
 
-    The compare-and-set (the key must not exist) is sent again through a
-    stream leader election for :data:`STORE_PATIENCE` seconds under one
-    ``Nats-Msg-Id``: a resend of a claim that landed after all is answered
-    as a duplicate, which is ours. Raises :class:`~crewlet.bus.Unanswered`
-    when nothing answered in that time (the sender is told to retry)."""
-    key = claim_key(integration, delivery)
+    A :func:`create_claim` with :data:`STORE_PATIENCE` seconds of patience.
+    Raises :class:`~crewlet.bus.Unanswered` when nothing answered in that
+    time (the sender is told to retry)."""
     value = json.dumps({"state": CLAIMED, "node": node, "seat": seat, "at": time.time()}).encode()
-    deadline = time.monotonic() + STORE_PATIENCE
-    try:
-        await publish_until(js, bus.kv_subject(js, buckets.CLAIMS.name) + key, value,
-                            msg_id=f"claim:{uuid.uuid4().hex}", deadline=deadline,
-                            headers={_EXPECTED_LAST: "0"})
+    made, _, data = await create_claim(js, claim_key(integration, delivery), value,
+                                       deadline=time.monotonic() + STORE_PATIENCE)
+    if made:
         return None
+    # A claim deleted by hand (no value) counts as claimed: the caller stores, harmlessly.
+    try:
+        return json.loads(data).get("state") or CLAIMED
+    except (TypeError, ValueError, AttributeError):
+        return CLAIMED
+
+
+# Creates a claim makes against a key let go (deleted) under it meanwhile,
+# before it counts as held: a claim let go and taken again in between is rare.
+CLAIM_TRIES = 3
+
+
+async def create_claim(js, key: str, value: bytes, *, deadline: float, msg_ttl: float | None = None,
+                       take_deleted: bool = False) -> tuple[bool, int, bytes | None]:
+    """Create *key* in the ``claims`` bucket with *value*, first writer wins
+    fleet-wide: ``(True, its sequence, None)`` if this call made it, else
+    ``(False, the key's last sequence, its value)`` as the stream's leader
+    has it (a direct get, which any replica answers, may come from one
+    lagging the winner's write and say "no such key"). The one claim both
+    webhook deliveries (:func:`claim`) and the API's Idempotency-Keys
+    (roles/ingress/api/common.py) make.
+
+    The create is a compare-and-set (the key has no message, or with
+    *take_deleted* its last is a delete: a claim let go, whose sequence is
+    then expected, at most :data:`CLAIM_TRIES` times) sent again through a
+    stream leader election until *deadline* under one ``Nats-Msg-Id``.
+    The broker judges a resend's expected sequence before its id (measured,
+    nats-server 2.15), so a create that landed unanswered comes back as a
+    lost race: the key's last message is then read, and if it carries this
+    create's id it is ours. *msg_ttl*: seconds the claim lives
+    (``Nats-TTL``; the bucket's age otherwise). Reads are retried likewise.
+
+    Raises :class:`~crewlet.bus.Unanswered`, or the read's timeout, when
+    nothing answered by *deadline*; a refusal other than a lost race at once."""
+    subject = bus.kv_subject(js, buckets.CLAIMS.name) + key
+    options = {"msg_ttl": msg_ttl} if msg_ttl else {}
+    last, data = 0, None
+    for _ in range(CLAIM_TRIES):
+        msg_id = f"claim:{uuid.uuid4().hex}"
+        try:
+            ack = await publish_until(js, subject, value, msg_id=msg_id, deadline=deadline,
+                                      headers={_EXPECTED_LAST: str(last)}, **options)
+            return True, ack.seq, None
+        except APIError as exc:
+            if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                raise
+        last, data, written_by = await read_claim(js, key, deadline)
+        if written_by == msg_id:
+            return True, last, None  # ours, landed while its answer was lost
+        if data is not None or not take_deleted:
+            return False, last, data
+    return False, last, data
+
+
+async def release_claim(js, key: str, seq: int, *, deadline: float, msg_ttl: float | None = None) -> bool:
+    """Delete the claim of *key* made at sequence *seq* (:func:`create_claim`'s),
+    and no other: a compare-and-set on *seq*, sent again through a stream
+    leader election until *deadline* under one ``Nats-Msg-Id`` (a resend of
+    a delete that landed unanswered is known by that id, as
+    :func:`create_claim`'s). True if it was deleted; False if the key had
+    moved on (that claim expired, and the key is another's now: left as it
+    is). *msg_ttl*: seconds the delete marker stays. Raises
+    :class:`~crewlet.bus.Unanswered` when nothing answered by *deadline*;
+    another refusal at once."""
+    options = {"msg_ttl": msg_ttl} if msg_ttl else {}
+    msg_id = f"unclaim:{uuid.uuid4().hex}"
+    try:
+        await publish_until(js, bus.kv_subject(js, buckets.CLAIMS.name) + key, b"", msg_id=msg_id,
+                            deadline=deadline, headers={"KV-Operation": "DEL", _EXPECTED_LAST: str(seq)},
+                            **options)
+        return True
     except APIError as exc:
         if exc.err_code not in _WRONG_LAST_SEQUENCE:
             raise
-    # Lost: the stream's leader has the winner's write (a direct get, which
-    # any replica answers, may come from one lagging it and say "no such
-    # key"). A claim deleted by hand (no value) counts as claimed: the caller
-    # stores, harmlessly.
+    return (await read_claim(js, key, deadline))[2] == msg_id
+
+
+async def read_claim(js, key: str, deadline: float) -> tuple[int, bytes | None, str | None]:
+    """*key*'s last sequence in ``claims`` (0: never written, or gone), its
+    value (None: deleted, purged or expired, as
+    :func:`crewlet.coord.buckets.last` reads them) and the ``Nats-Msg-Id``
+    it was written under, read from the stream's leader; asked again while
+    the leader does not answer (an election) until *deadline*."""
     pause = 0.1
     while True:
         try:
-            _, data = await buckets.last(js, buckets.CLAIMS.name, key, leader=True)
+            msg = await js.get_msg(buckets.stream(buckets.CLAIMS.name),
+                                   subject=f"$KV.{buckets.CLAIMS.name}.{key}", direct=False)
             break
+        except NotFoundError:
+            return 0, None, None
         except (NatsTimeoutError, NoStreamResponseError, NoRespondersError):
             if time.monotonic() + pause >= deadline:
                 raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
-    try:
-        return json.loads(data).get("state") or CLAIMED
-    except (TypeError, ValueError, AttributeError):
-        return CLAIMED
+    headers = msg.headers or {}
+    gone = headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers
+    return msg.seq, None if gone else msg.data, headers.get("Nats-Msg-Id")
 
 
 async def mark_stored(js, integration: str, delivery: str, *, node: str, seat: str) -> None:

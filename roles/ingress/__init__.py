@@ -48,9 +48,8 @@ from crewlet.estate.router import START_WAIT
 from crewlet.queue import notify
 from crewlet.queue.jetstream import JetStreamMailboxes
 from crewlet.runtime import RoleContext
-from roles.ingress import auth
+from roles.ingress import auth, deadlines
 from roles.ingress.app import make_app
-from roles.ingress.deadlines import DeadlineProtocol
 from roles.ingress.front import Front
 from roles.ingress.metrics import Metrics
 from roles.ingress.projection import Projection
@@ -61,13 +60,6 @@ from roles.ingress.projection import Projection
 # request sent just as the server closes is lost ("connection closed without
 # response"), which uvicorn's default of 5 s made common under load.
 KEEP_ALIVE = 75
-# Connections (and requests in progress) served at once: past it, uvicorn
-# answers a new request 503 at once. With the deadlines of
-# roles/ingress/deadlines.py (a request's headers within 10 s, its body at
-# 1 KiB/s or more after 20 s), a slow client holds a slot seconds, not for ever.
-MAX_CONNECTIONS = 1024
-# The largest a request's line and headers may be (h11's own default, said here).
-MAX_HEADER_BYTES = 16 * 1024
 # Turn records the live feed starts with, read from the estate.
 SEED_TURNS = 50
 
@@ -102,9 +94,10 @@ async def main(ctx: RoleContext) -> None:
     host, _, port = cfg.ingress.listen.rpartition(":")
     config = uvicorn.Config(make_app(ctx, front, keyring), host=host, port=int(port), lifespan="off",
                             log_config=None, access_log=False, timeout_graceful_shutdown=2,
-                            timeout_keep_alive=KEEP_ALIVE, http=DeadlineProtocol,
-                            limit_concurrency=MAX_CONNECTIONS, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-                            ws="websockets-sansio")
+                            timeout_keep_alive=KEEP_ALIVE, ws="websockets-sansio",
+                            # The request deadlines and the connection bound: ingress.header_timeout,
+                            # body_grace, body_min_rate, max_connections, max_header_bytes.
+                            **deadlines.server_options(cfg.ingress))
     server = webserver.Server(config)
     serving = asyncio.create_task(server.serve(sockets=sockets))
     listening = asyncio.create_task(server.listening.wait())

@@ -7,6 +7,10 @@
   DENY``, ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy:
   no-referrer``. Plain ASGI with the headers encoded once, wrapped around
   Starlette's whole stack (:func:`install`), so its own 500s carry them too.
+  What the server answers before the app is reached — the 408 of a slow
+  client, the 503 past ``ingress.max_connections``, the 400 of a request
+  that could not be parsed — carries :data:`HEADERS` as well, written by
+  :mod:`roles.ingress.deadlines`' protocol.
 * The API docs (``/docs``): swagger-ui's files from the ``fastapi-offline``
   package (:data:`SWAGGER_DIR`), served under ``/docs/assets/``, started by a
   script of ours (``/docs/init.js``) rather than FastAPI's page, whose start

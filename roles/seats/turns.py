@@ -101,7 +101,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from crewlet import disk, log, outbox, sandbox
+from crewlet import disk, log, outbox, redaction, sandbox
 from crewlet.bus import JETSTREAM_TIMEOUT, publish_until
 from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
 from crewlet.agent.estate_tools import estate_tools
@@ -940,7 +940,7 @@ class SeatWork:
             # lost if the message goes back (a redo checks the ledger first).
             record.outcome, record.error = "failed", f"{type(exc).__name__}: {exc}"
             log.event("turn_failed", "error", seat=self.seat, trigger=delivery.trigger,
-                      error=record.error, traceback=traceback.format_exc())
+                      error=record.error, traceback=redaction.scrub(traceback.format_exc()))
             try:
                 await self._hand_back(delivery, self._retry_delay(delivery, None))
                 settled = True

@@ -4,13 +4,17 @@ Every answer — the API, the dashboard, the API docs, errors, 404s, /healthz �
 carries a strict Content-Security-Policy, X-Frame-Options, nosniff and a
 referrer policy; /docs is served from this origin only; and a token put in a
 URL, whatever its parameter's name, is not written to the node's log (uvicorn
-writes a WebSocket handshake's path with its query). Real nodes over real HTTP
-and WebSocket on loopback; waits are conditions with deadlines.
+writes a WebSocket handshake's path with its query). What the server answers
+before the app is reached — the 503 past ``ingress.max_connections``, the 400
+of a request it cannot parse or whose headers run past
+``ingress.max_header_bytes`` — carries the same headers. Real nodes over real
+HTTP and WebSocket on loopback; waits are conditions with deadlines.
 """
 
 from __future__ import annotations
 
 import re
+import socket
 
 import httpx2
 import pytest
@@ -65,6 +69,8 @@ def test_every_answer_carries_the_security_headers_and_docs_stay_on_this_origin(
     bearer = {"Authorization": f"Bearer {token}"}
     with httpx2.Client(base_url=base_url(node), timeout=30, trust_env=False) as http:
         wait_for(lambda: http.get("/healthz").status_code == 200, 30, what="ingress answering")
+        # The dashboard's script, wherever its page says it is (its files move).
+        script = "/ui/" + re.search(r'<script\b[^>]*\bsrc="([^"]+)"', http.get("/ui/").text).group(1)
         answers = {
             "api": http.get("/v1/fleet", headers=bearer),
             "unauthorized": http.get("/v1/fleet"),
@@ -78,7 +84,7 @@ def test_every_answer_carries_the_security_headers_and_docs_stay_on_this_origin(
             "readyz": http.get("/readyz"),
             "root": http.get("/"),
             "dashboard": http.get("/ui/"),
-            "dashboard script": http.get("/ui/app.js"),
+            "dashboard script": http.get(script),
             "dashboard style": http.get("/ui/style.css"),
             "missing static": http.get("/ui/nope.js"),
             "docs": http.get("/docs"),
@@ -151,3 +157,61 @@ def test_a_token_in_a_url_never_reaches_the_log(node):
     log = node.read_log()
     assert secret not in log, [line for line in log.splitlines() if secret in line][:5]
     assert token not in log
+
+
+def _raw(address: tuple[str, int], request: bytes, *, whole: bool = True) -> tuple[socket.socket, bytes]:
+    """*request* sent on a socket of its own; the socket and the answer's head (all of the
+    answer, until the server closes, with *whole*)."""
+    s = socket.create_connection(address, timeout=10)
+    s.sendall(request)
+    answer = b""
+    while whole or b"\r\n\r\n" not in answer:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return s, answer
+
+
+def assert_raw_hardened(answer: bytes) -> None:
+    head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    status, *lines = head.split("\r\n")
+    headers = httpx2.Headers([tuple(part.strip() for part in line.split(":", 1)) for line in lines])
+    response = httpx2.Response(int(status.split()[1]), headers=headers,
+                               request=httpx2.Request("GET", "http://node/raw"))
+    assert_hardened(response)
+
+
+def test_the_servers_own_early_answers_carry_the_security_headers(make_node):
+    # A node bounded to 8 connections (the least it takes), its headers to 2 KiB.
+    node = make_node(ingress={"max_connections": 8, "max_header_bytes": 2048}).start()
+    host, _, port = node.config["ingress"]["listen"].rpartition(":")
+    address = (host, int(port))
+    with httpx2.Client(base_url=base_url(node), timeout=30, trust_env=False) as http:
+        wait_for(lambda: http.get("/healthz").status_code == 200, 30, what="ingress answering")
+    token = token_of(node)
+    # A request h11 cannot parse, and one whose headers run past max_header_bytes: uvicorn's 400.
+    for request in (b"NOT HTTP AT ALL\r\n\r\n",
+                    b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 4096):
+        s, answer = _raw(address, request)
+        s.close()
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+        assert_raw_hardened(answer)
+    # Live feeds held open until one more request is past the bound: uvicorn's 503 there.
+    feeds: list[socket.socket] = []
+    try:
+        for _ in range(16):
+            s, answer = _raw(address, f"GET /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
+                                      f"\r\n\r\n".encode(), whole=False)
+            feeds.append(s)
+            if not answer.startswith(b"HTTP/1.1 200"):
+                break
+        assert answer.startswith(b"HTTP/1.1 503"), (len(feeds), answer[:300])
+        assert len(feeds) <= 9, len(feeds)  # 8 served, then refused
+        assert_raw_hardened(answer)
+    finally:
+        for s in feeds:
+            s.close()
+    # And once they are gone, served again.
+    with httpx2.Client(base_url=base_url(node), timeout=30, trust_env=False) as http:
+        wait_for(lambda: http.get("/healthz").status_code == 200, 30, what="ingress serving again")

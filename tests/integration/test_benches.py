@@ -238,6 +238,16 @@ def check_sandbox(rep: dict[str, Any]) -> None:
     figure(rep, "batch_x")
 
 
+def check_redaction(rep: dict[str, Any]) -> None:
+    cases = figure(rep, "cases")
+    for name in ("json, no shape word", "json, a shape word", "words, 20 values known",
+                 "stream, 4-char pieces"):
+        figure(cases, name, "us_per_kb", "crewlet")
+        assert figure(cases, name, "x"), name   # beside at least one baseline
+    figure(cases, "json, no shape word", "x", "bare regex")
+    figure(cases, "words, 20 values known", "crewlet_ms")
+
+
 def needs_bwrap() -> None:
     """As tests/integration/test_sandbox.py: skip without a working bubblewrap, unless
     CREWLET_TEST_SANDBOX=required."""
@@ -271,6 +281,7 @@ BENCHES: list[tuple[str, tuple[str, ...], Callable[[dict[str, Any]], None]]] = [
     ("conversations", (), check_conversations),
     ("slow_turns", (), check_slow_turns),
     ("broker_stop", (), check_broker_stop),
+    ("redaction", (), check_redaction),
 ]
 
 

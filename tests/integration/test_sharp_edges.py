@@ -8,33 +8,60 @@ sockets on loopback:
   ``idempotency_key_reused`` naming the key, and the second write is not
   dropped silently; the same request again still answers its first result;
   a request refused as invalid does not keep the key;
-* a WebSocket client that leaves before authenticating logs no error;
-* a client trickling its headers a byte a second is cut (408) within the
-  header deadline, while a normal client is served meanwhile.
+* an Idempotency-Key's claim lives a day (its own TTL in ``claims``), and a
+  claim let go leaves a tombstone of a minute; letting a claim go deletes
+  that claim alone (a compare-and-set on its sequence), and is sent again
+  while the broker does not answer (on a nats-server of the test's own);
+* a WebSocket client that leaves before authenticating logs no error (the
+  log checked once a marker line written after the departures is in it),
+  and only a client gone is a quiet departure;
+* a client trickling its headers a byte a second is cut (408, with the
+  hardening headers) within the header deadline the node is configured
+  with (``ingress.header_timeout``, shorter than the default), while a
+  normal client, and one sending its headers in two parts within the
+  deadline, are served meanwhile.
 
-One node serves the module (tokens for read and write).
+One node serves the module (tokens for read and write; ``ingress.header_timeout``
+of :data:`HEADER_TIMEOUT` s).
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
+import os
+import signal
 import socket
 import time
 import uuid
 
+import nats
+import psutil
 import pytest
 
+from crewlet import bus
+from crewlet.config.model import IngressSection
+from crewlet.coord import buckets
 from crewlet.estate import ops
-from roles.ingress import deadlines
+from crewlet.queue import notify
+from roles.ingress import hardening
+from roles.ingress.api import common, feed
 from tests.conftest import Nodes, wait_for
 from tests.integration.test_files_api import Api, _started, listed, problem
+from tests.seats import node_url, read_nats
+
+# Seconds the module's node gives a request's headers (ingress.header_timeout):
+# shorter than the default, so a cut at this deadline is the configured one.
+HEADER_TIMEOUT = 4.0
+assert HEADER_TIMEOUT + 4 < IngressSection().header_timeout
 
 
 @pytest.fixture(scope="module")
 def api():
     nodes = Nodes()
     try:
-        api = _started(nodes)
+        api = _started(nodes, ingress={"header_timeout": HEADER_TIMEOUT})
         yield api
         api.http.close()
     finally:
@@ -135,11 +162,94 @@ def test_an_upload_under_a_used_key_with_other_bytes_is_a_422(api):
     assert [f["version"] for f in listed(api, "idem")] == [1]
 
 
+def _claim(api: Api, method: str, path: str, headers: dict):
+    """The last message of the claim of *headers*' Idempotency-Key on a route, from the node's broker."""
+    name = common.claim_name(method, path, headers["Idempotency-Key"])
+
+    async def last(nc, js):
+        return await js.get_msg(buckets.stream(buckets.CLAIMS.name),
+                                subject=f"$KV.{buckets.CLAIMS.name}.{name}", direct=False)
+    return read_nats(node_url(api.node), last)
+
+
+def test_an_idempotency_key_is_kept_a_day_and_one_let_go_leaves_a_tombstone_of_a_minute(api):
+    k = key()
+    assert api("POST", "/v1/tasks", json={"title": "kept"}, headers=k).status_code == 201
+    held = _claim(api, "POST", "/v1/tasks", k)
+    assert held.headers.get("Nats-TTL") == str(common.IDEMPOTENCY_TTL) == "86400", held.headers
+    assert json.loads(held.data)["digest"]
+    k = key()
+    problem(api("POST", "/v1/tasks", json={"title": ""}, headers=k), 422, "invalid")
+    gone = _claim(api, "POST", "/v1/tasks", k)
+    assert gone.headers.get("KV-Operation") == "DEL" and not gone.data, gone.headers
+    assert gone.headers.get("Nats-TTL") == str(common.LET_GO_TTL), gone.headers
+
+
+def test_a_claim_let_go_deletes_that_claim_alone_and_outlasts_a_broker_not_answering(natsd):
+    name = common.claim_name("POST", "/v1/tasks", "k1")
+    stream, subject = buckets.stream(buckets.CLAIMS.name), f"$KV.{buckets.CLAIMS.name}.{name}"
+
+    def soon() -> float:
+        return time.monotonic() + common.CLAIM_PATIENCE
+
+    async def unanswered(call):
+        """*call* (a coroutine) while the broker answers nothing (SIGSTOP: what a client
+        sees through a stream leader election) until past one publish's timeout — it is
+        still being sent then — and then answers again: what *call* returned."""
+        os.kill(natsd.proc.pid, signal.SIGSTOP)
+        try:
+            task = asyncio.create_task(call)
+            # Past one publish's timeout with the broker silent: the call is resending.
+            # (Not asserted as pending: on a loaded machine this process may be
+            # descheduled across the pause; the outcome below is what must hold.)
+            await asyncio.wait({task}, timeout=bus.JETSTREAM_TIMEOUT + 0.5)
+        finally:
+            os.kill(natsd.proc.pid, signal.SIGCONT)
+        return await asyncio.wait_for(task, common.CLAIM_PATIENCE)
+
+    async def go():
+        nc = await nats.connect(natsd.url, connect_timeout=2, max_reconnect_attempts=0)
+        js = nc.jetstream(timeout=bus.JETSTREAM_TIMEOUT)
+        try:
+            await buckets.ensure(js, buckets.CLAIMS, 1)
+            made, first, _ = await notify.create_claim(js, name, b'{"digest": "a"}', deadline=soon(),
+                                                       msg_ttl=common.IDEMPOTENCY_TTL, take_deleted=True)
+            assert made
+            # That claim is gone (expired, or purged by hand) and another request took the key.
+            await (await js.key_value(buckets.CLAIMS.name)).purge(name)
+            made, second, _ = await notify.create_claim(js, name, b'{"digest": "b"}', deadline=soon(),
+                                                        msg_ttl=common.IDEMPOTENCY_TTL, take_deleted=True)
+            assert made and second > first
+            # The first request lets its claim go: the other's is left as it is.
+            assert not await notify.release_claim(js, name, first, deadline=soon(), msg_ttl=common.LET_GO_TTL)
+            held = await buckets.last(js, buckets.CLAIMS.name, name, leader=True)
+            assert held == (second, b'{"digest": "b"}')
+            # The second lets go while the broker does not answer: sent again until it
+            # does, and its delete, landed unanswered, known as its own.
+            assert await unanswered(notify.release_claim(js, name, second, deadline=soon(),
+                                                         msg_ttl=common.LET_GO_TTL))
+            assert (await buckets.last(js, buckets.CLAIMS.name, name, leader=True))[1] is None
+            tombstone = await js.get_msg(stream, subject=subject, direct=False)
+            assert tombstone.headers["KV-Operation"] == "DEL"
+            assert tombstone.headers["Nats-TTL"] == str(common.LET_GO_TTL)
+            # A claim made while the broker does not answer is ours once it does (its
+            # create landed unanswered; the resend is refused as a lost race).
+            made, third, _ = await unanswered(notify.create_claim(
+                js, name, b'{"digest": "c"}', deadline=soon(), msg_ttl=common.IDEMPOTENCY_TTL,
+                take_deleted=True))
+            held = await buckets.last(js, buckets.CLAIMS.name, name, leader=True)
+            assert made and held == (third, b'{"digest": "c"}')
+        finally:
+            await nc.close()
+    asyncio.run(go())
+
+
 # ------------------------------------------------------------------ the WebSocket
 
-def _ws_handshake(address: tuple[str, int]) -> socket.socket:
+def _ws_handshake(address: tuple[str, int], target: str = "/v1/ws") -> socket.socket:
     s = socket.create_connection(address, timeout=5)
-    s.sendall(b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    s.sendall(f"GET {target} HTTP/1.1\r\n".encode() +
+              b"Host: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
     answer = b""
     while b"\r\n\r\n" not in answer:
@@ -157,36 +267,81 @@ def _address(api: Api) -> tuple[str, int]:
 
 def test_a_websocket_client_leaving_before_its_token_logs_no_error(api):
     start = len(api.node.events())
+    departed = set()
     for polite in (False, True):
         s = _ws_handshake(_address(api))
+        departed.add(s.getsockname()[1])
         if polite:  # a close frame (masked, code 1000), then gone
             s.sendall(bytes([0x88, 0x82, 1, 2, 3, 4, 0x03 ^ 1, 0xE8 ^ 2]))
         s.close()
-    # The server has met both departures once a later socket is served to its end.
+    # The server has met both departures: ingress holds neither socket any more.
+    ingress = psutil.Process(api.node.process_pids()["ingress"])
+    wait_for(lambda: not {c.raddr.port for c in ingress.net_connections("tcp") if c.raddr} & departed, 10,
+             what="ingress to let the departed sockets go")
+    # A later socket served to its end.
     s = _ws_handshake(_address(api))
     s.sendall(bytes([0x81, 0x80 | 2, 0, 0, 0, 0]) + b"{}")  # no token: refused, 4401
     s.settimeout(10)
     assert s.recv(64)[:1] == b"\x88"
     s.close()
-    time.sleep(0.5)  # the node's log is written by another process: let its lines land
+    # A marker after all of that: uvicorn logs a handshake's path with its query's names
+    # (the values redacted). The node's log is written by another process: once the marker
+    # is in it, every line ingress wrote before it is too.
+    marker = f"m{uuid.uuid4().hex}"
+    s = _ws_handshake(_address(api), f"/v1/ws?{marker}=1")
+    s.close()
+    wait_for(lambda: f"/v1/ws?{marker}=" in api.node.read_log(), 10, what="the marker line in the node's log")
     log = api.node.read_log()
     assert "Exception in ASGI application" not in log
     loud = [e for e in api.node.events()[start:] if e.get("level") in ("error", "critical")]
     assert not loud, loud
 
 
+def test_only_a_client_gone_is_a_quiet_websocket_departure():
+    # What the feed's WebSocket lets pass quietly (a departure), and what it raises for
+    # uvicorn to log (a fault): a RuntimeError is a departure only when it says the client is gone.
+    from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
+    from uvicorn.protocols.utils import ClientDisconnected
+    from uvicorn.protocols.websockets import websockets_sansio_impl
+
+    for gone in (WebSocketDisconnect(1001), WebSocketDisconnected('Cannot call "send" once a close message '
+                                                                  'has been sent.'),
+                 ClientDisconnected(), ConnectionResetError(),
+                 RuntimeError("Unexpected ASGI message 'websocket.send', after sending 'websocket.close'.")):
+        assert feed.departed(gone), repr(gone)
+    for fault in (RuntimeError("Expected ASGI message 'websocket.send' or 'websocket.close', but got "
+                               "'websocket.accept'."),
+                  RuntimeError("dictionary changed size during iteration"), ValueError("not JSON"),
+                  KeyError("text")):
+        assert not feed.departed(fault), repr(fault)
+    # uvicorn's words the departure is known by are still the ones it raises.
+    assert feed._CLOSED_BY_SERVER in inspect.getsource(websockets_sansio_impl)
+
+
 # ------------------------------------------------------------------ slow clients
 
-def test_a_client_trickling_its_headers_is_cut_while_a_normal_one_is_served(api):
+def _hardened(answer: bytes) -> None:
+    """*answer* (a raw HTTP response) carries the hardening headers, each once."""
+    head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower().split("\r\n")[1:]
+    names = [line.partition(":")[0] for line in head]
+    for name, value in hardening.HEADERS:
+        assert names.count(name.decode()) == 1, (name, head)
+        assert f"{name.decode()}: {value.decode().lower()}" in head, (name, head)
+
+
+def test_a_client_trickling_its_headers_is_cut_at_the_configured_deadline_while_normal_ones_are_served(api):
     address = _address(api)
     slow = [socket.create_connection(address, timeout=5) for _ in range(20)]
+    # Sent in two parts, the second well within the deadline: a client on a slow link, not cut.
+    unhurried = socket.create_connection(address, timeout=5)
+    unhurried.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
     line = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
     started = time.monotonic()
     cut: dict[int, bytes] = {}
     sent = 0
     try:
         while len(cut) < len(slow):
-            assert time.monotonic() - started < deadlines.HEADER_TIMEOUT + 5, f"{len(cut)} of 20 cut"
+            assert time.monotonic() - started < HEADER_TIMEOUT + 5, f"{len(cut)} of 20 cut"
             for i, s in enumerate(slow):
                 if i in cut:
                     continue
@@ -198,7 +353,17 @@ def test_a_client_trickling_its_headers_is_cut_while_a_normal_one_is_served(api)
             # A normal client meanwhile: answered at once.
             t = time.monotonic()
             assert api.http.get("/healthz").status_code == 200 and time.monotonic() - t < 2
-            time.sleep(1)
+            if unhurried is not None and time.monotonic() - started >= HEADER_TIMEOUT / 4:
+                unhurried.sendall(b"Accept: */*\r\n\r\n")
+                answer = b""
+                while b"\r\n\r\n" not in answer:
+                    chunk = unhurried.recv(4096)
+                    assert chunk, answer
+                    answer += chunk
+                assert answer.startswith(b"HTTP/1.1 200"), answer
+                unhurried.close()
+                unhurried = None
+            time.sleep(1)  # the trickle's pace: a byte a second
             for i, s in enumerate(slow):
                 if i in cut:
                     continue
@@ -213,7 +378,14 @@ def test_a_client_trickling_its_headers_is_cut_while_a_normal_one_is_served(api)
     finally:
         for s in slow:
             s.close()
+        if unhurried is not None:
+            unhurried.close()
     took = time.monotonic() - started
-    assert deadlines.HEADER_TIMEOUT - 1 <= took <= deadlines.HEADER_TIMEOUT + 5, took
-    assert any(got.startswith(b"HTTP/1.1 408") for got in cut.values()), cut
+    # At the configured deadline: the default's (10 s) would be past this.
+    assert HEADER_TIMEOUT - 1 <= took <= HEADER_TIMEOUT + 4, took
+    assert unhurried is None, "the client sending its headers in two parts was not answered"
+    timed_out = [got for got in cut.values() if got.startswith(b"HTTP/1.1 408")]
+    assert timed_out, cut
+    for answer in timed_out:
+        _hardened(answer)  # written by the protocol, not the app: hardened all the same
     api.node.wait_event("ingress_slow_client_cut", 5, part="headers")

@@ -41,6 +41,11 @@ BAD = [
     ("stream.replicas", [0, 6, ".nan"]),
     ("ingress.max_body", [1023, 64 * 1024 * 1024 + 1, ".inf"]),
     ("ingress.gone_for", [-1, 86_401, ".inf", ".nan"]),
+    ("ingress.header_timeout", [0, 0.5, 301, ".inf", ".nan"]),
+    ("ingress.body_grace", [-1, 3601, ".inf", ".nan"]),
+    ("ingress.body_min_rate", [0, 10 * 1024 * 1024 + 1, "1e23", 1.5]),
+    ("ingress.max_connections", [0, 7, 100_001, "1e23", 1.5]),
+    ("ingress.max_header_bytes", [1023, 1024 * 1024 + 1, ".inf", 1.5]),
     ("supervisor.intensity", [-1, 10_001, "1e300"]),
     ("supervisor.period", [0.5, 86_401, ".inf"]),
     ("supervisor.backoff_min", [-0.1, 3601, ".inf", ".nan"]),
@@ -206,6 +211,24 @@ def test_a_yaml_bomb_is_refused_by_check_config(tmp_path, bomb):
     path = tmp_path / "crewlet.yaml"
     path.write_text(text)
     refused([str(BIN / "crewletd"), "check-config", str(path)], path, problem, bomb)
+
+
+@pytest.mark.parametrize("text,key", [
+    ("ingress: {header_timeout: 0.2}\n", "ingress.header_timeout"),
+    ("ingress: {body_min_rate: -5}\n", "ingress.body_min_rate"),
+    ("ingress: {max_connections: 2}\n", "ingress.max_connections"),
+    ("ingress: {max_header_bytes: many}\n", "ingress.max_header_bytes"),
+])
+def test_a_bad_ingress_limit_is_exit_78_naming_file_and_key(tmp_path, text, key):
+    # What crewletd does with it at start: check-config is the same load, and the same exit.
+    path = tmp_path / "crewlet.yaml"
+    path.write_text(text)
+    done = subprocess.run([str(BIN / "crewletd"), "check-config", str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 78, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f": {path}: {key}: " in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("bomb", BOMBS)

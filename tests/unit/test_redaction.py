@@ -7,7 +7,6 @@ import io
 import json
 import random
 import string
-import time
 
 import pytest
 
@@ -56,23 +55,45 @@ def test_shapes_are_redacted_as_base_redact_did_and_base_redact_is_this_one():
     assert base.env_secrets({"OPENAI_API_KEY": "v1", "HOME": "/root"}) == ["v1"]
 
 
-def test_text_without_a_secret_is_returned_as_is_and_cheaply():
+def test_text_without_a_secret_is_returned_as_is():
+    # What it costs is bench/redaction.py's to measure, beside a bare scan: tests assert no speed.
     text = " ".join("".join(random.choices(string.ascii_letters + string.digits, k=random.randint(2, 9)))
                     for _ in range(1500))  # ~10 KB of words none of which is a secret or a shape's word
-    text = text.replace("sk", "xx").lower().replace("key", "kex").replace("token", "tokex")
+    text = text.replace("sk", "xx").lower()
     assert scrub(text) is text and redaction.scrub_known(text) is text
     redaction.learn(["".join(random.choices(string.ascii_letters, k=40)) for _ in range(20)])
     assert scrub(text) is text
-    started = time.perf_counter()
-    for _ in range(100):
-        scrub(text)
-    each = (time.perf_counter() - started) / 100
-    # Measured ~0.1 ms (the shapes regex alone would be ~1 ms): a generous bound.
-    assert each < 0.002, f"{each * 1000:.2f} ms to scrub 10 KB with nothing in it"
     # And the fast path is not blind: the same text with a secret in the middle.
     secret = sorted(redaction.known())[0]
     half = len(text) // 2
     assert scrub(text[:half] + secret + text[half:]) == text[:half] + REDACTED + text[half:]
+
+
+def test_a_json_tool_result_with_keys_and_tokens_is_not_searched_for_shapes_and_no_shape_is_missed():
+    # "key" and "token" are in most JSON tool results; a shape opens with more than either.
+    result = json.dumps({"items": [{"key": f"PROJ-{i}", "title": "fix it", "monkey": "token-bucket",
+                                    "tokens": {"input": 12, "output": 3}, "keys": ["a1b2c3d4e5"]}
+                                   for i in range(20)]})
+    assert not redaction.may_hold_shape(result)
+    assert scrub(result) is result
+    # The look passes over nothing the regex would match: every opening, in any case, and
+    # in the letters (?i) takes for ASCII ones ("ſ" for s, "ı"/"İ" for i, the Kelvin sign for k).
+    odd = {"s": "\u017f", "i": "\u0131", "k": "\u212a"}
+    openings = ["api_key=", "api-key: ", "APIKEY=", '"x-api-key": "', "access_token=", "Access-Token: ",
+                "accesstoken=", "auth_token=", "auth-token: ", "AuthToken=", "secret=", "password: ",
+                "Bearer ", "basic ", "sk-"]
+    rnd = random.Random(7)
+    for opening in openings:
+        for _ in range(30):
+            word = "".join(rnd.choice((c.upper(), c.lower(), odd.get(c.lower(), c))) for c in opening)
+            text = f'{{"note": "x", "v": "{word}abcdefgh12345678"}}'
+            if redaction.SECRET_SHAPES.search(text):
+                assert redaction.may_hold_shape(text), text
+                assert "abcdefgh12345678" not in scrub(text), text
+    # İ (U+0130) lowers to two characters: still seen.
+    dotted = "ap\u0130_key=abcdefgh1"
+    assert redaction.SECRET_SHAPES.search(dotted) and redaction.may_hold_shape(dotted)
+    assert scrub('{"api_key": "q1w2e3r4t5", "key": "k"}') == '{"api_key": "[redacted]", "key": "k"}'
 
 
 def test_a_tool_calls_arguments_are_scrubbed_deeply_and_kept_when_clean():
@@ -108,6 +129,48 @@ def test_a_streamed_text_split_anywhere_never_shows_a_secret(seed):
     assert whole == scrub(text)
     # Every known secret's first characters were held back, not shown early and then taken back.
     assert not any(KEY[:20] in piece for piece in shown)
+
+
+@pytest.mark.parametrize("opening", ["password=", '"api_key": "', "Authorization: Bearer ", "secret: ",
+                                     "sk-"])
+def test_a_streamed_credential_whose_digits_come_late_is_held_until_it_is_decided(opening):
+    # Longer than the stream's hold, and a credential only once its digits come.
+    credential = "abcdefghij" * 4 + "42"
+    text = f"the tool said {opening}{credential} and then went on for a while, as a reply does."
+    stream, shown = Stream(), ""
+    for ch in text:  # a character a piece: the worst split there is
+        shown += stream.feed(ch)
+        assert "abcdefgh" not in shown, shown  # not one piece of it shown before it is decided
+    shown += stream.end()
+    assert shown == scrub(text) and credential not in shown and "abcdefgh" not in shown, shown
+    if opening == "sk-":
+        return  # a vendor key needs no digit: forty letters are one
+    # Decided as no credential (no digit, then a space): released as it was.
+    plain = f"the tool said {opening}{'abcdefghij' * 4} and then went on for a while, as a reply does."
+    stream = Stream()
+    out = "".join(stream.feed(w + " ") for w in plain.split(" "))
+    assert len(out) >= len(plain) - redaction.STREAM_HOLD - 2 and (out + stream.end()).rstrip() == plain
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_stream_never_shows_what_the_whole_texts_scrub_hides(seed):
+    # Random texts of shape openings, credentials, known values and separators, split at
+    # random: at every moment what was shown is the start of scrub(the whole text).
+    redaction.learn([KEY, TOKEN])
+    parts = ["password=", "PASSWORD: ", '"api_key": "', "x-api-key=", "Bearer ", "basic ", "sk-", "xsk-",
+             "mysecret=", "token", "key", " ", ", ", "\n", '"', "}", "&", "a", "b", "1", "42", "\u00e9",
+             "\u0130", "\u017f", KEY[:10], KEY, TOKEN, "-", "_", ".", "/", "=", "[", "abcdefghij" * 4,
+             "12345678"]
+    rnd = random.Random(seed)
+    for _ in range(400):
+        text = "".join(rnd.choice(parts) for _ in range(rnd.randint(1, 40)))
+        whole, stream, shown, i = scrub(text), Stream(), "", 0
+        while i < len(text):
+            n = rnd.randint(1, 20)
+            shown += stream.feed(text[i:i + n])
+            i += n
+            assert whole.startswith(shown), (text, shown)
+        assert shown + stream.end() == whole, text
 
 
 def test_a_stream_releases_text_as_it_comes_and_drops_a_void_attempt():
@@ -176,3 +239,21 @@ def test_forwarded_child_lines_lose_known_secrets():
     assert lines[0]["line"] == f"stray {KEY}"
     assert lines[1]["line"] == f"stray {REDACTED} Bearer {REDACTED}"
     assert lines[2]["event"] == "tool_said" and lines[2]["text"] == f"x {REDACTED} x"
+
+
+def test_a_turn_records_error_is_scrubbed_wherever_it_goes():
+    # roles/seats/turns.py makes a failed turn's error of its exception's text, which may
+    # quote a secret; the record leaves the process as as_dict() (the live feed, custody,
+    # the estate's row) and as its fields (the seat's stats, the `turn` log line).
+    from crewlet.agent.turn import TurnRecord
+
+    redaction.learn([KEY])
+    record = TurnRecord("s", "t1", "n1", 3, 1)
+    said = f"ProviderError: refused {KEY}, Authorization: Bearer abcdefgh123"
+    record.outcome, record.error = "failed", said
+    for error in (record.error, record.as_dict()["error"]):
+        assert error == f"ProviderError: refused {REDACTED}, Authorization: Bearer {REDACTED}"
+    assert TurnRecord("s", "t1", "n1", 3, 1, error=f"x {KEY}").as_dict()["error"] == f"x {REDACTED}"
+    clean = TurnRecord("s", "t1", "n1", 3, 1)
+    assert clean.error is None and clean.as_dict()["error"] is None
+    assert set(clean.as_dict()) == {f.name for f in __import__("dataclasses").fields(TurnRecord)}

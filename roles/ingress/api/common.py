@@ -5,6 +5,14 @@ a 400 ``bad_cursor`` (never a 422 or a 5xx), so its documented pattern is
 documentation only (``json_schema_extra``), not a check that would answer
 422 first. The Idempotency-Key is documented the same way: a bad one is a
 400 ``bad_idempotency_key``.
+
+An Idempotency-Key is claimed fleet-wide in the ``claims`` bucket
+(:func:`claim_key`, the same create-only claim a webhook delivery makes:
+:func:`crewlet.queue.notify.create_claim`) with the request's digest, and
+kept **a day** (:data:`IDEMPOTENCY_TTL`, its own ``Nats-TTL``), so the keys
+kept are bounded by a day of writes. A request refused as invalid lets its
+claim go (:func:`_let_go`): a compare-and-set delete of that claim alone,
+sent again through a leader election.
 """
 
 from __future__ import annotations
@@ -14,17 +22,15 @@ import hashlib
 import json
 import re
 import time
-import uuid
 from typing import Any, AsyncIterator, Awaitable, TypeVar
 
 from fastapi import Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from nats.js.errors import APIError
 
-from crewlet import bus
-from crewlet.coord import buckets
+from crewlet import log
 from crewlet.estate.ops import OpError
 from crewlet.estate.router import BadRequest, NobodyAnswered, OutcomeUnknown
+from crewlet.queue import notify
 from roles.ingress.problems import Problem
 
 T = TypeVar("T")
@@ -122,22 +128,37 @@ async def idempotency_key(request: Request, key: str | None = _KEY_HEADER) -> As
         yield key
     except (RequestValidationError, Problem) as exc:
         if made and (not isinstance(exc, Problem) or exc.status in (400, 413, 422)):
-            await _let_go(request, key)
+            await _let_go(request)
         raise
 
 
-# Where a key's claim is kept: the claims bucket (a week, as webhook deliveries
-# are), under a prefix no integration name (a-z, 0-9 first) nor outbox. takes.
+# Where a key's claim is kept: the claims bucket, under a prefix no
+# integration name (a-z, 0-9 first) nor outbox. takes.
 IDEMPOTENCY_PREFIX = "Idem."
-# Seconds a claim is sent again through a leader election before a 503.
+# Seconds a key's claim lives (its own Nats-TTL, under the bucket's week for
+# webhook deliveries): a retry comes within minutes or hours (Stripe keeps
+# keys a day), and a key a day old is forgotten, so the keys kept are bounded
+# by a day of writes, not a week's. Past it the same key is checked as new
+# (its write's op id still answers a redo with the first outcome, while the
+# estate keeps it): a key is for retries; another write takes a new one.
+IDEMPOTENCY_TTL = 86400
+# Seconds the delete of a claim let go stays (a tombstone: nothing reads it).
+LET_GO_TTL = 60
+# Seconds a claim, or its letting go, is sent again through a leader election
+# before a 503 (a claim) or giving up (a let-go: the key stays held until
+# IDEMPOTENCY_TTL, as one whose write was made would).
 CLAIM_PATIENCE = 10.0
 
 
 def _claim_name(request: Request, key: str) -> str:
-    """The claims bucket key of *key* on this request's route: a key names one
-    write of one method and path (the same key on another path is another
-    write, as its op id says: ops.op_id("api", kind, target, key))."""
-    scope = f"{request.method} {request.url.path}\0{key}"
+    return claim_name(request.method, request.url.path, key)
+
+
+def claim_name(method: str, path: str, key: str) -> str:
+    """The claims bucket key of *key* on a route: a key names one write of
+    one method and path (the same key on another path is another write, as
+    its op id says: ops.op_id("api", kind, target, key))."""
+    scope = f"{method} {path}\0{key}"
     return IDEMPOTENCY_PREFIX + hashlib.sha256(scope.encode()).hexdigest()[:48]
 
 
@@ -169,38 +190,30 @@ def request_digest(request: Request, body_digest: str) -> str:
 
 
 async def claim_key(request: Request, key: str, body_digest: str) -> bool:
-    """Claim *key* for this request, fleet-wide: True if this call made the
-    claim, False if the same request made it before (a retry: the write's
-    own op id answers it with the first outcome). A claim made by another
-    request (another body, query or path: Stripe's rule) is a 422
-    ``idempotency_key_reused`` naming the key: the second write would
-    otherwise be answered with the first one's result and dropped unseen.
-    The claims bucket not answering is a 503 (nothing was written)."""
+    """Claim *key* for this request, fleet-wide, for :data:`IDEMPOTENCY_TTL`
+    seconds: True if this call made the claim, False if the same request
+    made it before (a retry: the write's own op id answers it with the first
+    outcome). A claim made by another request (another body, query or path:
+    Stripe's rule) is a 422 ``idempotency_key_reused`` naming the key: the
+    second write would otherwise be answered with the first one's result and
+    dropped unseen. The claims bucket not answering is a 503 (nothing was
+    written). The claim is :func:`crewlet.queue.notify.create_claim`'s, as a
+    webhook delivery's is; a key let go (:func:`_let_go`) is taken again."""
     f = request.app.state.front
     name, digest = _claim_name(request, key), request_digest(request, body_digest)
     value = json.dumps({"digest": digest, "node": f.node_id, "at": time.time()}).encode()
-    deadline = time.monotonic() + CLAIM_PATIENCE
-    last, data = 0, None
     try:
-        # A create: the key must not be there, or be there deleted (a claim
-        # let go) at the sequence last read. Three goes: a claim let go and
-        # taken again in between is rare; past that it is held.
-        for _ in range(3):
-            try:
-                await bus.publish_until(f.js, bus.kv_subject(f.js, buckets.CLAIMS.name) + name, value,
-                                        msg_id=f"idem:{uuid.uuid4().hex}", deadline=deadline,
-                                        headers={bus.EXPECTED_LAST: str(last)})
-                return True
-            except APIError as exc:
-                if exc.err_code not in bus.WRONG_LAST_SEQUENCE:
-                    raise
-            last, data = await buckets.last(f.js, buckets.CLAIMS.name, name, leader=True)
-            if data is not None:
-                break
+        made, seq, data = await notify.create_claim(
+            f.js, name, value, deadline=time.monotonic() + CLAIM_PATIENCE, msg_ttl=IDEMPOTENCY_TTL,
+            take_deleted=True)
     except Exception as exc:  # the broker unanswered: nothing written yet
         raise Problem(503, "idempotency_unavailable", f"the Idempotency-Key could not be checked "
                                                       f"({type(exc).__name__}); send the request again",
                       headers={"Retry-After": "5"}) from None
+    if made:
+        # What _let_go needs to delete this claim and no other: its sequence.
+        request.state.idempotency_claim = (name, seq)
+        return True
     try:
         first = json.loads(data or b"{}").get("digest")
     except (ValueError, AttributeError):
@@ -213,15 +226,28 @@ async def claim_key(request: Request, key: str, body_digest: str) -> bool:
     return False
 
 
-async def _let_go(request: Request, key: str) -> None:
-    """Remove this request's claim of *key* (best effort: a claim left holds
-    the key to that request, as one that was written would)."""
+async def _let_go(request: Request) -> None:
+    """Delete the claim this request made (:func:`claim_key`), so the
+    corrected request may take its key: a compare-and-set on the claim's own
+    sequence — a claim that is no longer that write (it expired and another
+    request claimed the key) is left alone — sent again through a leader
+    election for :data:`CLAIM_PATIENCE` seconds under one ``Nats-Msg-Id``
+    (:func:`crewlet.queue.notify.release_claim`). Best effort past that: a
+    claim left holds the key to this request until it expires, as one whose
+    write was made would. The delete marker itself lives :data:`LET_GO_TTL`
+    seconds."""
+    made = getattr(request.state, "idempotency_claim", None)
+    if made is None:
+        return
+    name, seq = made
     f = request.app.state.front
+    request.state.idempotency_claim = None
     try:
-        kv = await f.js.key_value(buckets.CLAIMS.name)
-        await kv.delete(_claim_name(request, key))
-    except Exception:
-        pass
+        await notify.release_claim(f.js, name, seq, deadline=time.monotonic() + CLAIM_PATIENCE,
+                                   msg_ttl=LET_GO_TTL)
+        # False: the key moved on since this request's claim (another's now), left as it is.
+    except Exception as exc:  # unanswered for CLAIM_PATIENCE: the claim stays until it expires
+        log.event("idempotency_let_go_failed", "warning", error=f"{type(exc).__name__}: {exc}")
 
 
 async def estate(call: Awaitable[T]) -> T:

@@ -11,8 +11,10 @@ back with an id this feed still holds, then each change as it is seen.
   be the first message, ``{"token": "...", "last_event_id": "..."}``, within
   :data:`WS_AUTH_WAIT` seconds; each event is then one JSON message
   ``{"id", "event", "data"}``. A refused token closes with code 4401. A
-  client that leaves, before its token or after, is a departure: nothing is
-  logged as an error.
+  client that leaves, before its token or after, is a departure
+  (:func:`departed`): nothing is logged as an error. Anything else raised —
+  a RuntimeError that is not the client gone among them — is a fault, and
+  uvicorn logs it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 
 from fastapi import APIRouter, Depends, Header, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
-from starlette.websockets import WebSocketState
+from starlette.websockets import WebSocketDisconnected, WebSocketState
 
 from crewlet.tokens import Keyring
 from roles.ingress.auth import READ
@@ -81,9 +83,25 @@ async def events(request: Request, last_event_id: str | None = Header(None, alia
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
-# What a WebSocket whose client has gone raises when it is written to: Starlette's
-# disconnect, the server's own (an OSError), or a send after the close (RuntimeError).
-GONE = (WebSocketDisconnect, OSError, RuntimeError)
+# What a WebSocket whose client has gone raises when it is read or written:
+# Starlette's disconnect, and its WebSocketDisconnected (a RuntimeError: a
+# receive or send once the disconnect was seen), and the server's own
+# (uvicorn's ClientDisconnected, an OSError).
+GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)
+# The one RuntimeError of uvicorn's that is a departure too: a send after it
+# closed the connection itself (the client missed its pings, or sent a broken
+# frame) and before it saw the socket go. Known by its words, as uvicorn
+# raises it as a plain RuntimeError.
+_CLOSED_BY_SERVER = "after sending 'websocket.close'"
+
+
+def departed(exc: BaseException) -> bool:
+    """Is *exc* the client having gone (quiet), rather than a fault (raised,
+    so uvicorn logs it)? Any other RuntimeError — an ASGI message out of
+    order, a bug — is a fault."""
+    if isinstance(exc, GONE):
+        return True
+    return isinstance(exc, RuntimeError) and _CLOSED_BY_SERVER in str(exc)
 
 
 async def _close(socket: WebSocket, code: int, reason: str) -> None:
@@ -93,8 +111,9 @@ async def _close(socket: WebSocket, code: int, reason: str) -> None:
         return
     try:
         await socket.close(code, reason)
-    except GONE:
-        pass
+    except Exception as exc:
+        if not departed(exc):
+            raise
 
 
 @router.websocket("/ws")
@@ -103,8 +122,10 @@ async def ws(socket: WebSocket) -> None:
     ring: Keyring = socket.app.state.keyring
     try:
         await socket.accept()
-    except GONE:
-        return  # gone during the handshake
+    except Exception as exc:
+        if departed(exc):
+            return  # gone during the handshake
+        raise
     header = socket.headers.get("authorization") or ""
     token = header[7:].strip() if header.lower().startswith("bearer ") else None
     last_id = None
@@ -112,10 +133,12 @@ async def ws(socket: WebSocket) -> None:
         try:
             first = json.loads(await asyncio.wait_for(socket.receive_text(), WS_AUTH_WAIT))
             token, last_id = first.get("token"), first.get("last_event_id")
-        except GONE:
-            return  # the client left before it authenticated: nothing to answer
-        except (asyncio.TimeoutError, ValueError, AttributeError):
-            token = None
+        except (asyncio.TimeoutError, ValueError, AttributeError, KeyError):
+            token = None  # nothing in time, not JSON, not an object, not text: no token
+        except Exception as exc:
+            if departed(exc):
+                return  # the client left before it authenticated: nothing to answer
+            raise
     grant = ring.check(token) if isinstance(token, str) else None
     if grant is None or "read" not in grant.scopes:
         await _close(socket, WS_REFUSED, "unauthorized: send {\"token\": ...} first, or Authorization")
@@ -132,6 +155,7 @@ async def ws(socket: WebSocket) -> None:
                 done, _ = await asyncio.wait({getting, receiving}, return_when=asyncio.FIRST_COMPLETED)
                 if receiving in done:
                     getting.cancel()
+                    receiving.result()  # the client went (None), or a fault, raised here
                     return
                 event = getting.result()
                 if event is None:
@@ -140,16 +164,20 @@ async def ws(socket: WebSocket) -> None:
                 await socket.send_json(event.message())
         finally:
             receiving.cancel()
-    except GONE:
-        pass  # the client went: a departure, not an error
+    except Exception as exc:
+        if not departed(exc):
+            raise  # a fault: uvicorn logs it
+        # The client went: a departure, not an error.
     finally:
         feed.unsubscribe(sub)
 
 
 async def _drain(socket: WebSocket) -> None:
-    """Read (and ignore) what the client sends, until it goes."""
+    """Read (and ignore) what the client sends, text or bytes, until it goes;
+    a fault is raised."""
     try:
-        while True:
-            await socket.receive_text()
-    except (WebSocketDisconnect, RuntimeError):
-        return
+        while (await socket.receive())["type"] != "websocket.disconnect":
+            pass
+    except Exception as exc:
+        if not departed(exc):
+            raise
