@@ -174,8 +174,9 @@ def test_reload_mid_answer_resumes_after_the_last_event_and_the_four_strategies(
     words_shown(page, 2, len(story.split()))
     send(page, "hello", strategy="reject")
     status = page.get_by_test_id("chat-status")
-    expect(status).to_contain_text(re.compile(r"busy .*retry in \d+ s"))
+    expect(status).to_contain_text("ceo is busy answering, so this was not sent")
     expect(status).to_have_attribute("data-kind", "info")       # a word, not an error
+    expect(page.get_by_test_id("chat-retry")).to_have_text(re.compile(r"busy, retry in \d+ s"))
     expect(page.get_by_test_id("chat-input")).to_have_value("hello")
 
     # ---- "stop it and answer this" (interrupt): the story stops, hello is answered.
@@ -203,12 +204,19 @@ def test_reload_mid_answer_resumes_after_the_last_event_and_the_four_strategies(
     before = runs.count()
     send(page, "what time is it?", strategy="rollback")
     undone = chat_log(page).get_by_test_id("chat-undone")
-    expect(undone).to_contain_text("Undid ceo's last answer")
+    expect(undone).to_contain_text(re.compile(r"Undid ceo's last answer \(\d+ messages? removed\)"))
     expect(answers(page).last).to_contain_text("It is ")
     expect(runs).to_have_count(before)   # the story's run replaced by the word, the new one added
     detail = ok(node, "GET", f"/v1/conversations/{conv}?limit=500")
     texts = [m["text"] for m in detail["messages"]]
     assert texts.count("tell me a story") == 3, texts   # four asked: the undone one's messages are gone
+
+    # ---- A run another client starts shows up here, its answer read from the record once it ends.
+    ok(node, "POST", f"/v1/conversations/{conv}/runs", {"input": "thanks, from a program",
+                                                         "multitask_strategy": "enqueue"})
+    theirs = chat_log(page).get_by_test_id("run").filter(has_text="thanks, from a program")
+    expect(theirs.locator("[data-role=assistant] .message-text")).to_have_text("Noted.")
+    detail = ok(node, "GET", f"/v1/conversations/{conv}?limit=500")
 
     # ---- Reloaded after all that: the transcript from the record, each message once.
     page.reload()
@@ -253,6 +261,10 @@ def test_a_tool_call_is_approved_and_denied_in_the_chat(make_node, page):
     expect(card).to_have_count(0)
     expect(answers(page).last).to_contain_text("Created:", timeout=30_000)
     expect(page.get_by_test_id("conv-detail-status")).to_have_attribute("data-status", "idle")
+    # The call is shown once, where it was asked, its result on it.
+    calls = chat_log(page).locator("[data-role=tool]")
+    expect(calls).to_have_count(1)
+    expect(calls.get_by_test_id("tool-state")).to_have_text("done")
     assert tasks_titled("buy <b>milk</b>") == 1
     # The panel does not ask for it any more.
     expect(page.get_by_test_id("approvals-empty")).to_be_visible()
@@ -270,4 +282,11 @@ def test_a_tool_call_is_approved_and_denied_in_the_chat(make_node, page):
     expect(result.get_by_test_id("tool-result")).to_contain_text("denied")
     expect(result.get_by_test_id("tool-result")).to_contain_text("not this year")
     expect(page.get_by_test_id("conv-detail-status")).to_have_attribute("data-status", "idle")
+    expect(calls).to_have_count(2)
     assert tasks_titled("sell the car") == 0
+    # Read again from the record (a reload): the same, each call once with its result.
+    page.reload()
+    expect(page.get_by_test_id("conv-detail-title")).to_have_text("Conversation with clerk")
+    expect(calls).to_have_count(2)
+    expect(calls.first.get_by_test_id("tool-state")).to_have_text("done")
+    expect(calls.last).to_have_attribute("data-error", "true")

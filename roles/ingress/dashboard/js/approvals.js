@@ -14,12 +14,11 @@ import { emit, on } from "./bus.js";
 import { $, el, factList, reconcile, say, setText } from "./dom.js";
 import { setWaiting } from "./summary.js";
 import { ago, expiry, when } from "./time.js";
-import { excerpt } from "./words.js";
+import { RUN_TRIGGER, excerpt } from "./words.js";
 
 const APPROVALS_PAGE = 100;      // pending approvals read at once (oldest first)
-export const APPROVALS_EVERY = 5000;  // ms between reads of the pending approvals
+const APPROVALS_EVERY = 5000;    // ms between reads of the pending approvals
 const NOTE_MAX = 2000;           // characters of a decision's note (the API's limit)
-const RUN_TRIGGER = "run=";      // a conversation run's turn: its trigger's start
 
 const approvals = {
   rows: [],              // pending, as last read: oldest first
@@ -275,6 +274,7 @@ export function wireApprovals() {
 }
 
 on("snapshot", refreshApprovals);
+on("signed-in", refreshApprovals);
 on("turn", (d) => {
   // A conversation run's turn: it may have asked for an approval, or resumed after one.
   if (String(d.trigger || "").startsWith(RUN_TRIGGER)) approvalsSoon();

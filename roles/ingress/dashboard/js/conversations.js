@@ -6,20 +6,22 @@
 
 import { api, currentToken, problemText, seg } from "./api.js";
 import { on } from "./bus.js";
-import { $, el, say, setText } from "./dom.js";
-import { CONV_KINDS, chatShown, convPill, openChat } from "./chat.js";
+import { $, el, reconcile, say, setText } from "./dom.js";
+import { chatShown, listed, openChat, refreshChat } from "./chat.js";
 import { currentTab, registerTab, selectTab, softRefresh } from "./tabs.js";
 import { when } from "./time.js";
+import { CONV_KINDS, RUN_TRIGGER, convPill } from "./words.js";
 
 const PAGE = 50;
 const LIST_EVERY = 5000;         // ms between reads of the list while it is shown
-const RUN_TRIGGER = "run=";      // a conversation run's turn: its trigger's start
 const HASH_KEY = "conversation=";
 
 const convs = {
   rows: [], next: null,
-  request: 0,       // bumped per read: an older read's answer is dropped
-  loaded: false,    // read once
+  request: 0,          // bumped per read: an older read's answer is dropped
+  loaded: false,       // read once
+  cache: new Map(),    // reconcile's: a row rebuilt only when it changed (focus kept)
+  starting: false,     // a "new conversation" in flight: one at a time
 };
 
 async function loadConversations(fresh) {
@@ -39,6 +41,7 @@ async function loadConversations(fresh) {
       ? `No conversation is ${(CONV_KINDS[status] || [0, status])[1].toLowerCase()}.`
       : "No conversations yet: start one above."));
     renderConversations();
+    for (const row of page.items) listed(row);
   } catch (e) {
     if (request !== convs.request) return;
     say(note, "bad", "The conversations could not be read: " + problemText(e));
@@ -47,16 +50,18 @@ async function loadConversations(fresh) {
 
 function renderConversations() {
   const chosen = chatShown();
-  $("convs-list").replaceChildren(...convs.rows.map((c) => el("li", {},
-    el("button", {
-      type: "button", class: "item" + (chosen === c.id ? " chosen" : ""), "data-testid": `conv-row-${c.id}`,
-      "data-status": c.status, "aria-current": chosen === c.id ? "true" : null,
-      onclick: () => choose(c.id),
-    },
-    el("span", { class: "item-title" }, `with ${c.seat}`),
-    el("span", { "data-testid": "conv-row-status" }, convPill(c.status)),
-    el("span", { class: "item-meta muted small" }, c.id, c.run ? "" : " · no run yet", " · ",
-      when(c.updated_at || c.created_at))))));
+  reconcile($("convs-list"), convs.cache, convs.rows, (c) => c.id,
+    (c) => JSON.stringify([c.status, Boolean(c.run), c.updated_at, chosen === c.id]),
+    (c) => el("li", {},
+      el("button", {
+        type: "button", class: "item" + (chosen === c.id ? " chosen" : ""), "data-testid": `conv-row-${c.id}`,
+        "data-status": c.status, "aria-current": chosen === c.id ? "true" : null,
+        onclick: () => choose(c.id),
+      },
+      el("span", { class: "item-title" }, `with ${c.seat}`),
+      el("span", { "data-testid": "conv-row-status" }, convPill(c.status)),
+      el("span", { class: "item-meta muted small" }, c.id, c.run ? "" : " · no run yet", " · ",
+        when(c.updated_at || c.created_at)))));
   $("convs-more").hidden = !convs.next;
 }
 
@@ -79,9 +84,11 @@ function fromAddress() {
   }
 }
 
-/** A new conversation with *seat*, opened, the focus in its message box. */
-export async function startConversation(seat, result) {
-  if (!seat) return;
+/** A new conversation with *seat*, opened, the focus in its message box;
+ *  *result* says how it went. */
+async function startConversation(seat, result) {
+  if (!seat || convs.starting) return;
+  convs.starting = true;
   say(result, "", `Starting a conversation with ${seat}…`);
   try {
     const c = await api("/v1/conversations", { method: "POST", body: { seat } });
@@ -93,6 +100,8 @@ export async function startConversation(seat, result) {
     loadConversations(true);
   } catch (e) {
     say(result, "bad", `Could not start a conversation with ${seat}: ${problemText(e)}`);
+  } finally {
+    convs.starting = false;
   }
 }
 
@@ -105,18 +114,23 @@ function show(id) {
 
 export function wireConversations() {
   $("conv-status").addEventListener("change", () => loadConversations(true));
-  $("convs-refresh").addEventListener("click", () => loadConversations(true));
+  $("convs-refresh").addEventListener("click", () => {
+    loadConversations(true);
+    refreshChat();
+  });
   $("convs-more").addEventListener("click", () => loadConversations(false));
   $("conv-new").addEventListener("submit", (event) => {
     event.preventDefault();
-    startConversation($("conv-new-seat").value, $("convs-status"));
+    startConversation($("conv-new-seat").value, $("conv-new-result"));
   });
   $("talk-form").addEventListener("submit", (event) => {
     event.preventDefault();
     startConversation($("talk-seat").value, $("talk-result"));
   });
   setInterval(() => {
-    if (currentToken() && currentTab() === "convs" && document.visibilityState === "visible") loadConversations(true);
+    if (currentToken() && !$("main").hidden && currentTab() === "convs" && document.visibilityState === "visible") {
+      loadConversations(true);
+    }
   }, LIST_EVERY);
 }
 
@@ -124,7 +138,7 @@ registerTab("convs", {
   shown: (fresh) => {
     if (fresh || !convs.loaded) loadConversations(true);
     const id = fromAddress();
-    if (id && (fresh || chatShown() !== id)) openChat(id, { focus: false });
+    if (id && chatShown() !== id) openChat(id, { focus: false });
   },
   refresh: () => loadConversations(true),
   loaded: () => convs.loaded,
@@ -133,6 +147,12 @@ registerTab("convs", {
 on("signed-in", () => {
   // A conversation in the address (a reload, a link): its tab is the one shown.
   if (fromAddress() && currentTab() !== "convs") selectTab("convs", false);
+});
+on("signed-out", () => {
+  convs.rows = [];
+  convs.next = null;
+  convs.loaded = false;
+  renderConversations();
 });
 on("turn", (d) => {
   if (String(d.trigger || "").startsWith(RUN_TRIGGER)) softRefresh("convs");

@@ -31,9 +31,3 @@ function render() {
   }
   dirty.clear();
 }
-
-/** Draw now what is waiting (a test of a part, or before reading the page). */
-export function renderNow() {
-  if (frame !== null) cancelAnimationFrame(frame);
-  render();
-}

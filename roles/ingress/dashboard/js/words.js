@@ -1,5 +1,17 @@
 /* What the node's names mean, in words a person reads. */
 
+import { pill } from "./dom.js";
+
+// A conversation run's turn: its trigger is "run=<run id>.<n>".
+export const RUN_TRIGGER = "run=";
+
+export const CONV_KINDS = {
+  idle: ["unknown", "Idle", "no run now: it waits for the next message"],
+  running: ["ok", "Answering", "a run is working on it now"],
+  awaiting_approval: ["warn", "Awaiting approval", "a tool call waits for a person's decision"],
+  error: ["bad", "Error", "its last run failed"],
+};
+
 export const ROLE_WORDS = {
   data: "keeps a copy of the estate (tasks, pages, turns)",
   ingress: "serves the API and this dashboard",
@@ -52,6 +64,11 @@ export function senderWords(sender) {
 
 export function outcomeInfo(outcome) {
   return OUTCOMES[outcome] || ["unknown", humanize(outcome || "unknown"), null];
+}
+
+export function convPill(status) {
+  const [kind, label, why] = CONV_KINDS[status] || ["unknown", humanize(status || "unknown"), null];
+  return pill(kind, label, why);
 }
 
 export function excerpt(text, max) {
