@@ -35,6 +35,16 @@ def sample_company(dir: str) -> tuple[str, str]:
     return write_company(dir, yaml.safe_dump(company, sort_keys=False)), rule["reply"]
 
 
+def sample_node(make_node):
+    """A node of the sample company, its ceo held and its estate answering: (node, the story)."""
+    node = make_node(fleet=FAST, sessions={"sweep": 0.5})
+    path, story = sample_company(node.dir)
+    node.start(args=("--company", path))
+    wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
+    ready(node)
+    return node, story
+
+
 def chat_log(page):
     return page.get_by_test_id("conv-messages")
 
@@ -66,11 +76,7 @@ def words_shown(page, at_least: int, below: int, timeout: float = 15_000) -> Non
 
 
 def test_talk_to_the_ceo_word_by_word_with_its_tools_by_keyboard_at_400px(make_node, page):
-    node = make_node(fleet=FAST, sessions={"sweep": 0.5})
-    path, story = sample_company(node.dir)
-    node.start(args=("--company", path))
-    wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
-    ready(node)
+    node, story = sample_node(make_node)
     expect = open_dashboard(page, node)
 
     # "Talk to a seat": one click from the page's first screen, the focus where the typing goes.
@@ -138,11 +144,7 @@ def test_talk_to_the_ceo_word_by_word_with_its_tools_by_keyboard_at_400px(make_n
 
 
 def test_reload_mid_answer_resumes_after_the_last_event_and_the_four_strategies(make_node, page):
-    node = make_node(fleet=FAST, sessions={"sweep": 0.5})
-    path, story = sample_company(node.dir)
-    node.start(args=("--company", path))
-    wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
-    ready(node)
+    node, story = sample_node(make_node)
     conv = ok(node, "POST", "/v1/conversations", {"seat": "ceo"})["id"]
     # A link to the conversation (token and conversation in the fragment) opens it.
     page.goto(dashboard(node) + f"#token={token_of(node)}&conversation={conv}")
