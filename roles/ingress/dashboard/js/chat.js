@@ -332,7 +332,7 @@ class RunView {
     } else if (end.type === "run.failed") {
       this.node.append(ending("bad", `It failed${end.error ? ": " + end.error : "."}`));
     } else if (end.awaiting) {
-      this.node.append(ending("warn", "Waiting for your decision on the tool call below."));
+      this.node.append(ending("warn", "It asked for a person's decision before running a tool."));
     }
     unfinishedCalls(end.awaiting ? "waits for your decision" : "not run");
     stickToBottom();
