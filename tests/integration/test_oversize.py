@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 
 import nats
 import pytest
@@ -173,7 +174,11 @@ def test_post_refuses_a_text_over_the_limit_before_publishing(natsd):
                 await post(nc, boxes, "solo", "a" * (MAIL_MAX + 1), sender="test")
             before = await boxes.info("solo")
             sent = await post(nc, boxes, "solo", "a" * MAIL_MAX, sender="test")
-            return before, sent, await boxes.info("solo")
+            # The consumer's pending count follows the stored mail a moment later.
+            deadline = time.monotonic() + 10
+            while (after := await boxes.info("solo"))["pending"] < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return before, sent, after
         finally:
             await nc.close()
 
