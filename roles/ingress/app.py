@@ -6,7 +6,13 @@
   own, or a peer's the router would ask): 200, else 503 with the children
   that are not, ``disk`` (the reason naming the path and its free bytes,
   :mod:`crewlet.disk`; asked of crewletd over ``control``, its brief
-  ``children`` answer, not the whole ``status``) and ``estate``.
+  ``children`` answer, not the whole ``status``) and ``estate``; and the
+  fleet's JetStream serves the API — the ``RUNS`` stream's leader answers
+  within :data:`READY_PROBE` seconds, and no route answered
+  ``fleet_reforming`` in the last :data:`~roles.ingress.problems.RETRY_AFTER`
+  seconds — else 503 with ``fleet`` saying it is re-forming (a leader
+  election: a member died or froze) and ``Retry-After``, as the API's routes
+  say then (:mod:`roles.ingress.problems`).
   No token.
 * ``/v1/...`` — the API (:mod:`roles.ingress.api`); its OpenAPI 3.1 document
   is ``/v1/openapi.json``, browsable at ``/docs``.
@@ -39,7 +45,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 import crewlet
-from crewlet import ipc, log
+from crewlet import bus, ipc, log
+from crewlet.conversations import runs
 from crewlet.tokens import Keyring
 from roles.ingress import auth, hardening
 from roles.ingress.api import company, conversations, dlq, estate, feed, files, fleet, hooks, schedules, seats
@@ -185,6 +192,34 @@ def _no_estate(front: Front | None) -> str | None:
     return router.unserved() if router is not None else None
 
 
+# Seconds readiness waits for the fleet's JetStream to answer: a load
+# balancer's probe is not held for an election's length.
+READY_PROBE = 1.0
+
+
+async def _reforming(front: Front | None) -> str | None:
+    """Why the fleet's JetStream cannot serve this node's API now — the
+    ``RUNS`` stream's leader not answering within :data:`READY_PROBE` (a
+    leader election, a member dead or frozen, this node's broker
+    restarting), or a route having answered ``fleet_reforming`` lately
+    (:func:`roles.ingress.problems.lately_reforming`: a meta leader's
+    election, another stream's) — or None. Not before the front is made
+    nor before ``RUNS`` exists; any other failure of the probe is not this
+    one's to say."""
+    nc = getattr(front, "nc", None)
+    if nc is None:
+        return None
+    js = bus.jetstream(nc, front.cfg.stream, timeout=READY_PROBE)
+    try:
+        await js.stream_info(runs.STREAM)
+    except Exception as exc:
+        why = problems.reforming(exc)
+        if why is not None:
+            return (f"the fleet is re-forming: stream {runs.STREAM}'s leader did not answer "
+                    f"({problems.describe(why)})")
+    return problems.lately_reforming()
+
+
 def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) -> FastAPI:
     cfg = ctx.config
     app = FastAPI(title="crewlet", version=crewlet.__version__, openapi_url="/v1/openapi.json",
@@ -228,13 +263,15 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
         # Not ready while the disk is low, or the broker waits for space to be restarted.
         no_space = space.get("reason") if space.get("low") else space.get("broker")
         no_estate = _no_estate(front)
-        ready = not waiting and not no_space and not no_estate
+        reforming = await _reforming(front)
+        ready = not waiting and not no_space and not no_estate and not reforming
         # How the seats' tools run: said, not a reason to be unready (the
         # node serves; an unconfined tool is the operator's to fix or accept).
         box = reply["result"].get("sandbox")
         body = {"ready": ready, "node": ctx.node_id, "not_running": waiting, "disk": no_space,
-                "estate": no_estate, "sandbox": box}
-        return JSONResponse(body, 200 if ready else 503)
+                "estate": no_estate, "fleet": reforming, "sandbox": box}
+        headers = {"Retry-After": str(problems.RETRY_AFTER)} if reforming else None
+        return JSONResponse(body, 200 if ready else 503, headers=headers)
 
     metrics_auth = [] if cfg.ingress.metrics_open else [Depends(auth.READ)]
 

@@ -17,12 +17,13 @@ sent again through a leader election.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
 import re
 import time
-from typing import Any, AsyncIterator, Awaitable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,7 +32,7 @@ from crewlet import log
 from crewlet.estate.ops import OpError
 from crewlet.estate.router import BadRequest, NobodyAnswered, OutcomeUnknown
 from crewlet.queue import notify
-from roles.ingress.problems import Problem
+from roles.ingress.problems import Problem, reforming, unavailable
 
 T = TypeVar("T")
 
@@ -58,6 +59,14 @@ SEQ_MAX = 2**64 - 1
 # is not, and far past any the estate or the broker will reach. Unbounded, an int
 # past uint64 failed the op's msgpack (a 503) or the broker's request (a 503).
 INT_MAX = 2**53 - 1
+
+# Seconds a read of the broker (a run's last event, the dead letters, the
+# schedules' records) rides out a leader election before its 503: an
+# election is over in ~5-6 s (DESIGN §4), and a client waits a few seconds.
+READ_PATIENCE = 5.0
+# Pauses between its tries: the first, doubling up to the last.
+RIDE_PAUSE = 0.1
+RIDE_PAUSE_MAX = 1.0
 
 CURSOR = Query(None, description="The `next` of the previous page, unchanged (none or empty: the first "
                                   "page); anything else is a 400 `bad_cursor`",
@@ -207,9 +216,9 @@ async def claim_key(request: Request, key: str, body_digest: str) -> bool:
             f.js, name, value, deadline=time.monotonic() + CLAIM_PATIENCE, msg_ttl=IDEMPOTENCY_TTL,
             take_deleted=True)
     except Exception as exc:  # the broker unanswered: nothing written yet
-        raise Problem(503, "idempotency_unavailable", f"the Idempotency-Key could not be checked "
-                                                      f"({type(exc).__name__}); send the request again",
-                      headers={"Retry-After": "5"}) from None
+        raise unavailable(exc, "idempotency_unavailable", f"the Idempotency-Key could not be checked "
+                                                          f"({type(exc).__name__}); send the request again",
+                          retry_after=5) from None
     if made:
         # What _let_go needs to delete this claim and no other: its sequence.
         request.state.idempotency_claim = (name, seq)
@@ -289,3 +298,22 @@ async def read(f, query: str, args: dict[str, Any]) -> dict[str, Any]:
     if f.metrics is not None:
         f.metrics.router("read", "ok")
     return answer or {}
+
+
+async def ride_out(make: Callable[[], Awaitable[T]], patience: float = READ_PATIENCE) -> T:
+    """``await make()``, made again while it fails because the broker is
+    re-forming (:func:`roles.ingress.problems.reforming`: a leader election,
+    a member dead or frozen) for up to *patience* seconds; past that its last
+    failure is raised (the route's 503, :mod:`roles.ingress.problems`). Any
+    other failure is raised at once. For reads and idempotent opens only: a
+    write rides an election out under its own id (:func:`crewlet.bus.publish_until`)."""
+    deadline = time.monotonic() + patience
+    pause = RIDE_PAUSE
+    while True:
+        try:
+            return await make()
+        except Exception as exc:
+            if reforming(exc) is None or time.monotonic() + pause >= deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, RIDE_PAUSE_MAX)

@@ -15,7 +15,7 @@ from crewlet.config import ConfigError
 from crewlet.coord.control_plane import ControlPlaneError, RevisionTooLarge, check_size
 from roles.ingress.auth import ADMIN, READ
 from roles.ingress.front import front
-from roles.ingress.problems import Problem, responses
+from roles.ingress.problems import Problem, responses, unavailable
 
 router = APIRouter(prefix="/v1", tags=["company"], responses=responses(401, 403, 503))
 
@@ -105,5 +105,5 @@ async def apply_company(request: Request, grant=Depends(ADMIN)) -> Applied:
                                             seats=len(company.seats), changed=False).model_dump())
         rev, epoch = await f.control_plane.apply(company, source, by=grant.name)
     except ControlPlaneError as exc:
-        raise Problem(503, "control_plane_unavailable", str(exc), headers={"Retry-After": "5"}) from None
+        raise unavailable(exc, "control_plane_unavailable", str(exc), retry_after=5) from None
     return Applied(rev=rev, epoch=epoch, digest=company.digest(), seats=len(company.seats), changed=True)

@@ -47,10 +47,11 @@ from crewlet.conversations.lease import ConversationBusy
 from crewlet.coord.lease import LeaseError
 from crewlet.estate import ops
 from crewlet.estate.apply import CONFLICT, NOT_FOUND
-from roles.ingress.api.common import CURSOR, decode_cursor, encode_cursor, estate, idempotency_key, seq_at
+from roles.ingress.api.common import (CURSOR, READ_PATIENCE, decode_cursor, encode_cursor, estate,
+                                      idempotency_key, ride_out, seq_at)
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import Front, front
-from roles.ingress.problems import Problem, responses
+from roles.ingress.problems import Problem, responses, unavailable
 
 # 400: a body that is not JSON, a cursor this listing did not give out, a bad
 # Idempotency-Key or Last-Event-ID.
@@ -173,10 +174,10 @@ async def _call(call):
         raise Problem(409, refused.code or "refused", str(refused),
                       **(refused.outcome.get("detail") or {})) from None
     except LeaseError as exc:
-        raise Problem(503, "leases_unavailable", f"the driver leases could not be read or written: {exc}",
-                      headers={"Retry-After": "2"}) from None
+        raise unavailable(exc, "leases_unavailable",
+                          f"the driver leases could not be read or written: {exc}") from None
     except runs.RunsError as exc:
-        raise Problem(503, "runs_unavailable", str(exc), headers={"Retry-After": "2"}) from None
+        raise unavailable(exc, "runs_unavailable", str(exc)) from None
 
 
 async def _listing(f: Front, query: str, args: dict[str, Any], rows: str, resume: str,
@@ -313,7 +314,7 @@ async def stream_run(request: Request, conversation: str = ConvPath, run: str = 
                                                     "(a whole number), as its stream sent it")
         after = int(text)
     row = await _run(conductor, conversation, run)
-    latest = await _call(runs.last(f.js, conversation, run))
+    latest = await _call(ride_out(lambda: runs.last(f.js, conversation, run), _resume_patience(f)))
     if latest is None:
         if row["status"] in ops.RUN_ENDED or after:
             raise Problem(410, "events_gone", f"run {run}'s events are no longer kept "
@@ -344,10 +345,19 @@ async def _nothing():
     yield b"retry: 1000\n\n"
 
 
+def _resume_patience(f: Front) -> float:
+    """Seconds a stream's opening rides out a leader election (its last
+    event read, its consumer made) before a 503: what a client resuming
+    waits for a busy conversation (conversations.busy_wait), and no less than
+    a read's."""
+    return max(READ_PATIENCE, f.cfg.conversations.busy_wait)
+
+
 async def _stream(f: Front, conversation: str, run: str, after: int, *, cancel_on_disconnect: bool,
                   by: str | None) -> StreamingResponse:
     follower = runs.follow(f.js, conversation, run, after_seq=after)
-    await _call(follower.open())  # a refusal is still a problem here, before any header
+    # A refusal is still a problem here, before any header.
+    await _call(ride_out(follower.open, _resume_patience(f)))
 
     async def body():
         queue: asyncio.Queue = asyncio.Queue()

@@ -9,10 +9,10 @@ from pydantic import BaseModel, Field
 
 from crewlet.estate import ops
 from crewlet.queue.base import MailboxError
-from roles.ingress.api.common import CURSOR, INT_MAX, SEQ_MAX, decode_cursor, encode_cursor, seq_at
+from roles.ingress.api.common import CURSOR, INT_MAX, SEQ_MAX, decode_cursor, encode_cursor, ride_out, seq_at
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import front
-from roles.ingress.problems import Problem, responses
+from roles.ingress.problems import Problem, responses, unavailable
 
 router = APIRouter(prefix="/v1", tags=["dead letters"], responses=responses(401, 403, 422, 503))
 
@@ -51,10 +51,9 @@ async def list_dead(request: Request, seat: str | None = Query(None, pattern=ops
     # The listing reads from after + 1, which must be a sequence the broker takes.
     after = seq_at(at, "after", low=0, high=SEQ_MAX - 1) if "after" in at else 0
     try:
-        letters = await f.mailboxes.dead_letters(seat, limit=limit + 1, after=after)
+        letters = await ride_out(lambda: f.mailboxes.dead_letters(seat, limit=limit + 1, after=after))
     except MailboxError as exc:
-        raise Problem(503, "dlq_unavailable", f"the dead letters could not be read: {exc}",
-                      headers={"Retry-After": "2"}) from None
+        raise unavailable(exc, "dlq_unavailable", f"the dead letters could not be read: {exc}") from None
     rows: list[dict[str, Any]] = [d.row() for d in letters[:limit]]
     nxt = encode_cursor({"after": rows[-1]["seq"]}) if len(letters) > limit else None
     return DeadLetterPage(items=rows, next=nxt)
@@ -71,6 +70,5 @@ async def requeue(request: Request, seq: int = Path(ge=1, le=INT_MAX), _=Depends
     except MailboxError as exc:
         if str(exc).startswith("no dead letter"):
             raise Problem(404, "not_found", f"{exc} (already requeued, or never one)") from None
-        raise Problem(503, "dlq_unavailable", f"could not requeue dead letter {seq}: {exc}",
-                      headers={"Retry-After": "2"}) from None
+        raise unavailable(exc, "dlq_unavailable", f"could not requeue dead letter {seq}: {exc}") from None
     return Requeued(requeued=seq, seq=new)

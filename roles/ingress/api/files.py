@@ -45,7 +45,7 @@ from roles.ingress.api.common import (INT_MAX, WRITE_WAIT, claim_key, estate, id
 from roles.ingress.api.estate import File
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import Front, front
-from roles.ingress.problems import Problem, responses
+from roles.ingress.problems import Problem, responses, unavailable
 
 router = APIRouter(prefix="/v1", tags=["files"])
 
@@ -55,7 +55,7 @@ CONTENT_TYPE_MAX = ops.KINDS["file.register"].schema["properties"]["content_type
 # What a Content-Type header may be answered with: printable ASCII, no line breaks.
 _HEADER_SAFE = re.compile(r"^[\x20-\x7e]+$")
 # Seconds a client is told to wait before trying a store that did not answer.
-RETRY_AFTER = "5"
+RETRY_AFTER = 5
 
 Project = Path(pattern=ops.PROJECT, description="The project: 1-100 of A-Z, a-z, 0-9, '_', '.', '-', "
                                                 "starting with a letter or digit")
@@ -90,7 +90,7 @@ def _store(request: Request, f: Front) -> ObjectStore:
 def _store_problem(exc: ObjectStoreError) -> Problem:
     """The 503 of a store that failed or could not be reached."""
     code = "store_unavailable" if isinstance(exc, Unavailable) else "store_failed"
-    return Problem(503, code, f"the file store: {exc}", headers={"Retry-After": RETRY_AFTER})
+    return unavailable(exc, code, f"the file store: {exc}", retry_after=RETRY_AFTER)
 
 
 def _file_problem(why: str) -> Problem:

@@ -32,7 +32,7 @@ from crewlet import hooks, log
 from crewlet.bus import Unanswered
 from crewlet.queue import notify
 from roles.ingress.front import front
-from roles.ingress.problems import Problem, responses
+from roles.ingress.problems import Problem, responses, unavailable
 
 router = APIRouter(prefix="/v1", tags=["webhooks"])
 
@@ -98,15 +98,15 @@ async def receive(request: Request, integration: str = Path(pattern=r"^[a-z0-9][
     except Unanswered as exc:
         if metrics is not None:
             metrics.webhook(integration, "unstored")
-        raise Problem(503, "not_stored", f"the delivery could not be stored: {exc}; send it again",
-                      headers={"Retry-After": "5"}) from None
+        raise unavailable(exc, "not_stored", f"the delivery could not be stored: {exc}; send it again",
+                          retry_after=5) from None
     except Exception as exc:  # the claims bucket unanswered: nothing stored, the sender retries
         if metrics is not None:
             metrics.webhook(integration, "unstored")
         log.event("webhook_store_failed", "warning", integration=integration, delivery=delivery.id,
                   error=f"{type(exc).__name__}: {exc}")
-        raise Problem(503, "not_stored", "the delivery could not be claimed or stored; send it again",
-                      headers={"Retry-After": "5"}) from None
+        raise unavailable(exc, "not_stored", "the delivery could not be claimed or stored; send it again",
+                          retry_after=5) from None
     try:
         await notify.mark_stored(f.js, integration, delivery.id, node=f.node_id, seat=seat)
     except Exception as exc:  # stored all the same: a retry stores it again, harmlessly

@@ -15,9 +15,10 @@ from pydantic import BaseModel, Field
 
 from crewlet.coord.fired import Fired, FiredError
 from crewlet.schedules import rows
+from roles.ingress.api.common import ride_out
 from roles.ingress.auth import READ
 from roles.ingress.front import front
-from roles.ingress.problems import Problem, responses
+from roles.ingress.problems import responses, unavailable
 
 router = APIRouter(prefix="/v1", tags=["schedules"], responses=responses(401, 403, 503))
 
@@ -58,8 +59,8 @@ async def schedules(request: Request, _=Depends(READ)) -> Any:
     if f.company is None:
         return {"rev": None, "holder": holder, "schedules": [], "at": now}
     try:
-        records = await Fired(f.js).all() if f.company.schedules else {}
+        records = await ride_out(Fired(f.js).all) if f.company.schedules else {}
     except FiredError as exc:
-        raise Problem(503, "unavailable", f"the schedules' records could not be read: {exc}") from None
+        raise unavailable(exc, "unavailable", f"the schedules' records could not be read: {exc}") from None
     return {"rev": (p.company_summary() or {}).get("rev"), "holder": holder,
             "schedules": rows(f.company.schedules, records, now), "at": now}

@@ -23,7 +23,7 @@ from roles.ingress.api.common import CURSOR, NOT_BLANK, decode_cursor, encode_cu
 from roles.ingress.api.estate import Turn
 from roles.ingress.auth import READ, WRITE
 from roles.ingress.front import front
-from roles.ingress.problems import Problem, responses
+from roles.ingress.problems import Problem, responses, unavailable
 
 router = APIRouter(prefix="/v1", tags=["seats"], responses=responses(401, 403, 422, 503))
 
@@ -114,9 +114,8 @@ async def mail(request: Request, body: Mail, seat: str = SeatPath, grant=Depends
         sent = await post(f.nc, f.mailboxes, seat, body.text, sender=f"api:{grant.name}",
                           trigger=key, wait=body.wait, ledger=Ledger(f.js, ttl=0))
     except MailboxError as exc:
-        raise Problem(503, "mailbox_unavailable", f"the mailbox did not take the mail: {exc}; send it "
-                                                  "again with the same Idempotency-Key",
-                      headers={"Retry-After": "2"}) from None
+        raise unavailable(exc, "mailbox_unavailable", f"the mailbox did not take the mail: {exc}; send it "
+                                                      "again with the same Idempotency-Key") from None
     if f.metrics is not None:
         f.metrics.mail_sent.inc()
     return Sent(**sent)
