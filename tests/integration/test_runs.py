@@ -336,3 +336,40 @@ def test_held_text_goes_out_after_the_window_by_itself(natsd):
             seq, event = await runs.last(js, "c1", "r1")
             assert event["text"] == "a b" and seq == events.last_seq
     run(main())
+
+
+def test_a_follower_follows_on_after_the_broker_was_silent_past_its_heartbeats(natsd):
+    """A broker silent past two of the follower's heartbeats (frozen here; an
+    election, a member dead) makes nats-py re-create the ordered consumer,
+    and the re-creation itself times out while the silence lasts: the
+    follower still yields every later event once, in order, once the broker
+    answers again (checked for issue 29, whose resumed stream once saw
+    nothing more after the RUNS leader's broker died: not this)."""
+    import os
+    import signal
+
+    async def main():
+        async with stream(natsd.url) as js:
+            events = RunEvents(js, "c1", "r1", ttl=TTL)
+            first = await events.publish({"type": runs.STARTED, "node": "node-a"})
+            seen: list[tuple[int, dict]] = []
+
+            async def reader():
+                async with follow(js, "c1", "r1", after_seq=first) as followed:
+                    async for item in followed:
+                        seen.append(item)
+
+            reading = asyncio.create_task(reader())
+            await until(lambda: _some(js), 5, "the reader's consumer")
+            # Silent past two heartbeats and the re-creation's timeout (2 s here).
+            os.kill(natsd.proc.pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(runs.FOLLOW_HEARTBEAT * 2 + 4)
+            finally:
+                os.kill(natsd.proc.pid, signal.SIGCONT)
+            later = [await events.publish({"type": runs.DELTA, "round": 1, "text": "after"})]
+            await until(lambda: _count(seen, 1), 15, "the event after the silence")
+            later.append(await events.publish({"type": runs.COMPLETED}))
+            await asyncio.wait_for(reading, 10)
+            assert [s for s, _ in seen] == later   # each once, in order
+    run(main())
