@@ -15,8 +15,9 @@ through :func:`scrub` where it enters crewlet:
   instead). Streamed text goes through a :class:`Stream`, which holds back
   the tail that might still become a secret: the last few characters, and
   a shape from its opening (``password=``, ``Bearer``…) until it is decided.
-* :func:`crewlet.log.forward`: every line a child wrote, in crewletd (so a
-  tool's stray stderr, which lands in its role's output, is covered too).
+* :func:`crewlet.log.forward`: every line a child wrote, in crewletd; and a
+  seat's MCP server's stderr, read by the seats role from its own pipe and
+  re-emitted, scrubbed, as ``mcp_server_output`` (:mod:`crewlet.agent.mcp`).
 
 **What is known.** :func:`learn` adds values (ones under :data:`SECRET_MIN`
 characters are ignored: replacing every "abc" would garble text and protect
