@@ -17,9 +17,10 @@ line that is not one of ours is scrubbed of credential shapes too.
 
 A line a child writes in our JSON shape is taken for its own event, so no
 third-party program a role starts may write to that role's output: a seat's
-MCP servers and CLI agents have stderr pipes of their own, which the seats
-role reads and logs as their output, tagged and redacted
-(:mod:`crewlet.agent.mcp`, :mod:`crewlet.agent.providers.cli`).
+MCP servers have stderr pipes of their own, which the seats role reads and
+logs as their output, tagged and redacted (:mod:`crewlet.agent.mcp`); a CLI
+agent's stderr is read by its provider, and quoted, redacted, only when the
+agent fails (:mod:`crewlet.agent.providers.cli`).
 
 Python's stdlib ``logging`` (used by nats-py, uvicorn, …) is routed into the
 same stream as ``log`` events, so third-party messages are tagged too.

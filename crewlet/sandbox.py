@@ -433,8 +433,7 @@ def hidden_of(config: Any) -> tuple[str, ...]:
     paths = [config.data_dir, getattr(config, "source", None), stream.credentials, stream.fleet_credentials,
              getattr(tls, "key", None), config.smtp.password_file, config.files.secret_key_file,
              config.ingress.tokens_file]
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in paths if p and os.path.isabs(os.path.abspath(p))
-                               and not p.startswith("<")))
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in paths if p and not p.startswith("<")))
 
 
 def uid_window() -> tuple[int, int]:

@@ -111,7 +111,7 @@ class Problem(Exception):
 def _transient(exc: BaseException) -> bool:
     if isinstance(exc, _UNANSWERED):
         return True
-    if isinstance(exc, js_errors.NotFoundError) or isinstance(exc, js_errors.BadRequestError):
+    if isinstance(exc, (js_errors.NotFoundError, js_errors.BadRequestError)):
         return False
     # nats-py's APIError, and crewlet's own readings of the raw API (the
     # mailboxes' refusal): a status and the server's error code.

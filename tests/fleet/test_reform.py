@@ -40,6 +40,7 @@ from roles.ingress.api.common import READ_PATIENCE
 from tests.conftest import Nodes, wait_for
 from tests.fleet.test_cluster import make_members
 from tests.fleet.test_fleet import apply
+from tests.integration.test_conversations import _blocks
 from tests.seats import held, node_url, read_nats, write_company
 
 pytestmark = [pytest.mark.fleet, pytest.mark.timeout(420)]
@@ -318,20 +319,6 @@ def probe_round(f: Fleet, w: Window, clients: list[Client], conv: str, run: str,
 
 
 # ---------------------------------------------------------------- the followed run
-
-def _blocks(lines):
-    block: dict[str, str] = {}
-    for line in lines:
-        if not line:
-            if block:
-                yield block
-            block = {}
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        block[name] = value[1:] if value.startswith(" ") else value
-
 
 class Follower(threading.Thread):
     """A client following the run to its end through the survivors, taking
