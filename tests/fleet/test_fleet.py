@@ -186,12 +186,20 @@ def test_placement_labels_are_honoured(natsd, make_node, short_tmp):
 PATIENT = {"heartbeat_grace": 120, "wedge_after": 120}
 
 
+def lost_since(node, mark: int) -> set[str]:
+    """The seats *node* logged ``seat_lost`` for after its first *mark* events:
+    a loaded start can drop a seat or two before the fault (CI saw one), and
+    those are not what the fault made it lose."""
+    return {e["seat"] for e in node.events()[mark:] if e.get("event") == "seat_lost"}
+
+
 def test_a_paused_node_is_fenced_and_its_seats_taken(natsd, make_node, short_tmp):
     nodes = [fleet_node(make_node, natsd, f"n{i}", supervisor=PATIENT).start() for i in range(2)]
     apply(nodes[0], company(short_tmp))
     wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="both holding")
     zombie = nodes[1]
     before = {s: n for s, n in seats_of(nodes[0]).items() if n == "n1"}
+    mark = len(zombie.events())
     tree = [psutil.Process(p) for p in zombie.tree_pids()]
     for proc in tree:
         proc.suspend()
@@ -205,9 +213,8 @@ def test_a_paused_node_is_fenced_and_its_seats_taken(natsd, make_node, short_tmp
             except psutil.NoSuchProcess:
                 pass
     # Awake again, the zombie finds its leases gone and gives the seats up.
-    zombie.wait_event("seat_lost", timeout=30)
-    lost = {e["seat"] for e in zombie.events() if e.get("event") == "seat_lost"}
-    assert lost and lost <= set(before)
+    lost = wait_for(lambda: lost_since(zombie, mark), 30, what="a seat_lost on waking")
+    assert lost <= set(before)
     # Nobody holds a seat twice, and the fleet settles evenly again.
     wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="resettled")
     # Both views are a watch of the same bucket, each a moment behind it while
@@ -227,6 +234,7 @@ def test_a_seats_process_that_stops_renewing_loses_its_seats_and_holds_nothing_t
              and seats_of(nodes[0]) == seats_of(nodes[1]), 60, what="15 seats each")
     stuck = nodes[1]
     before = {s for s, n in seats_of(nodes[0]).items() if n == "n1"}
+    mark = len(stuck.events())
     seats = psutil.Process(stuck.process_pids()["seats"])
     seats.suspend()
     t0 = time.monotonic()
@@ -240,8 +248,7 @@ def test_a_seats_process_that_stops_renewing_loses_its_seats_and_holds_nothing_t
         seats.resume()
     assert took < FAST["lease_ttl"] + 2 * FAST["sweep"] + 2, took
     # It drops every seat it held (one at a time, each handing its work back).
-    wait_for(lambda: {e["seat"] for e in stuck.events() if e.get("event") == "seat_lost"} == before,
-             30, what="every seat it held dropped on waking")
+    wait_for(lambda: lost_since(stuck, mark) >= before, 30, what="every seat it held dropped on waking")
     # Awake, it begins a new life and takes its share back: each seat once.
     wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="resettled")
     wait_for(lambda: seats_of(nodes[0]) == seats_of(stuck), 30, what="both nodes seeing the same holders")
