@@ -17,7 +17,7 @@ import zmq
 from crewlet import bus, disk, ipc, log, outbox
 from crewlet.company.model import Company
 from crewlet.config.model import NODE_ID_RE
-from crewlet.coord import buckets, capacity
+from crewlet.coord import buckets, capacity, drain as drains
 from crewlet.coord.counters import Ledger
 from crewlet.estate.ops import SEARCH_DEFAULT, SEARCH_MAX, OpError
 from crewlet.estate.router import EstateError
@@ -29,7 +29,13 @@ if TYPE_CHECKING:
 
 
 class CommandError(Exception):
-    """A request crewletd understood and refuses; the message says why."""
+    """A request crewletd understood and refuses; the message says why, and
+    ``code`` (in the reply when given) what kind of refusal it is, for the
+    API to answer with (``not_found``: what it names is not there)."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
 
 
 async def status(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
@@ -291,6 +297,66 @@ async def evict(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     return {"node": target, "evicted": True, "reason": reason}
 
 
+async def drain(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """Drain node ``node`` (this one when not given): the ``status`` key
+    ``drain.<node>`` (:mod:`crewlet.coord.drain`), its running turns given
+    ``deadline`` seconds (Tier A ``fleet.drain_deadline`` when not given);
+    with ``undo``, undrain it. ``by`` names who asked (the API's token)."""
+    js = node.fleet.js if node.fleet is not None else None
+    if js is None:
+        raise CommandError("this node has not joined the fleet yet")
+    target = args.get("node") or node.cfg.node.id
+    if not isinstance(target, str) or not NODE_ID_RE.match(target):
+        raise CommandError(f"bad node id {target!r}: must match {NODE_ID_RE.pattern}")
+    by = args.get("by") or f"crewletctl@{node.cfg.node.id}"
+    if not isinstance(by, str):
+        raise CommandError("by must be a string")
+    subject = bus.kv_subject(js, buckets.STATUS.name) + drains.KEY + target
+    live = node.fleet.holders is not None and node.fleet.holders.get(f"node.{target}") is not None
+    ordered = target in node.fleet.drains.orders
+    if not live and not ordered:
+        # Never a drain order for a node the fleet does not know: a typo would
+        # sit in the bucket for ever, waiting for a node of that name.
+        raise CommandError(f"no node {target!r} is up in the fleet (nor drained)", code="not_found")
+    if args.get("undo"):
+        _undrain_refused(node, target)
+        try:
+            await js.publish(subject, b"", headers={"KV-Operation": "DEL"})
+        except Exception as exc:
+            raise CommandError(f"could not delete {drains.KEY}{target} from the status bucket: "
+                               f"{type(exc).__name__}: {exc}") from None
+        log.event("node_undrain_ordered", node=target, by=by)
+        return {"node": target, "draining": None}
+    deadline = args.get("deadline")
+    try:
+        order = drains.new(node.cfg.fleet.drain_deadline if deadline is None else deadline, by)
+    except drains.BadOrder as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        await js.publish(subject, order.record())
+    except Exception as exc:  # the broker unanswered or refusing: say so, do not claim it is done
+        raise CommandError(f"could not write {drains.KEY}{target} to the status bucket: "
+                           f"{type(exc).__name__}: {exc}") from None
+    log.event("node_drain_ordered", "warning", node=target, by=by, deadline=order.deadline)
+    return {"node": target, "draining": order.presence()}
+
+
+def _undrain_refused(node: "Node", target: str) -> None:
+    """A drained node of another protocol than the nodes serving is not put
+    back to work: the fleet would mix protocols (upgrade it first)."""
+    holders = node.fleet.holders if node.fleet is not None else None
+    if holders is None:
+        return
+    nodes = {k.removeprefix("node."): o.info for k, o in holders.of("node.").items()}
+    mine = (nodes.get(target) or {}).get("protocol")
+    serving = {n: info.get("protocol") for n, info in nodes.items()
+               if n != target and drains.draining(info) is None}
+    differ = sorted(f"{n} ({p})" for n, p in serving.items() if p != mine)
+    if mine is not None and differ:
+        raise CommandError(f"undrain refused: {target} speaks protocol {mine}, the nodes serving speak "
+                           f"another: {', '.join(differ)}; upgrade {target} first")
+
+
 # Mailbox infos asked at once by `seats`.
 SEATS_PARALLEL = 32
 # How long `seats` waits for a seat's last turn from the estate.
@@ -309,6 +375,7 @@ COMMANDS: dict[str, Callable[["Node", dict[str, Any]], Awaitable[dict[str, Any]]
     "estate_read": estate_read,
     "estate_search": estate_search,
     "evict": evict,
+    "drain": drain,
 }
 
 
@@ -337,6 +404,8 @@ async def _answer(node: "Node", sock, frames: list[bytes]) -> None:
             reply.update(ok=True, result=await command(node, req.get("args") or {}))
         except CommandError as exc:
             reply.update(ok=False, error=str(exc))
+            if exc.code is not None:
+                reply["code"] = exc.code
         except Exception as exc:  # a bug: say so to the caller and in the log
             log.event("control_command_failed", "error", op=op, error=repr(exc))
             reply.update(ok=False, error=f"internal error: {exc!r}")

@@ -29,6 +29,13 @@ and before the roles, holding crewletd's one NATS connection:
 * it holds crewletd's way to the estate (``router``), through which
   crewletctl's ``tasks``, ``pages`` and ``search`` are answered;
 * it records in the ``status`` bucket the revision this node reached;
+* it follows the operator's drain orders (``status`` ``drain.*``,
+  :mod:`crewlet.coord.drain`) and says its own in its presence
+  (``draining``), renewed at once when it changes — read before it joins, so
+  a node drained, stopped and started again comes back drained;
+* before it joins, it refuses to (exit 78, naming both) when live nodes
+  that serve speak another protocol than this one: a protocol bump needs
+  the whole fleet drained first (DESIGN §16);
 * on a clean stop it leaves: removes its presence, so peers react at once.
 """
 
@@ -45,7 +52,7 @@ from crewlet.company.model import Company
 from crewlet.company.load import from_revision
 from crewlet.config import ConfigError, NodeConfig
 from crewlet.conversations import runs
-from crewlet.coord import buckets, duty_reports
+from crewlet.coord import buckets, drain, duty_reports
 from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionDamaged, RevisionNotFound
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import LeaseError, Leases
@@ -173,6 +180,11 @@ class Fleet:
         # node id -> the revision it reached (status node.<id>), kept by a
         # watcher; its estate copy and eviction are the estate view's.
         self._status_view: dict[str, dict[str, Any]] = {}
+        # Every node's drain order, kept by a watcher; this node's is ``drain``
+        # (None: it serves), told in its presence.
+        self.drains = drain.Orders(changed=self._drain_changed, refused=self._drain_refused)
+        self.drain: drain.Order | None = None
+        self._beat = asyncio.Event()  # set: renew the presence now (its drain changed)
 
     @property
     def router(self):
@@ -189,9 +201,12 @@ class Fleet:
         node = self.cfg.node
         return {"roles": list(node.roles), "broker": broker_kind(self.cfg),
                 "labels": dict(node.labels), "version": crewlet.__version__,
-                "protocol": crewlet.PROTOCOL_VERSION, "boot": self.boot,
+                "protocol": crewlet.protocol(), "boot": self.boot,
                 "max_concurrent": node.max_concurrent, "started_at": self.started_at,
                 "rev": (self.applied or {}).get("rev"),
+                # The operator's drain order in force here (crewlet.coord.drain): every
+                # process of the fleet reads it from here.
+                "draining": self.drain.presence() if self.drain is not None else None,
                 # Each heartbeat: what peers' dashboards show of this node's children.
                 "children": self.children() if self.children is not None else None,
                 # Whether its seats' tools are confined: every dashboard shows a node that is not.
@@ -225,6 +240,9 @@ class Fleet:
             group.create_task(self._sample_streams())
             group.create_task(buckets.follow(lambda: self._js.key_value(buckets.STATUS.name),
                                              "node.*", self._status_seen, name="status node.*"))
+            group.create_task(buckets.follow(lambda: self._js.key_value(buckets.STATUS.name),
+                                             drain.KEYS, self.drains.seen, opened=self.drains.opened,
+                                             listed=self.drains.listed, name="status drain.*"))
 
     async def _join(self) -> None:
         """Create the buckets, claim our presence, apply the active company —
@@ -251,6 +269,10 @@ class Fleet:
         self.leases = Leases(js, cfg.node.id, self.boot, cfg.fleet.lease_ttl)
         self.holders = Holders.of_bucket(js, heartbeat=cfg.fleet.heartbeat)
         self.presence = Presence(self.leases, cfg.node.id, cfg.data_dir, self.describe)
+        # Born drained when the operator said so before this start (an upgrade's
+        # restart): no role of ours is to take work in between.
+        self.drain = await self._own_drain(js)
+        await self._check_protocol(js)
         try:
             await self.presence.join()
         except DuplicateNode as exc:
@@ -267,6 +289,16 @@ class Fleet:
         # The revision in force is applied by _follow_control_plane, beside the
         # heartbeat: creating a big company's mailboxes on a cluster can take
         # longer than our presence's TTL.
+
+    async def _own_drain(self, js) -> "drain.Order | None":
+        """This node's drain order, read once before joining (None on no answer:
+        the watch says it a moment later)."""
+        try:
+            kv = await js.key_value(buckets.STATUS.name)
+            entry = await kv.get(drain.KEY + self.cfg.node.id)
+            return drain.parse(entry.value) if entry is not None and entry.value else None
+        except Exception:  # no such key (the usual), or unread: the watch tells
+            return None
 
     async def _files_store(self, js) -> None:
         """Record (or check) which store the company's files are in — a node
@@ -293,6 +325,45 @@ class Fleet:
         if self.nc is not None:
             await bus.close(self.nc)
 
+    # ---------------------------------------------------------------- drain
+
+    def _drain_changed(self, node: str, order: "drain.Order | None") -> None:
+        if node != self.cfg.node.id or order == self.drain:
+            return
+        was, self.drain = self.drain, order
+        if order is None:
+            self.publish("node_undrained")
+        elif was is None:
+            self.publish("node_draining", "warning", deadline=order.deadline, until=order.until, by=order.by)
+        self._beat.set()  # said in our presence now, not a heartbeat later
+
+    def _drain_refused(self, node: str, error: str) -> None:
+        log.event("drain_order_refused", "warning", node=node, error=error)
+
+    async def _check_protocol(self, js) -> None:
+        """Refuse to join beside live nodes that serve in another protocol
+        (exit 78, naming both) — before our presence, so no role of ours
+        takes anything: the fleet must be drained whole for a bump. Each
+        presence is read once (the stream's subjects, then each key: no
+        watch). Unread (no answer), it is said and joining goes on."""
+        mine = crewlet.protocol()
+        differ = []
+        try:
+            keys = await buckets.subjects(js, buckets.LEASES.name, "node.*")
+            for key in keys:
+                if key == f"node.{self.cfg.node.id}":
+                    continue
+                owner = await self.leases.owner(key)
+                if owner is not None and drain.draining(owner.info) is None \
+                        and owner.info.get("protocol") != mine:
+                    differ.append(f"{key.removeprefix('node.')} ({owner.info.get('protocol')})")
+        except Exception as exc:
+            log.event("fleet_protocol_unread", "warning", error=f"{type(exc).__name__}: {exc}")
+        if differ:
+            raise Exit(EXIT_CONFIG, f"protocol: this node speaks protocol {mine}, and live nodes that serve "
+                                    f"speak another: {', '.join(differ)}; a protocol bump needs the whole "
+                                    f"fleet drained first (crewletctl drain NODE, for each)")
+
     # ------------------------------------------------------------- presence
 
     def _check_workers_manned(self) -> None:
@@ -313,7 +384,13 @@ class Fleet:
         assert self.presence is not None
         while not _cancelled():
             self._check_workers_manned()
-            await asyncio.sleep(self.cfg.fleet.heartbeat)
+            try:
+                # Not wait_for: Python 3.11's may swallow a cancel (DESIGN §4).
+                async with asyncio.timeout(self.cfg.fleet.heartbeat):
+                    await self._beat.wait()
+            except TimeoutError:
+                pass
+            self._beat.clear()
             try:
                 if self.presence.held is None or await self.presence.renew() is None:
                     # Paused past our TTL (or evicted): we were gone; come back.
@@ -475,6 +552,7 @@ class Fleet:
                                              "info": {**o.info, "boot": o.boot}}
                     for k, o in leases.items()}
         nodes, seats, duties = prefixed("node."), prefixed("seat."), prefixed("duty.")
+        conversations = prefixed("conv.")
         statuses = self._status_view
         # Seats no live node may hold (the fleet_shape duty logs them): from
         # memory, like the rest, the placements kept per company revision.
@@ -494,7 +572,8 @@ class Fleet:
                        "estate": estate.record(nid) if estate is not None else None,
                        "evicted": estate.eviction(nid) if estate is not None else None,
                        "seats": sorted(k for k, o in seats.items() if o["node"] == nid),
-                       "duties": sorted(k for k, o in duties.items() if o["node"] == nid)}
+                       "duties": sorted(k for k, o in duties.items() if o["node"] == nid),
+                       "conversations": sum(1 for o in conversations.values() if o["node"] == nid)}
                       for nid, node in sorted(nodes.items())],
             "seats": [{"name": k, "node": o["node"], "token": o["token"]}
                       for k, o in sorted(seats.items())],
@@ -504,5 +583,7 @@ class Fleet:
                             "count": len(unplaceable)},
             "connected": bool(self.nc is not None and self.nc.is_connected),
             "streams": self.streams,
+            # Drain orders in force, also of nodes that are not up (drained and stopped).
+            "drains": {n: o.presence() for n, o in sorted(self.drains.orders.items())},
             "reports": self.reports,
         }

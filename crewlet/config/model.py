@@ -526,6 +526,10 @@ class FleetSection(_Section):
     # Set when a mailbox is created (the first node to create it decides). NATS keeps it in
     # int64 nanoseconds; a day at most, or a dead node's mail waits longer than anyone will.
     ack_wait: float = Field(1800.0, ge=1, le=DAY)
+    # Seconds a drained node's running turns (and the conversation runs it drives) are
+    # given to finish before they are cut short and handed over (crewlet/coord/drain.py);
+    # `crewletctl drain --deadline` gives one drain another. A day at most.
+    drain_deadline: float = Field(120.0, ge=0, le=DAY)
 
     @field_validator("lease_ttl")
     @classmethod

@@ -41,6 +41,13 @@ are not asked again, calls with a result are not run again). It takes every
 lease **without waiting**, so a conversation driven elsewhere is left there,
 and drives at most ``sessions.runner_concurrency`` runs at once.
 
+While this node is **drained** (its presence says ``draining``:
+:mod:`crewlet.coord.drain`) it starts no run (:class:`Draining`: the API's
+503 ``node_draining``, a client retries elsewhere) and its session runner
+takes none; the runs it drives are left to end until the order's deadline,
+then let go — their leases released, the runs going on where their seats
+are held — for a session runner elsewhere to take over.
+
 A driver whose run gives no end within ``conversations.max_run`` ends it
 ``failed`` (and asks its turn to stop); a driver that loses its lease (its
 renewals unanswered for a TTL) stops driving and leaves the run to whoever
@@ -58,6 +65,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crewlet import log
+from crewlet.coord import drain
 from crewlet.coord.lease import LeaseError
 from crewlet.conversations import runs
 from crewlet.conversations import turn as run_turn
@@ -93,6 +101,15 @@ class PendingApproval(Exception):
     def __init__(self, conversation: str, approval: str):
         super().__init__(f"conversation {conversation} awaits a decision on approval {approval}")
         self.conversation, self.approval = conversation, approval
+
+
+class Draining(Exception):
+    """This node is drained: it starts no run (another node does)."""
+
+    def __init__(self, node: str, draining: dict[str, Any]):
+        super().__init__(f"node {node} is draining (by {draining.get('by', '?')}): "
+                         f"start the run through another node")
+        self.node = node
 
 
 class Refused(Exception):
@@ -210,6 +227,8 @@ class Conductor:
         :class:`~crewlet.coord.lease.LeaseError` (the leases bucket did not
         answer) and the estate router's errors.
         """
+        if (draining := self.draining()) is not None:
+            raise Draining(self.node, draining)
         got = await self.conversation(conversation)
         conv, approval = got["conversation"], got.get("approval")
         ident = run_id(conversation, key)
@@ -504,11 +523,32 @@ class Conductor:
         finally:
             s.reserved -= 1
 
+    def draining(self) -> dict[str, Any] | None:
+        """This node's drain, as its presence says it (None: it serves)."""
+        holders = self.drivers.holders
+        mine = holders.get(f"node.{self.node}") if holders is not None else None
+        return drain.draining(mine.info) if mine is not None else None
+
     async def _sweep(self) -> None:
         await self._expire()
         await self._resume_decided()
+        if (draining := self.draining()) is not None:
+            await self._hand_over(draining)
+            return
         await self._take_orphans()
         await self._start_queued()
+
+    async def _hand_over(self, draining: dict[str, Any]) -> None:
+        """Drained: past the deadline, let go of every run driven here (its
+        lease released as its driving task ends; the run goes on, and a
+        session runner elsewhere drives it on)."""
+        if not self.sessions.driving or not drain.past_deadline({"draining": draining}):
+            return
+        tasks = list(self.sessions.driving.values())
+        log.event("runs_handed_over", runs=sorted(self.sessions.driving))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _expire(self) -> None:
         """Deny the pending approvals past their time (``expired``)."""

@@ -43,6 +43,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from crewlet.coord import drain
 from crewlet.estate.router import describe
 from crewlet.estate.view import DATA_ROLE, LAG_OPS, NO_RECORD, STATUS_STALE, STOPPED
 
@@ -53,14 +54,14 @@ CHILD_KEYS = ("name", "pid", "state", "restarts", "uptime_s", "last_exit", "cpu_
 EXIT_KEYS = ("code", "signal", "reason", "at")
 # Keys of ``fleet`` (when not null) and of its nodes / seats / duties in --json output.
 FLEET_KEYS = ("company", "error", "connected", "nodes", "seats", "duties", "streams", "unplaceable",
-              "reports")
+              "reports", "drains")
 # Keys of a broker stream in ``fleet.streams``: its consumers against its
 # limit; on a cluster, its leader (null: none) and the replicas behind it.
 STREAM_KEYS = ("name", "consumers", "max_consumers", "messages", "leader", "behind")
 # A stream whose consumers pass this share of its limit is shown as a warning.
 CONSUMERS_WARN = 0.8
-FLEET_NODE_KEYS = ("id", "roles", "broker", "labels", "version", "rev", "renewed_at", "applied",
-                   "status_error", "estate", "evicted", "seats", "duties")
+FLEET_NODE_KEYS = ("id", "roles", "broker", "labels", "version", "protocol", "rev", "renewed_at", "applied",
+                   "status_error", "estate", "evicted", "seats", "duties", "conversations", "draining")
 # Keys of a fleet node's ``estate`` record (its applier's, in ``status``) when not null.
 COPY_KEYS = ("node", "applied", "in_service", "reason", "log_first", "log_last", "at")
 FLEET_LEASE_KEYS = ("name", "node", "token")  # a seat or a duty and who holds it
@@ -520,6 +521,8 @@ def fleet_nodes_table(nodes: list[dict[str, Any]], here_id: str | None, here_rev
         if here_id is not None and n.get("id") == here_id:
             name.stylize("bold cyan")
             name.append(" (here)", style="dim")
+        if (state := drain.state(n)) is not None:
+            name.append(f" {state}", style="yellow" if state == "draining" else "dim yellow")
         cells = [name, ", ".join(n.get("roles") or []) or NONE, str(n.get("broker") or NONE),
                  ", ".join(f"{k}={v}" for k, v in (n.get("labels") or {}).items()) or NONE,
                  rev_text(n, here_rev), str(len(n.get("seats") or [])),
@@ -1203,6 +1206,27 @@ def search_view(result: dict[str, Any], query: str | None = None, limit: int | N
     if result.get("node"):
         footer += f" · searched on {result['node']}"
     return Group(table, Text(footer, style="dim"))
+
+
+def drain_text(result: dict[str, Any]) -> str:
+    """'draining n2 (by crewletctl@n1): turns running at 12:00:00 are cut short'
+    or 'n2 is undrained: it takes work again'."""
+    node, order = result.get("node"), result.get("draining")
+    if not isinstance(order, dict):
+        return f"{node} is undrained: it takes work again"
+    until = time.strftime("%H:%M:%S", time.localtime(order.get("until") or 0))
+    return f"draining {node} (by {order.get('by', '?')}): turns still running at {until} are cut short"
+
+
+def drain_progress(node: dict[str, Any] | None, node_id: str) -> str:
+    """'n2 holds 3 seats, 1 duty, 0 runs' / 'n2 is drained: it holds nothing' /
+    'n2 is not up (it comes back drained)'."""
+    if node is None:
+        return f"{node_id} is not up (it comes back drained)"
+    if drain.holds_nothing(node):
+        return f"{node_id} is drained: it holds nothing"
+    return (f"{node_id} holds {plural(len(node.get('seats') or []), 'seat')}, "
+            f"{len(node.get('duties') or [])} dut{'y' if len(node.get('duties') or []) == 1 else 'ies'}, {plural(node.get('conversations') or 0, 'run')}")
 
 
 def evict_text(result: dict[str, Any]) -> str:

@@ -79,7 +79,7 @@ async def main(ctx: RoleContext) -> None:
                             gone_for=cfg.ingress.gone_for)
     front = Front(cfg=cfg, nc=ctx.nats, js=js,
                   mailboxes=JetStreamMailboxes(js, ctx.nats, ack_wait=cfg.fleet.ack_wait),
-                  router=access.router, projection=projection, control_plane=None)
+                  router=access.router, projection=projection, control_plane=None, zctx=ctx.zmq)
     front.metrics = Metrics(projection)
     conv = cfg.conversations
     conductor = Conductor(

@@ -12,7 +12,8 @@
   ``fleet_reforming`` in the last :data:`~roles.ingress.problems.RETRY_AFTER`
   seconds — else 503 with ``fleet`` saying it is re-forming (a leader
   election: a member died or froze) and ``Retry-After``, as the API's routes
-  say then (:mod:`roles.ingress.problems`).
+  say then (:mod:`roles.ingress.problems`); and the node is not drained
+  (``draining``: the operator's order, :mod:`crewlet.coord.drain`).
   No token.
 * ``/v1/...`` — the API (:mod:`roles.ingress.api`); its OpenAPI 3.1 document
   is ``/v1/openapi.json``, browsable at ``/docs``.
@@ -47,6 +48,7 @@ from starlette.middleware.cors import CORSMiddleware
 import crewlet
 from crewlet import bus, ipc, log
 from crewlet.conversations import runs
+from crewlet.coord import drain
 from crewlet.tokens import Keyring
 from roles.ingress import auth, hardening
 from roles.ingress.api import company, conversations, dlq, estate, feed, files, fleet, hooks, schedules, seats
@@ -192,6 +194,14 @@ def _no_estate(front: Front | None) -> str | None:
     return router.unserved() if router is not None else None
 
 
+def _draining(front: Front | None) -> dict | None:
+    """This node's drain order, as its presence says it (None: it serves):
+    a load balancer stops sending it anything from the moment it drains."""
+    projection = getattr(front, "projection", None)
+    mine = projection.holders.get(f"node.{projection.node_id}") if projection is not None else None
+    return drain.draining(mine.info) if mine is not None else None
+
+
 # Seconds readiness waits for the fleet's JetStream to answer: a load
 # balancer's probe is not held for an election's length.
 READY_PROBE = 1.0
@@ -263,13 +273,14 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
         # Not ready while the disk is low, or the broker waits for space to be restarted.
         no_space = space.get("reason") if space.get("low") else space.get("broker")
         no_estate = _no_estate(front)
+        draining = _draining(front)
         reforming = await _reforming(front)
-        ready = not waiting and not no_space and not no_estate and not reforming
+        ready = not waiting and not no_space and not no_estate and not reforming and not draining
         # How the seats' tools run: said, not a reason to be unready (the
         # node serves; an unconfined tool is the operator's to fix or accept).
         box = reply["result"].get("sandbox")
         body = {"ready": ready, "node": ctx.node_id, "not_running": waiting, "disk": no_space,
-                "estate": no_estate, "fleet": reforming, "sandbox": box}
+                "estate": no_estate, "fleet": reforming, "draining": draining, "sandbox": box}
         headers = {"Retry-After": str(problems.RETRY_AFTER)} if reforming else None
         return JSONResponse(body, 200 if ready else 503, headers=headers)
 

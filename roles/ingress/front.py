@@ -2,8 +2,9 @@
 
 Made by :func:`roles.ingress.main` after the child connected, put on
 ``app.state.front``; a route gets it with :func:`front`. Everything here
-uses the ingress child's own NATS connection: ingress never asks crewletd
-for anything but its own children and readiness.
+uses the ingress child's own NATS connection: ingress asks crewletd only
+for its own children and readiness, and for what only crewletd may write
+(a drain order: :meth:`Front.ask_node`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from fastapi import Request
 
-from crewlet import disk
+from crewlet import disk, ipc
 from crewlet.company.model import Company
 from crewlet.config import NodeConfig
 from roles.ingress.problems import Problem
@@ -33,6 +34,7 @@ class Front:
     metrics: Any = None          # roles.ingress.metrics.Metrics
     conductor: Any = None        # crewlet.conversations.driver.Conductor: runs driven here
     space: disk.Watch | None = field(default=None)  # this node's disk (made from cfg)
+    zctx: Any = None             # the child's ZeroMQ context: how it asks crewletd (ask_node)
 
     def __post_init__(self) -> None:
         if self.space is None:
@@ -41,6 +43,20 @@ class Front:
     @property
     def node_id(self) -> str:
         return self.cfg.node.id
+
+    async def ask_node(self, op: str, timeout: float = 5.0, **args: Any) -> dict[str, Any]:
+        """Ask this node's crewletd *op* (supervisor/control.py) for the API: its
+        result; a refusal is a 409 naming why (404 for what is not there), no
+        answer a 503."""
+        try:
+            reply = await ipc.acall(self.zctx, self.cfg.run_dir, op, timeout=timeout, **args)
+        except ipc.NodeUnreachable as exc:
+            raise Problem(503, "node_unreachable", str(exc), headers={"Retry-After": "2"}) from None
+        if not reply.get("ok"):
+            if reply.get("code") == "not_found":
+                raise Problem(404, "not_found", str(reply.get("error")))
+            raise Problem(409, "refused", str(reply.get("error") or "refused"))
+        return reply.get("result") or {}
 
     def need_company(self) -> Company:
         if self.company is None:

@@ -48,7 +48,7 @@ import time
 from typing import Any, Callable
 
 from crewlet import ipc, log
-from crewlet.coord import duty_reports
+from crewlet.coord import drain, duty_reports
 from crewlet.coord.holders import Holders
 from crewlet.queue.base import MailboxError
 from crewlet.queue.post import TURN_SUBJECT
@@ -334,14 +334,19 @@ class Projection:
         children = self.children if node == self.node_id else info.get("children")
         seats = self.holders.of("seat.") if seats is None else seats
         duties = self.holders.of("duty.") if duties is None else duties
-        return {"id": node, "state": "up", "roles": info.get("roles") or [],
-                "broker": info.get("broker"), "labels": info.get("labels") or {},
-                "version": info.get("version"), "started_at": info.get("started_at"),
-                "rev": info.get("rev"), "max_concurrent": info.get("max_concurrent"),
-                "children": children, "copy": self.copies.get(node), "gone_at": None,
-                "sandbox": info.get("sandbox"),
-                "seats": sum(1 for o in seats.values() if o.node == node),
-                "duties": sorted(k.removeprefix("duty.") for k, o in duties.items() if o.node == node)}
+        row = {"id": node, "state": "up", "roles": info.get("roles") or [],
+               "broker": info.get("broker"), "labels": info.get("labels") or {},
+               "version": info.get("version"), "protocol": info.get("protocol"),
+               "started_at": info.get("started_at"),
+               "rev": info.get("rev"), "max_concurrent": info.get("max_concurrent"),
+               "children": children, "copy": self.copies.get(node), "gone_at": None,
+               "sandbox": info.get("sandbox"),
+               "seats": sum(1 for o in seats.values() if o.node == node),
+               "duties": sorted(k.removeprefix("duty.") for k, o in duties.items() if o.node == node),
+               "conversations": sum(1 for o in self.holders.of("conv.").values() if o.node == node),
+               "draining": drain.draining(info)}
+        row["drain"] = drain.state(row)
+        return row
 
     def nodes(self) -> list[dict[str, Any]]:
         live = {k.removeprefix("node."): o for k, o in self.holders.of("node.").items()}
@@ -355,7 +360,8 @@ class Projection:
                              "version": info.get("version"), "started_at": info.get("started_at"),
                              "rev": info.get("rev"), "max_concurrent": info.get("max_concurrent"),
                              "children": None, "copy": None, "gone_at": info["gone_at"],
-                             "seats": 0, "duties": []})
+                             "seats": 0, "duties": [], "conversations": 0, "draining": None,
+                             "drain": None})
         return sorted(rows, key=lambda r: r["id"])
 
     def duties(self) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from crewlet.agent.janitor import kill_marked
 from crewlet.company import Company
 from crewlet.company.model import Retention
 from crewlet.conversations import runs
+from crewlet.coord import drain
 from crewlet.coord.counters import Budgets, CounterError, Cooldowns, Ledger
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Leases
@@ -69,12 +70,13 @@ def _wake_on_change(sweeper: SeatSweeper):
     """What the lease watch calls: wake the sweep when a seat, node or life
     lease went away (released, expired; a seat also when its life did), or a
     node or a life appeared (a life claimed anew is another token: its
-    seats went)."""
+    seats went), or a node was drained or undrained (its presence says so)."""
     def changed(key: str, was, now) -> None:
         if not key.startswith(("node.", "seat.", "life.")):
             return  # duties, conversations: not the sweep's business
         if now is None or (was is None and not key.startswith("seat.")) \
-                or (key.startswith("life.") and was.token != now.token):
+                or (key.startswith("life.") and was.token != now.token) \
+                or (key.startswith("node.") and drain.draining(was.info) != drain.draining(now.info)):
             sweeper.wake()
     return changed
 
@@ -127,6 +129,7 @@ async def main(ctx: RoleContext) -> None:
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
     holders.on_change = _wake_on_change(sweeper)
     sweeper.on_stop = engine.quiesce
+    sweeper.busy = engine.busy
     ctx.sweeper = sweeper  # the turn loop reads admission from here
     # Mail wakes its seat: a plain subscription, no JetStream state per seat.
     async def wake(msg) -> None:

@@ -28,6 +28,16 @@ seat without servers is one KV write and is claimed at once, as many as
 the fair share allows, several at a time. Releases stay paced
 (``releases_per_sweep``), since a release interrupts a live agent.
 
+**Draining** (:mod:`crewlet.coord.drain`): while this node's presence says
+``draining``, a sweep neither begins a life nor claims; it releases every
+seat whose turn is not running — all of them in one sweep, unpaced: the
+node is leaving, nothing is being balanced — and, past the order's
+deadline, the seats still in a turn too (the turn is cut short, its mail
+NAKed). Once it holds nothing it ends its life, and is no seats-node any
+more. Peers do not count a draining node among the seats-nodes, so its
+seats fall to them as they are released. When the order goes, the next
+sweep begins a new life and claims the fair share again.
+
 Claiming and releasing call the hooks (``on_claim``, ``on_release``) that
 start and stop a seat's work — its MCP servers and mailbox in
 :mod:`roles.seats.turns`. On stop the work is handed back and the life is
@@ -42,6 +52,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable
 
 from crewlet import log
+from crewlet.coord import drain
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Held, LeaseError, Leases
 from crewlet.coord.life import Life
@@ -92,6 +103,11 @@ class SeatSweeper:
         self.on_release = on_release
         # Called once before every seat is released on stop.
         self.on_stop: Callable[[], Awaitable[None]] | None = None
+        # Is a turn of this seat running now? (the turn engine's): a draining
+        # node hands such a seat over only once it ends, or at the deadline.
+        self.busy: Callable[[str], bool] = lambda seat: False
+        # This node's presence says ``draining``: no turn starts, no claim.
+        self.draining = False
         # None until the first company revision arrives: before that the sweep
         # only renews (everything would look "not in the company" otherwise).
         self.seats: list[SeatView] | None = None
@@ -201,6 +217,12 @@ class SeatSweeper:
             # Our node has not joined (yet), or another node holds our id:
             # never act on the fleet under an identity we do not own.
             return
+        if drain.draining(mine.info) is not None:
+            await self._drain_out(mine.info)
+            return
+        if self.draining:
+            self.draining = False
+            log.event("seats_undrained")
         # Begun before the company is known: peers count this node among the
         # seats-nodes from the first revision on, not after its first claims.
         if self.life.held is None and not await self._begin():
@@ -210,7 +232,8 @@ class SeatSweeper:
         now = time.monotonic()
         live = [NodeView(k.removeprefix("node."), dict(o.info.get("labels", {})))
                 for k, o in nodes.items()
-                if "seats" in o.info.get("roles", ()) and self._seats_node(k, now)]
+                if "seats" in o.info.get("roles", ()) and drain.draining(o.info) is None
+                and self._seats_node(k, now)]
         # The same as at a sweep that decided nothing, the walks below would
         # decide nothing again (at 10,000 seats they were most of an idle
         # seats process).
@@ -237,6 +260,33 @@ class SeatSweeper:
             claimed = await self._claim_all(decision.claim)
             log.event("seats_claimed", tried=len(decision.claim), claimed=claimed,
                       took_ms=round((time.monotonic() - started) * 1000, 1))
+
+    async def _drain_out(self, presence: dict[str, Any]) -> None:
+        """A sweep of a draining node: hand over each seat not in a turn (each
+        one in a turn too, past the deadline); once nothing is held, end the
+        life. Unpaced and side by side: the node is leaving."""
+        if not self.draining:
+            self.draining = True  # first: no turn starts from here on
+            self._quiet = None
+            log.event("seats_draining", held=len(self.held), busy=sum(map(self.busy, self.held)))
+        late = drain.past_deadline(presence)
+        going = [seat for seat in self.held if late or not self.busy(seat)]
+        if going:
+            limit = asyncio.Semaphore(CLAIM_PARALLEL)
+
+            async def one(seat: str) -> None:
+                async with limit:
+                    await self._release(seat)
+            results = await asyncio.gather(*(one(s) for s in going), return_exceptions=True)
+            for exc in results:
+                if isinstance(exc, BaseException) and not isinstance(exc, LeaseError):
+                    raise exc
+            log.event("seats_handed_over", seats=len(going), cut_short=late and bool(going),
+                      left=len(self.held))
+        if not self.held and self.life.held is not None:
+            await self.life.end()
+            self.last_renew = None
+            log.event("seats_drained")
 
     def _inputs(self, live: list[NodeView]) -> tuple:
         """Everything a sweep's walks and plan read, in a form compared whole:

@@ -406,6 +406,11 @@ class TurnEngine:
         if work is not None:
             await work.stop(servers_later=True)
 
+    def busy(self, seat: str) -> bool:
+        """Is a turn of *seat* running now (a draining node waits for it)?"""
+        work = self.work.get(seat)
+        return work is not None and work.turn is not None
+
     def wake(self, seat: str) -> None:
         work = self.work.get(seat)
         if work is not None:
@@ -734,7 +739,8 @@ class SeatWork:
                     self.suspect = None  # it went elsewhere (worked or dead-lettered)
                     return False
                 self.fetched = delivery
-                if self.stopped or not engine.sweeper.admitted() or not engine.fence(self.seat, self.token):
+                if self.stopped or not engine.sweeper.admitted() or engine.sweeper.draining \
+                        or not engine.fence(self.seat, self.token):
                     # Our renewals are late, or the seat is going: hand it back at
                     # once and fetch nothing more until that changes.
                     self.fetched = None
@@ -768,6 +774,8 @@ class SeatWork:
             why = None
             if not engine.sweeper.admitted():
                 why = "admission: this node's lease renewals are late"
+            elif engine.sweeper.draining:
+                why = "admission: this node is draining (its seats are handed over)"
             elif not engine.fence(self.seat, self.token):
                 why = "admission: the seat's lease is not fresh"
             elif engine.space is not None and (low := engine.space.low()) is not None:

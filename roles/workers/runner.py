@@ -7,6 +7,12 @@ and if it was lost — taken over after this node was paused past the TTL — th
 duty is cancelled at once. A renewal whose outcome is unknown (no quorum)
 keeps the duty running only while the lease is still fresh by our own clock.
 
+While this node's presence says ``draining`` (:mod:`crewlet.coord.drain`)
+a tend gives up each duty held here — cancelled, given
+:data:`DUTY_END_WAIT`, its lease released, so a peer takes it at its next
+tend — and claims none; the duties come back with the next tend after the
+order goes, as any free duty does.
+
 On stop (:meth:`DutyRunner.run` returns as soon as *stopping* is set, cutting
 short a tend in progress: without quorum each lease write waits out its
 patience, a third of the TTL, and a round of tends takes that once per duty)
@@ -26,6 +32,7 @@ from typing import Any, Callable
 from crewlet import log
 from crewlet.company import Company
 from crewlet.config import NodeConfig
+from crewlet.coord import drain
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Held, LeaseError, Leases
 from roles.workers.duties import Duty, going_on
@@ -98,9 +105,31 @@ class DutyRunner:
             except TimeoutError:
                 pass
 
+    def draining(self) -> bool:
+        """Does this node's presence say it is drained (as our watch shows it)?"""
+        if self.holders is None:
+            return False
+        mine = self.holders.get(f"node.{self.config.node.id}")
+        return mine is not None and drain.draining(mine.info) is not None
+
+    async def _give_up(self, name: str) -> None:
+        """Stop duty *name* and release its lease: this node is drained."""
+        held = self.held.get(name)
+        task = self.tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=DUTY_END_WAIT)
+        if held is not None:
+            await self._release(name, held)
+        log.event("duty_given_up", duty=name, reason="the node is draining")
+
     async def _tend(self, duty: Duty) -> None:
         key = f"duty.{duty.name}"
         held = self.held.get(duty.name)
+        if self.draining():
+            if held is not None:
+                await self._give_up(duty.name)
+            return
         try:
             if held is None:
                 held = await self.leases.claim_or_adopt(key)

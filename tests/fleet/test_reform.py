@@ -376,11 +376,11 @@ class Follower(threading.Thread):
 
 # ---------------------------------------------------------------- one fault
 
-def start_streaming(c: Client, words: int = 4) -> tuple[str, str, list[tuple[int, str, dict]]]:
-    """A conversation whose run streams through *c*: its id, the run's id and
-    the events seen once *words* words came (the client then goes away; the
-    run goes on)."""
-    conv = c.ok("POST", "/v1/conversations", 201, json={"seat": "ceo"})["id"]
+def start_streaming(c: Client, words: int = 4, seat: str = "ceo") -> tuple[str, str, list[tuple[int, str, dict]]]:
+    """A conversation with *seat* whose run streams through *c*: its id, the
+    run's id and the events seen once *words* words came (the client then
+    goes away; the run goes on)."""
+    conv = c.ok("POST", "/v1/conversations", 201, json={"seat": seat})["id"]
     events: list[tuple[int, str, dict]] = []
     with c.http.stream("POST", f"/v1/conversations/{conv}/runs",
                        json={"input": f"slowly {uuid.uuid4().hex[:6]}", "stream": True}) as r:

@@ -129,7 +129,8 @@ supervisor:
   heartbeat_interval: 0.25
   heartbeat_grace: 0
 log: {level: error, format: json}
-fleet: {heartbeat: 1, lease_ttl: 3, sweep: 0.5, claims_per_sweep: 8, releases_per_sweep: 3, ack_wait: 60}
+fleet: {heartbeat: 1, lease_ttl: 3, sweep: 0.5, claims_per_sweep: 8, releases_per_sweep: 3, ack_wait: 60,
+        drain_deadline: 30}
 smtp: {host: mail.example.com, port: 465, tls: implicit, username: crewlet, password_env: SMTP_PASSWORD,
        password_file: null, sender: bots@example.com, timeout: 10, retry_after: 5, attempts: 3,
        notices_to: [ops@example.com]}

@@ -63,6 +63,7 @@ BAD = [
     ("fleet.claims_per_sweep", [0, 100_001, "1e23"]),
     ("fleet.releases_per_sweep", [0, 100_001, "1e23"]),
     ("fleet.ack_wait", [0.5, 86_401, "1e300", ".inf"]),
+    ("fleet.drain_deadline", [-1, 86_401, ".inf", ".nan"]),
     ("smtp.port", [0, 65_536, ".inf"]),
     ("smtp.timeout", [0.5, 301, ".inf", ".nan"]),
     ("smtp.retry_after", [0.01, 3601, ".inf"]),

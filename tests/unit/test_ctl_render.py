@@ -261,7 +261,7 @@ def fleet_node(nid, rev=2, seats=(), duties=(), **kw):
          "started_at": NOW - 60, "rev": rev, "host": "vm", "data_dir": f"/tmp/{nid}", "pid": 19977,
          "renewed_at": NOW - 2.4, "applied": {"rev": rev, "epoch": rev, "at": NOW - 30},
          "status_error": None, "estate": copy_record(nid), "evicted": None, "seats": list(seats),
-         "duties": list(duties)}
+         "duties": list(duties), "conversations": 0, "draining": None}
     return {**n, **kw}
 
 
@@ -271,7 +271,8 @@ def fleet(*nodes, company=None, error=None, connected=True, reports=None):
             "seats": [{"name": s, "node": n["id"], "token": 10 + i}
                       for n in nodes for i, s in enumerate(n["seats"])],
             "duties": [{"name": d, "node": n["id"], "token": 2} for n in nodes for d in n["duties"]],
-            "streams": None, "unplaceable": {"seats": [], "count": 0}, "reports": reports or {}}
+            "streams": None, "unplaceable": {"seats": [], "count": 0}, "reports": reports or {},
+            "drains": {}}
 
 
 def three_nodes(**kw):
@@ -1318,3 +1319,20 @@ def test_streams_line_says_which_replicas_are_catching_up_on_a_cluster():
     # A single server's streams have no replicas to speak of.
     alone = {**three_nodes(), "streams": [{"name": "ESTATE", "consumers": 1, "max_consumers": 64, "messages": 0}]}
     assert "replicas" not in text(render.status_view(with_fleet(alone), NOW))
+
+
+def test_a_drained_node_says_so_in_the_table_and_drain_says_what_it_still_holds():
+    order = {"since": NOW - 5, "until": NOW + 55, "by": "crewletctl@n1"}
+    fleet_view = three_nodes()
+    fleet_view["nodes"][2].update(draining=order, seats=["s2-0"], duties=[], conversations=1)
+    out = text(render.status_view(with_fleet(fleet_view), NOW))
+    assert line_of(out, "n2").split()[:2] == ["n2", "draining"]
+    assert "draining" not in line_of(out, "n0")
+    n2 = fleet_view["nodes"][2]
+    assert render.drain_progress(n2, "n2") == "n2 holds 1 seat, 0 duties, 1 run"
+    n2.update(seats=[], conversations=0)
+    assert render.drain_progress(n2, "n2") == "n2 is drained: it holds nothing"
+    assert line_of(text(render.status_view(with_fleet(fleet_view), NOW)), "n2").split()[:2] == ["n2", "drained"]
+    assert render.drain_progress(None, "n2") == "n2 is not up (it comes back drained)"
+    assert render.drain_text({"node": "n2", "draining": order}).startswith("draining n2 (by crewletctl@n1)")
+    assert render.drain_text({"node": "n2", "draining": None}) == "n2 is undrained: it takes work again"

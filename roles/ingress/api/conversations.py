@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from crewlet.conversations import runs
-from crewlet.conversations.driver import Conductor, PendingApproval, Queued, Refused, resumption_id
+from crewlet.conversations.driver import Conductor, Draining, PendingApproval, Queued, Refused, resumption_id
 from crewlet.conversations.lease import ConversationBusy
 from crewlet.coord.lease import LeaseError
 from crewlet.estate import ops
@@ -166,6 +166,11 @@ async def _call(call):
                       retry_after=busy.retry_after) from None
     except PendingApproval as pending:
         raise Problem(409, "pending_approval", str(pending), approval=pending.approval) from None
+    except Draining as draining:
+        # Not this node's to serve any more: a client (or its load balancer,
+        # which /readyz told already) tries another.
+        raise Problem(503, "node_draining", str(draining), headers={"Retry-After": "1"},
+                      node=draining.node) from None
     except Refused as refused:
         if refused.code == NOT_FOUND:
             raise Problem(404, "not_found", str(refused)) from None

@@ -9,6 +9,9 @@ import { CHILD_STATES, CHILD_WORDS, DUTY_WORDS, ROLE_WORDS, humanize } from "./w
 
 export function nodeHealth(n) {
   if (n.state === "gone") return ["bad", "Gone", "its presence lapsed: the node stopped or lost the fleet"];
+  // Drained by the operator (crewletctl drain): out of service on purpose, said before anything else.
+  if (n.drain === "drained") return ["warn", "Drained", "drained by the operator: it holds no work (crewletctl undrain puts it back)"];
+  if (n.drain === "draining") return ["warn", "Draining", "drained by the operator: it is handing its work over"];
   const kids = n.children || [];
   const bad = kids.filter((k) => k.state !== "running");
   const copy = n.copy;
@@ -48,7 +51,7 @@ function nodeSig(n) {
   const copy = n.copy ? [n.copy.in_service, n.copy.lagging, n.copy.reason, n.copy.applied] : null;
   const kids = (n.children || []).map((k) => [k.name, k.state, k.pid, k.restarts, k.last_exit && k.last_exit.reason]);
   const box = n.sandbox ? [n.sandbox.state, n.sandbox.reason] : null;
-  return JSON.stringify([n.state, n.gone_at, n.roles, copy, box, n.children ? kids : null, n.version, n.started_at,
+  return JSON.stringify([n.state, n.drain, n.draining, n.gone_at, n.roles, copy, box, n.children ? kids : null, n.version, n.started_at,
     n.broker, n.labels, seatsHeldBy(n.id), dutiesOf(n.id), n.id === S.node]);
 }
 
@@ -64,7 +67,7 @@ function dutiesOf(id) {
 
 function buildNode(n) {
   const [kind, label, why] = nodeHealth(n);
-  const state = n.state === "gone" ? "gone" : (kind === "warn" ? "degraded" : n.state);
+  const state = n.state === "gone" ? "gone" : (n.drain || (kind === "warn" ? "degraded" : n.state));
   const card = el("article", { class: `node ${kind}`, "data-testid": `node-${n.id}`, "data-state": state, "aria-label": `node ${n.id}` });
   card.append(el("header", { class: "node-head" },
     el("h3", {}, n.id),
@@ -73,6 +76,11 @@ function buildNode(n) {
     el("span", { "data-testid": "node-state" }, pill(kind, label, why))));
   const { facts, fact } = factList();
   if (n.state === "gone") fact("Gone", when(n.gone_at));
+  if (n.draining) {
+    fact("Drained", el("span", { "data-testid": "node-drain" }, `by ${n.draining.by || "?"} `, when(n.draining.since),
+      el("span", { class: "muted small note" },
+        ` · turns still running at ${new Date(n.draining.until * 1000).toLocaleTimeString()} are cut short`)));
+  }
   fact("Roles", (n.roles || []).length
     ? (n.roles || []).map((r, i) => [i ? ", " : "", el("span", { class: "role", title: ROLE_WORDS[r] || null }, r)])
     : el("span", { class: "muted" }, "—"));
