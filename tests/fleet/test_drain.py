@@ -21,23 +21,23 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 
 import pytest
 
 import crewlet
+from crewlet.coord import drain
+from crewlet.queue.jetstream import JetStreamMailboxes
 from tests.conftest import CREWLETCTL, wait_for
 from tests.fleet.test_fleet import apply, fleet_node, seats_of
 from tests.fleet.test_reform import Client, start_streaming
 from tests.integration.test_conversations import _blocks
-from crewlet.queue.jetstream import JetStreamMailboxes
 from tests.seats import MCP_SERVER, held, read_nats, turn_records, write_company
 
 pytestmark = pytest.mark.fleet
 
 SEATS = 6
 DEADLINE = 4.0   # seconds the drained node's running turns are given
-NAP = 15.0       # the long job's turn: well past the deadline, so it is cut short
+NAP = 14.0       # the long job's turn: well past the deadline, so it is cut short
 COMPANY = """
 company: {{name: drain}}
 providers:
@@ -88,12 +88,12 @@ def fleet_row(node, node_id: str) -> dict | None:
 
 class Mail(threading.Thread):
     """A steady load: a batch of mail to the plain seats every 0.1 s, each
-    with a trigger of its own, until stopped."""
+    with a trigger of its own, until stopped. ``sent``: trigger -> when."""
 
     def __init__(self, natsd):
         super().__init__(daemon=True)
         self.natsd = natsd
-        self.sent: list[str] = []
+        self.sent: dict[str, float] = {}
         self.stop = threading.Event()
         self.error: str | None = None
 
@@ -102,8 +102,9 @@ class Mail(threading.Thread):
         try:
             while not self.stop.is_set():
                 batch = [(f"s{(n + i) % SEATS}", f"job {n + i}", f"job-{n + i}") for i in range(4)]
+                at = time.time()
                 send_all(self.natsd, batch)
-                self.sent.extend(t for _, _, t in batch)
+                self.sent.update((t, at) for _, _, t in batch)
                 n += len(batch)
                 self.stop.wait(0.1)
         except Exception as exc:  # said by the test
@@ -111,93 +112,144 @@ class Mail(threading.Thread):
 
 
 def readiness(client: Client) -> tuple[int, dict]:
-    r = client.http.get("/readyz")
+    try:
+        r = client.http.get("/readyz")
+    except Exception as exc:  # a node stopping or starting: not ready
+        return 0, {"error": str(exc)}
     return r.status_code, r.json()
 
 
-def test_a_drained_node_hands_everything_over_under_load_and_comes_back(natsd, make_node):
+def node_id(node) -> str:
+    return node.config["node"]["id"]
+
+
+def read_run(api: Client, conv: str, run: str, seen: list) -> list:
+    """The run's events after *seen*, read through *api* to its end."""
+    events = list(seen)
+    with api.http.stream("GET", f"/v1/conversations/{conv}/runs/{run}/stream",
+                         headers={"Last-Event-ID": str(events[-1][0])}, timeout=60) as s:
+        for block in _blocks(s.iter_lines()):
+            if "event" in block:
+                events.append((int(block["id"]), block["event"], json.loads(block["data"])))
+                if block["event"] in ("run.completed", "run.failed", "run.interrupted"):
+                    break
+    return events
+
+
+def test_a_rolling_upgrade_drains_each_node_in_turn_under_load(natsd, make_node):
+    """Drain (--stop), start, undrain, one node at a time, under a steady load:
+    the first node drained has a turn past the deadline and a run it drives
+    in hand. Each step's outage is measured: how long mail sent meanwhile
+    waited for its turn (printed with ``pytest -s``)."""
     nodes = [fleet_node(make_node, natsd, f"n{i}", fleet={"drain_deadline": DEADLINE}).start()
              for i in range(3)]
     apply(nodes[0], company(nodes[0].dir))
     wait_for(lambda: len(seats_of(nodes[0])) == SEATS + 1 and len(set(seats_of(nodes[0]).values())) == 3,
              60, what="every seat held, on all three nodes")
-    victim_id = held(nodes[0])["w"]
-    victim = next(n for n in nodes if n.config["node"]["id"] == victim_id)
-    others = [n for n in nodes if n is not victim]
-    api = Client(victim)
+    first = next(n for n in nodes if node_id(n) == held(nodes[0])["w"])
+    order = [first, *[n for n in nodes if n is not first]]
+    api = Client(first)
+    mail = Mail(natsd)
+    steps: list[dict] = []
     try:
-        wait_for(lambda: readiness(api)[0] == 200, 30, what="the victim ready")
-        # In the victim's hands when it drains: a turn that outlives the deadline,
-        # and a conversation run it drives (its stream read through it).
+        wait_for(lambda: readiness(api)[0] == 200, 30, what="the first node ready")
+        # In the first node's hands when it drains: a turn that outlives the
+        # deadline, and a conversation run it drives (its stream read through it).
         send_all(natsd, [("w", "long job", "long-1")])
-        wait_for(lambda: any((c.get("stats") or {}).get("running") for c in victim.status()["children"]
-                             if c["name"] == "seats"), 30, what="the long turn running on the victim")
+        wait_for(lambda: any((c.get("stats") or {}).get("running") for c in first.status()["children"]
+                             if c["name"] == "seats"), 30, what="the long turn running on the first node")
         conv, run, seen = start_streaming(api, words=2, seat="s0")
-        mail = Mail(natsd)
         mail.start()
-        time.sleep(1.0)  # the load under way before the drain
-        t0 = time.monotonic()
-        drained = subprocess.Popen([*CREWLETCTL, "-c", others[0].config_path, "drain", victim_id],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # Not ready from the moment it drains (its presence says so at once).
-        status, body = wait_for(lambda: (r := readiness(api))[0] == 503 and r, 10,
-                                what="/readyz 503 on the drained node")
-        unready_after = time.monotonic() - t0
-        assert body["draining"]["by"].startswith("crewletctl@"), body
-        # A new run through it is refused, naming the reason: a client goes elsewhere.
-        conv2 = api.ok("POST", "/v1/conversations", 201, json={"seat": "s0"})["id"]
-        r = api.http.post(f"/v1/conversations/{conv2}/runs", json={"input": "hello", "stream": False})
-        assert r.status_code == 503 and r.json()["code"] == "node_draining", r.text
-        assert r.headers.get("retry-after")
-        out, err = drained.communicate(timeout=DEADLINE + 90)
-        took = time.monotonic() - t0
-        assert drained.returncode == 0, (out, err)
-        assert f"{victim_id} is drained: it holds nothing" in out, out
-        # It holds nothing; the other two hold every seat and every duty.
-        row = fleet_row(others[0], victim_id)
-        assert row["seats"] == [] and row["duties"] == [] and row["conversations"] == 0, row
-        assert row["draining"]["until"] - row["draining"]["since"] == DEADLINE
-        assert set(seats_of(others[0]).values()) <= {n.config["node"]["id"] for n in others}
-        # It keeps its copy of the estate, in service, and every child running.
-        assert (row.get("estate") or {}).get("in_service"), row
-        assert all(c["state"] == "running" for c in victim.status()["children"])
+        time.sleep(1.0)  # the load under way before the first drain
+        for victim in order:
+            vid, peer = node_id(victim), next(n for n in nodes if n is not victim)
+            step = {"node": vid, "from": time.time()}
+            t0 = time.monotonic()
+            # On the victim's machine: drain, then stop once it holds nothing.
+            drained = subprocess.Popen([*CREWLETCTL, "-c", victim.config_path, "drain", "--stop"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if victim is first:
+                # Not ready from the moment it drains (its presence says so at once).
+                status, body = wait_for(lambda: (r := readiness(api))[0] == 503 and r, 10,
+                                        what="/readyz 503 on the drained node")
+                step["unready_s"] = time.monotonic() - t0
+                assert body["draining"]["by"].startswith("crewletctl@"), body
+                step["unready_at"] = time.time()
+                # A new run through it is refused, naming the reason: a client goes elsewhere.
+                conv2 = api.ok("POST", "/v1/conversations", 201, json={"seat": "s0"})["id"]
+                r = api.http.post(f"/v1/conversations/{conv2}/runs", json={"input": "hi", "stream": False})
+                assert r.status_code == 503 and r.json()["code"] == "node_draining", r.text
+                assert r.headers.get("retry-after")
+                # Drained, it keeps its copy of the estate in service.
+                wait_for(lambda: drain.state(fleet_row(peer, vid) or {}) == "drained", DEADLINE + 60,
+                         interval=0.1, what="the first node drained")
+                step["drained_s"] = time.monotonic() - t0
+                row = fleet_row(peer, vid)
+                assert row["duties"] == [] and row["conversations"] == 0, row
+                assert (row.get("estate") or {}).get("in_service"), row
+                # The run it drove goes on elsewhere; its stream, read through it, ends once.
+                events = read_run(api, conv, run, seen)
+                ids = [e[0] for e in events]
+                assert ids == sorted(set(ids)), "every event once, in order"
+                assert [e[1] for e in events].count("run.completed") == 1, [e[1] for e in events]
+            out, err = drained.communicate(timeout=DEADLINE + 90)
+            assert drained.returncode == 0 and f"{vid} is drained: it holds nothing" in out, (out, err)
+            assert victim.wait_exit(30) == 0
+            step["stopped_s"] = time.monotonic() - t0
+            # The upgrade would be here. Started again, it comes back drained: it takes nothing.
+            victim.start()
+            step["started_s"] = time.monotonic() - t0
+            row = wait_for(lambda: fleet_row(peer, vid), 20, what=f"{vid} back in the fleet")
+            assert drain.state(row) == "drained", row
+            back = Client(victim)
+            try:
+                assert readiness(back)[0] == 503
+            finally:
+                back.close()
+            out = ctl(peer, "undrain", vid)
+            assert out.returncode == 0 and "undrained" in out.stdout, out
+            wait_for(lambda: vid in set(seats_of(peer).values()), 30, what=f"{vid} holding seats again")
+            step["back_s"] = time.monotonic() - t0
+            step["to"] = time.time()
+            steps.append(step)
         mail.stop.set()
         mail.join(10)
         assert mail.error is None, mail.error
-        print(f"\ndrain: /readyz 503 after {unready_after:.2f}s; holds nothing after {took:.2f}s "
-              f"(deadline {DEADLINE:g}s); {len(mail.sent)} mails under way")
-        # The streamed run ends, once, read through the drained node all along.
-        events = list(seen)
-        with api.http.stream("GET", f"/v1/conversations/{conv}/runs/{run}/stream",
-                             headers={"Last-Event-ID": str(events[-1][0])}, timeout=60) as s:
-            for block in _blocks(s.iter_lines()):
-                if "event" in block:
-                    events.append((int(block["id"]), block["event"], json.loads(block["data"])))
-                    if block["event"] in ("run.completed", "run.failed", "run.interrupted"):
-                        break
-        ids = [e[0] for e in events]
-        assert ids == sorted(set(ids)), "every event once, in order"
-        assert [e[1] for e in events].count("run.completed") == 1, [e[1] for e in events]
-        # Every mail worked, once; the long job cut short on the victim and done once elsewhere.
+        # Every mail worked, once; the long job cut short on the first node and done once elsewhere.
         triggers = [*mail.sent, "long-1"]
 
-        def done() -> Counter:
-            return Counter(r["trigger"] for r in read_nats(natsd.url, turn_records) if r["outcome"] == "done")
-        counts = wait_for(lambda: (c := done()) and all(c[t] for t in triggers) and c, NAP + 60,
+        def done() -> dict[str, list[dict]]:
+            out: dict[str, list[dict]] = {}
+            for r in read_nats(natsd.url, turn_records):
+                if r["outcome"] == "done":
+                    out.setdefault(r["trigger"], []).append(r)
+            return out
+        worked = wait_for(lambda: (d := done()) and all(t in d for t in triggers) and d, NAP + 60,
                           what="every mail worked")
-        assert {t: counts[t] for t in triggers if counts[t] != 1} == {}, "a mail worked twice"
+        assert {t: len(worked[t]) for t in triggers if len(worked[t]) != 1} == {}, "a mail worked twice"
         records = read_nats(natsd.url, turn_records)
         long = [r for r in records if r["trigger"] == "long-1"]
-        assert [r["node"] for r in long if r["outcome"] == "done"] != [victim_id], long
-        assert any(r["node"] == victim_id and r["outcome"] == "interrupted" for r in long), long
-        assert not [r for r in records if r["node"] == victim_id and r["outcome"] == "done"
-                    and r["trigger"] in mail.sent[len(mail.sent) // 2:]], "a turn started on the drained node"
-        # Undrained: it claims its share again and is ready.
-        out = ctl(others[1], "undrain", victim_id)
-        assert out.returncode == 0 and "undrained" in out.stdout, out
-        wait_for(lambda: victim_id in set(seats_of(others[0]).values()), 30, what="the victim holding seats again")
-        wait_for(lambda: readiness(api)[0] == 200, 30, what="the victim ready again")
+        # (Cut short again if the node it went to is drained before it ends.)
+        assert long[0]["node"] == node_id(first) and long[0]["outcome"] == "interrupted", long
+        # No turn started on the first node between its /readyz 503 and its stop.
+        unready_at, back_at = steps[0]["unready_at"], steps[0]["from"] + steps[0]["back_s"]
+        late = [r for r in records if r["node"] == node_id(first) and unready_at + 0.5 < r["started_at"]
+                and r["trigger"] != "long-1" and r["started_at"] < steps[0]["from"] + steps[0]["stopped_s"]]
+        assert late == [], late
+        # The outage each step opened: how long mail sent meanwhile waited for its turn.
+        for step in steps:
+            waits = [worked[t][0]["started_at"] + worked[t][0]["took_ms"] / 1000 - at
+                     for t, at in mail.sent.items() if step["from"] <= at <= step["to"]]
+            step["mail_wait_max_s"] = max(waits) if waits else None
+            step["mails"] = len(waits)
+        print("\nrolling upgrade (deadline %gs):" % DEADLINE)
+        for step in steps:
+            print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                  for k, v in step.items() if k not in ("from", "to", "unready_at")))
+        # Bounded: a mail waits at most a drain's deadline and a handover, never the ack wait.
+        assert all(s["mail_wait_max_s"] is None or s["mail_wait_max_s"] < DEADLINE + 15 for s in steps), steps
     finally:
+        mail.stop.set()
         api.close()
 
 
@@ -221,3 +273,20 @@ def test_a_node_of_another_protocol_waits_for_the_whole_fleet_drained(natsd, mak
     # The drained node of the old protocol is not put back to work beside it.
     out = ctl(old, "undrain")
     assert out.returncode == 1 and f"speaks protocol {crewlet.PROTOCOL_VERSION}" in out.stderr, out
+    api = Client(old)
+    try:
+        r = api.http.post("/v1/fleet/nodes/old/undrain")
+        assert r.status_code == 409 and "upgrade old first" in r.json()["detail"], r.text
+        # A node the fleet does not know is no drain order: a typo would wait for ever.
+        r = api.http.post("/v1/fleet/nodes/nobody/drain", json={"deadline": 5})
+        assert r.status_code == 404 and r.json()["code"] == "not_found", r.text
+        # The new node drained through the API, and undrained: the order, and its deadline, said back.
+        drained = api.ok("POST", "/v1/fleet/nodes/new/drain", json={"deadline": 7})
+        assert drained["draining"]["until"] - drained["draining"]["since"] == 7
+        assert drained["draining"]["by"].startswith("api:")
+        wait_for(lambda: not held(old), 30, what="nobody holding seats: both drained")
+        assert api.ok("POST", "/v1/fleet/nodes/new/undrain")["draining"] is None
+        wait_for(lambda: set(held(old).values()) == {"new"} and len(held(old)) == SEATS + 1, 30,
+                 what="the new node holding every seat again")
+    finally:
+        api.close()
