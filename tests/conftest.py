@@ -9,12 +9,14 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -47,6 +49,42 @@ def pytest_collection_modifyitems(config, items) -> None:
         path = item.nodeid.split("::", 1)[0]
         group = FLEET_GROUP if path.startswith("tests/fleet/") else path
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+# ---------------------------------------------------------------- throwing dirs away
+# A fleet test leaves tens of thousands of files (a broker's consumers, LMDB
+# copies): removing them took 12 s and more on CI's disk, on the fleet group's
+# critical path. A test's dirs are renamed away at once (no later test can
+# see them: every one has a fresh name) and removed by one thread of this
+# worker while the next tests run; the session waits for it at its end.
+_discarded: "queue.Queue[str | None]" = queue.Queue()
+_remover: threading.Thread | None = None
+
+
+def _remove_discarded() -> None:
+    while (path := _discarded.get()) is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def discard(path: str) -> None:
+    """Remove *path* (a test's temp dir) in the background; it is gone from
+    its name at once."""
+    global _remover
+    gone = f"{path}.gone"
+    try:
+        os.rename(path, gone)
+    except OSError:
+        gone = path  # not there, or not renameable: removed where it is
+    if _remover is None:
+        _remover = threading.Thread(target=_remove_discarded, name="discarded dirs", daemon=True)
+        _remover.start()
+    _discarded.put(gone)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if _remover is not None:
+        _discarded.put(None)
+        _remover.join()
 
 
 CREWLETD = _script("crewletd", "supervisor.crewletd")
@@ -108,7 +146,7 @@ def short_tmp():
     """A temp dir with a short path: unix socket paths must fit in 107 bytes."""
     path = tempfile.mkdtemp(prefix="cw", dir="/tmp")
     yield path
-    shutil.rmtree(path, ignore_errors=True)
+    discard(path)
 
 
 @dataclass
@@ -337,7 +375,7 @@ class Nodes:
             node.kill_all()
         refused = [line for node in self.nodes for line in node.refused_roles()]
         if self.owned:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            discard(self.dir)
         # Every test that runs a node tests the roles' broker permissions too.
         assert not refused, "the broker refused a role (crewlet/permissions.py):\n" + "\n".join(refused)
 
@@ -366,6 +404,10 @@ def nats_binary() -> str:
     from crewlet.config import NodeConfig
     from roles.broker import find_binary
     return find_binary(NodeConfig())
+
+
+# Seconds a test's nats-server is given to stop on SIGTERM before SIGKILL.
+BROKER_STOP_GRACE = 1.0
 
 
 @dataclass
@@ -420,10 +462,13 @@ class NatsServer:
             self.proc.wait(10)
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL after :data:`BROKER_STOP_GRACE` s: a broker
+        holding thousands of consumers takes 20 s and more to shut down
+        cleanly, and a test's broker is thrown away (its tests read it before)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(20)
+                self.proc.wait(BROKER_STOP_GRACE)
             except subprocess.TimeoutExpired:
                 self.kill()
 
