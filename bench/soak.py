@@ -72,6 +72,10 @@ async def _send(url: str, seats: list[str], until: float) -> int:
     return sent
 
 
+# Seconds the nodes are given to make the company's streams after the apply.
+APPLY_WAIT = 60.0
+
+
 def _kill_a_seats_child(nodes: list[Crewletd]) -> bool:
     node = random.choice(nodes)
     for child in (node.status() or {}).get("children", []):
@@ -101,6 +105,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if out.returncode:
             raise BenchError(f"apply failed: {out.stderr}")
         seats = [seat.name for seat in load_company(COMPANY).seats]
+        # The window starts once the company's streams exist: on a loaded machine the
+        # nodes' mailboxes can take longer than a smoke run's whole window.
+        ready_by = time.monotonic() + APPLY_WAIT
+        while not {"AGENTS", "KV_leases"} <= set(asyncio.run(_consumers(server.url))):
+            if time.monotonic() > ready_by:
+                raise BenchError(f"the company's streams were not made within {APPLY_WAIT:g}s")
+            time.sleep(0.2)
         started = time.monotonic()
         end = started + args.minutes * 60
         sender = _thread_run(_send(server.url, seats, end))

@@ -272,6 +272,9 @@ class Fleet:
         # Born drained when the operator said so before this start (an upgrade's
         # restart): no role of ours is to take work in between.
         self.drain = await self._own_drain(js)
+        if self.drain is not None:
+            self.publish("node_draining", "warning", deadline=self.drain.deadline, until=self.drain.until,
+                         by=self.drain.by, at_start=True)
         await self._check_protocol(js)
         try:
             await self.presence.join()

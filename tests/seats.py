@@ -107,11 +107,16 @@ def send_all(node, mail: list[tuple[str, str, str | None]]) -> None:
     """Put every ``(seat, text, trigger)`` of *mail* on its mailbox at once,
     over one connection: what ``crewletctl send`` does, without a process
     start between two (which spaces a test's sends by half a second)."""
+    send_all_to(node_url(node), mail)
+
+
+def send_all_to(url: str, mail: list[tuple[str, str, str | None]]) -> None:
+    """:func:`send_all` through the broker at *url* (an external one)."""
     async def put(nc, js):
         boxes = JetStreamMailboxes(js, nc)
         for seat, text, trigger in mail:
             await boxes.put(seat, text, trigger=trigger)
-    read_nats(node_url(node), put)
+    read_nats(url, put)
 
 
 async def _all(js, subject: str) -> list[bytes]:

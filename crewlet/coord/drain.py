@@ -96,8 +96,9 @@ def parse(value: bytes) -> Order:
         raise BadOrder(f"at must be a time, got {at!r}")
     if not isinstance(by, str):
         raise BadOrder(f"by must be a string, got {by!r}")
-    order = new(deadline if not isinstance(deadline, bool) else -1, by, now=at)
-    return order
+    if isinstance(deadline, bool):  # JSON's true is no number of seconds
+        raise BadOrder(f"deadline must be a number of seconds, got {deadline!r}")
+    return new(deadline, by, now=at)
 
 
 def draining(info: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -43,6 +43,7 @@ CALL_TIMEOUT = 3.0          # status, stop and the reachability check before res
 RESTART_TIMEOUT = 60.0      # crewletd answers restart once the child is ready again
 STOP_WAIT = 120.0           # stop --wait: give up waiting after this long
 STOP_POLL = 0.25            # stop --wait: how often to ask whether it still answers
+DRAIN_POLL = 0.5            # drain --wait: how often to ask what the node still holds (a whole status)
 WATCH_INTERVAL = 1.0        # status --watch: default refresh
 WATCH_MIN_INTERVAL = 0.1    # --interval is clamped into [min, max]
 WATCH_MAX_INTERVAL = 1.0

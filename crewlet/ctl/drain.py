@@ -19,7 +19,7 @@ import time
 import click
 
 from crewlet.coord import drain as drains
-from crewlet.ctl import CALL_TIMEOUT, EXIT_REFUSED, STOP_POLL, Ctl, fail
+from crewlet.ctl import CALL_TIMEOUT, DRAIN_POLL, EXIT_REFUSED, Ctl, fail
 from crewlet.ctl.render import drain_progress, drain_text
 from crewlet.ctl.stop import stop
 
@@ -69,6 +69,6 @@ def drain(click_ctx: click.Context, node: str | None, deadline: float | None, wa
             break
         if time.monotonic() > give_up:
             fail(f"{target} still holds work {SETTLE:g}s past its deadline", EXIT_REFUSED)
-        time.sleep(STOP_POLL)
+        time.sleep(DRAIN_POLL)
     if then_stop:
         click_ctx.invoke(stop)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import httpx2
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from tests.browser.conftest import base_url, call, dashboard, ok, ready, token_of
-from tests.conftest import wait_for
+from tests.conftest import CREWLETCTL, wait_for
 from tests.seats import SAMPLE, held, write_company
 
 pytestmark = pytest.mark.browser
@@ -140,6 +141,17 @@ def test_a_killed_node_shows_as_gone_within_its_lease(natsd, make_node, page):
     expect(page.get_by_test_id("node-b")).to_have_attribute("data-state", "up")
     expect(page.get_by_test_id("node-a")).to_have_attribute("data-state", "up")
     expect(page.get_by_test_id("tile-nodes")).to_have_attribute("data-kind", "ok")
+    # Drained by the operator (from a's side), b says so and by whom; undrained, it is up again.
+    drain = subprocess.run([*CREWLETCTL, "-c", a.config_path, "drain", "b", "--no-wait"],
+                           capture_output=True, text=True, timeout=30)
+    assert drain.returncode == 0, drain.stderr
+    expect(page.get_by_test_id("node-b")).to_have_attribute("data-state", "drained", timeout=10_000)
+    expect(page.get_by_test_id("node-b").get_by_test_id("node-state")).to_have_text("Drained")
+    expect(page.get_by_test_id("node-b").get_by_test_id("node-drain")).to_contain_text("by crewletctl@a")
+    undrain = subprocess.run([*CREWLETCTL, "-c", a.config_path, "undrain", "b"],
+                             capture_output=True, text=True, timeout=30)
+    assert undrain.returncode == 0, undrain.stderr
+    expect(page.get_by_test_id("node-b")).to_have_attribute("data-state", "up", timeout=10_000)
 
     b.kill_tree()
     killed = time.monotonic()

@@ -26,12 +26,11 @@ import pytest
 
 import crewlet
 from crewlet.coord import drain
-from crewlet.queue.jetstream import JetStreamMailboxes
 from tests.conftest import CREWLETCTL, wait_for
 from tests.fleet.test_fleet import apply, fleet_node, seats_of
 from tests.fleet.test_reform import Client, start_streaming
 from tests.integration.test_conversations import _blocks
-from tests.seats import MCP_SERVER, held, read_nats, turn_records, write_company
+from tests.seats import MCP_SERVER, held, read_nats, send_all_to, turn_records, write_company
 
 pytestmark = pytest.mark.fleet
 
@@ -72,15 +71,6 @@ def ctl(node, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def send_all(natsd, mail: list[tuple[str, str, str]]) -> None:
-    """Every ``(seat, text, trigger)`` of *mail* on its mailbox, over one connection."""
-    async def put(nc, js):
-        boxes = JetStreamMailboxes(js, nc)
-        for seat, text, trigger in mail:
-            await boxes.put(seat, text, trigger=trigger)
-    read_nats(natsd.url, put)
-
-
 def fleet_row(node, node_id: str) -> dict | None:
     return next((n for n in (node.status() or {}).get("fleet", {}).get("nodes", [])
                  if n["id"] == node_id), None)
@@ -103,7 +93,7 @@ class Mail(threading.Thread):
             while not self.stop.is_set():
                 batch = [(f"s{(n + i) % SEATS}", f"job {n + i}", f"job-{n + i}") for i in range(4)]
                 at = time.time()
-                send_all(self.natsd, batch)
+                send_all_to(self.natsd.url, batch)
                 self.sent.update((t, at) for _, _, t in batch)
                 n += len(batch)
                 self.stop.wait(0.1)
@@ -155,7 +145,7 @@ def test_a_rolling_upgrade_drains_each_node_in_turn_under_load(natsd, make_node)
         wait_for(lambda: readiness(api)[0] == 200, 30, what="the first node ready")
         # In the first node's hands when it drains: a turn that outlives the
         # deadline, and a conversation run it drives (its stream read through it).
-        send_all(natsd, [("w", "long job", "long-1")])
+        send_all_to(natsd.url, [("w", "long job", "long-1")])
         wait_for(lambda: any((c.get("stats") or {}).get("running") for c in first.status()["children"]
                              if c["name"] == "seats"), 30, what="the long turn running on the first node")
         conv, run, seen = start_streaming(api, words=2, seat="s0")

@@ -63,7 +63,8 @@ seats:
 NAMES = {"read": "reader", "write": "writer", "admin": "operator"}
 # What a route's path parameters are filled with when a test calls every route.
 PATH_PARAMS = {"seat": "ceo", "id": "T1", "path": "eng/deploy", "seq": "1", "integration": "github",
-               "conversation": "c-none", "run": "r-none", "approval": "a-none", "project": "site"}
+               "conversation": "c-none", "run": "r-none", "approval": "a-none", "project": "site",
+               "node": "no-such-node"}  # never the node under test: it would be drained
 
 
 class Api:
@@ -282,7 +283,7 @@ def test_every_route_without_a_token_is_a_401_with_a_challenge(guarded, main):
 def test_a_read_token_cannot_write_and_a_write_token_cannot_apply_a_company(guarded):
     writes = [(m, t) for m, t in guarded.operations()
               if m in ("POST", "PUT", "PATCH") and not t.startswith("/v1/hooks/")]
-    assert len(writes) == 12, writes
+    assert len(writes) == 14, writes
     for method, template in writes:
         body = problem(guarded(method, fill(template), as_="read", json={}), 403, "forbidden")
         assert "reader" in body["detail"] and "this needs" in body["detail"], body
@@ -718,6 +719,8 @@ WRITES = {
     ("POST", "/v1/approvals/{approval}"): {"decision": "deny"},
     ("PUT", "/v1/files/{project}/{path}"): {"file": "never in a log"},
     ("DELETE", "/v1/files/{project}/{path}"): None,
+    ("POST", "/v1/fleet/nodes/{node}/drain"): {"deadline": 5},
+    ("POST", "/v1/fleet/nodes/{node}/undrain"): None,
 }
 
 

@@ -78,8 +78,8 @@ function buildNode(n) {
   if (n.state === "gone") fact("Gone", when(n.gone_at));
   if (n.draining) {
     fact("Drained", el("span", { "data-testid": "node-drain" }, `by ${n.draining.by || "?"} `, when(n.draining.since),
-      el("span", { class: "muted small note" },
-        ` · turns still running at ${new Date(n.draining.until * 1000).toLocaleTimeString()} are cut short`)));
+      typeof n.draining.until === "number" ? el("span", { class: "muted small note" },
+        ` · turns still running at ${new Date(n.draining.until * 1000).toLocaleTimeString()} are cut short`) : null));
   }
   fact("Roles", (n.roles || []).length
     ? (n.roles || []).map((r, i) => [i ? ", " : "", el("span", { class: "role", title: ROLE_WORDS[r] || null }, r)])
