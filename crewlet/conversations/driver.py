@@ -82,6 +82,14 @@ INTERRUPT_WAIT = 60.0
 # Seconds between a driver's looks at its run's status in the estate while it
 # waits for the run's end: the backstop for an end written but never told.
 STATUS_EVERY = 5.0
+# Seconds after a run's end was written in the estate (its ``ended_at``) before
+# anybody but its turn tells that end on RUNS (:meth:`Conductor.tell_untold_end`).
+# The turn writes the end first, then publishes its held text and the terminal
+# event, each ridden through a leader election for up to runs.PUBLISH_PATIENCE:
+# an end told sooner by somebody else can land before that text (issue 29: the
+# terminal event at one sequence, the last words after it, never shown), and
+# the dedupe window then drops the turn's own terminal event.
+END_GRACE = runs.PUBLISH_PATIENCE
 # Seconds one estate request of a driver waits (the router asks the data
 # nodes in turn; a write may wait out a leader election on one, then ask the next).
 ESTATE_WAIT = 30.0
@@ -377,7 +385,8 @@ class Conductor:
                      deadline: float) -> dict[str, Any] | None:
         """The run's terminal event as it comes; None at *deadline* or once the
         lease is lost. Every :data:`STATUS_EVERY` s the estate is asked too: a
-        run ended there whose end was never told is told now (by its status)."""
+        run ended there whose end was never told is told (by its status) once
+        :data:`END_GRACE` passed (:meth:`tell_untold_end`)."""
         async with runs.follow(self.js, conversation, ident) as follower:
             reading = asyncio.ensure_future(_terminal(follower))
             lost = asyncio.ensure_future(driving.lost.wait())
@@ -394,12 +403,49 @@ class Conductor:
                         log.event("run_driver_lost", "warning", run=ident, why=getattr(driving, "why", None))
                         return None
                     row = (await self.read("run.get", {"id": ident})).get("run")
-                    if row is None or row["status"] in RUN_ENDED:
+                    if row is None:
                         await self._tell_end(conversation, ident, row)
+                    elif row["status"] in RUN_ENDED:
+                        await self.tell_untold_end(conversation, ident, row)
             finally:
                 for task in (reading, lost):
                     task.cancel()
                 await asyncio.gather(reading, lost, return_exceptions=True)
+
+    async def tell_untold_end(self, conversation: str, ident: str, row: dict[str, Any]) -> bool:
+        """Tell the end of *ident* (its estate *row*) on RUNS if nobody did:
+        the backstop of whoever waits for the run's terminal event (this
+        driver; an SSE stream of the run, :mod:`roles.ingress.api.conversations`).
+        True once the run has ended and its end is told, or was told now; False
+        while the row says it runs, or its end is younger than :data:`END_GRACE`
+        (its turn may still be telling it).
+
+        Why the waiter and not only the turn and its driver (issue 29): the turn
+        writes the end in the estate, then tells it; a turn cut off in between
+        (its seat lost in the same election that stalls its publishes) tells it
+        only when its mail comes back — after a retry delay that doubles with
+        each delivery, or the mailbox's ack wait (30 min) when its hand-back
+        failed and the seat moved — and its driver, whose lease lapsed in the
+        same election, no longer watches, while the session runner takes over
+        only runs still running. A stream of that run waited for ever. Told
+        under the run's end id, it lands once whoever tells it."""
+        if row["status"] not in RUN_ENDED:
+            return False
+        ended = row.get("ended_at")
+        if isinstance(ended, (int, float)) and time.time() - ended < END_GRACE:
+            return False
+        try:
+            latest = await runs.last(self.js, conversation, ident)
+        except Exception:
+            # Not known (an election): told again, it lands once within the
+            # broker's dedupe window, and the publish rides the election out.
+            latest = None
+        if latest is not None and latest[1].get("type") in runs.TERMINAL:
+            return True  # told: its readers get it
+        await self._tell_end(conversation, ident, row)
+        log.event("run_end_told", "warning", run=ident, conversation=conversation, status=row["status"],
+                  by=self.node)
+        return True
 
     async def _tell_end(self, conversation: str, ident: str, row: dict[str, Any] | None) -> None:
         status = row["status"] if row is not None else "failed"
@@ -639,12 +685,13 @@ class Conductor:
             log.event("session_lease_failed", "warning", run=run["id"], error=str(exc))
             return None
 
-    def background(self, coro) -> None:
+    def background(self, coro) -> asyncio.Task:
         """Run *coro* as this process's (a request's client went away), said
-        if it fails."""
+        if it fails; its task."""
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background_done)
+        return task
 
     def _background_done(self, task: asyncio.Task) -> None:
         self._background.discard(task)

@@ -867,8 +867,9 @@ class SeatWork:
                     raise RuntimeError(f"the ledger did not answer: {type(exc).__name__}: {exc}") from exc
                 if worked is not None:
                     raise _Worked(worked)
+            limit: asyncio.Timeout | None = None
             try:
-                async with asyncio.timeout(TURN_TIMEOUT):
+                async with asyncio.timeout(TURN_TIMEOUT) as limit:
                     fence = lambda: engine.fence(self.seat, self.token) and not self.stopped  # noqa: E731
                     deadline = time.monotonic() + TURN_TIMEOUT
                     if provider.kind == "cli":
@@ -929,10 +930,17 @@ class SeatWork:
                     await self.mailbox.dead_letter(delivery, f"turn failed: {record.error}")
                 settled = True
                 return
-            except TimeoutError:
+            except TimeoutError as exc:
                 engine.budgets.add(self.seat, sum(record.tokens.values()))
                 record.outcome = "failed"
-                record.error = f"the turn took longer than {TURN_TIMEOUT:g}s"
+                if limit is not None and limit.expired():
+                    record.error = f"the turn took longer than {TURN_TIMEOUT:g}s"
+                else:
+                    # nats-py's timeouts are TimeoutErrors too: a request the broker
+                    # did not answer (a leader election), not a turn that ran long.
+                    record.error = f"the broker did not answer a request of the turn: {type(exc).__name__}: {exc}"
+                    log.event("turn_unanswered", "warning", seat=self.seat, trigger=delivery.trigger,
+                              error=record.error)
                 await self._hand_back(delivery, self._retry_delay(delivery, None))
                 settled = True
                 return

@@ -16,6 +16,7 @@ import pytest
 from crewlet.agent.providers import make_provider
 from crewlet.agent.turn import TurnRecord, run_rounds
 from crewlet.conversations import runs
+from crewlet.conversations.driver import END_GRACE, Conductor
 from crewlet.conversations.runs import RunEvents, follow
 from crewlet.conversations.sink import RunSink
 from tests.unit.test_turn import SCRIPT, calculator
@@ -372,4 +373,36 @@ def test_a_follower_follows_on_after_the_broker_was_silent_past_its_heartbeats(n
             later.append(await events.publish({"type": runs.COMPLETED}))
             await asyncio.wait_for(reading, 10)
             assert [s for s, _ in seen] == later   # each once, in order
+    run(main())
+
+
+def test_an_end_written_but_never_told_is_told_by_its_waiter_after_the_grace_once(natsd):
+    """Issue 29: a turn cut off between writing its run's end in the estate and
+    telling it on RUNS (its seat lost in the election that stalled the publish),
+    its driver gone with its lease: whoever waits for the run (an SSE stream,
+    the driver) tells the end from the estate's row — not before END_GRACE (the
+    turn may still be telling its last words), once, and not over an end told."""
+    async def main():
+        async with stream(natsd.url) as js:
+            events = RunEvents(js, "c29", "r29", ttl=TTL)
+            seqs = [await events.publish({"type": runs.STARTED, "node": "node-a"}),
+                    await events.publish({"type": runs.DELTA, "round": 1, "text": "w"})]
+            row = {"id": "r29", "conversation": "c29", "status": "running", "ended_at": None,
+                   "error": None}
+            # Given the row: no estate is asked (the waiter read it already).
+            conductor = Conductor(js=js, router=None, mailboxes=None, drivers=None, node="n",
+                                  busy_wait=0, max_run=60, event_ttl=TTL, runner_concurrency=1, sweep=1,
+                                  company=lambda: 1)
+            assert not await conductor.tell_untold_end("c29", "r29", row)  # it runs
+            row.update(status="completed", ended_at=time.time())
+            assert not await conductor.tell_untold_end("c29", "r29", row)  # its turn may be telling it
+            assert (await runs.last(js, "c29", "r29"))[0] == seqs[-1]
+            row["ended_at"] = time.time() - END_GRACE - 1
+            assert await conductor.tell_untold_end("c29", "r29", row)
+            told = await read_all(js, "c29", "r29", after_seq=seqs[-1])
+            assert [e["type"] for _, e in told] == [runs.COMPLETED]
+            # Told already: not told again (the stream gains nothing).
+            last_seq = (await js.stream_info(runs.STREAM)).state.last_seq
+            assert await conductor.tell_untold_end("c29", "r29", row)
+            assert (await js.stream_info(runs.STREAM)).state.last_seq == last_seq
     run(main())

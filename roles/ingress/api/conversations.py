@@ -23,7 +23,12 @@
   decision again is answered the same, another one is a 409; the answer's
   ``resumed_by`` is the run that resumes the conversation (follow its stream).
 
-A stream sends a comment every :data:`HEARTBEAT` seconds of silence. A client
+A stream sends a comment every :data:`HEARTBEAT` seconds of silence, and
+every :data:`STATUS_EVERY` seconds of silence looks at the run's status in
+the estate: a run that ended there without its terminal event on ``RUNS``
+(its turn cut off between the two, its driver gone) has that end told by the
+stream, once the end's grace passed (:meth:`~crewlet.conversations.driver.Conductor.tell_untold_end`),
+so a client never waits for ever on a run that is over. A client
 that goes away from a run started with ``on_disconnect: cancel`` cancels it;
 with ``continue`` (the default) the run goes on, driven by this node, and its
 events wait in ``RUNS`` to be resumed.
@@ -34,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 import uuid
 from typing import Any, Literal
 
@@ -41,6 +47,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from crewlet import log
 from crewlet.conversations import runs
 from crewlet.conversations.driver import Conductor, Draining, PendingApproval, Queued, Refused, resumption_id
 from crewlet.conversations.lease import ConversationBusy
@@ -58,6 +65,9 @@ from roles.ingress.problems import Problem, responses, unavailable
 router = APIRouter(prefix="/v1", tags=["conversations"], responses=responses(400, 401, 403, 422, 503))
 
 HEARTBEAT = 15.0
+# Seconds of silence after which a stream asks the estate whether its run has
+# ended (and, past the end's grace, tells an end nobody told): see _stream.
+STATUS_EVERY = 5.0
 ConvPath = Path(pattern=ops.ROW_ID, description="A conversation's id")
 RunPath = Path(pattern=ops.ROW_ID, description="A run's id")
 ApprovalPath = Path(pattern=ops.ROW_ID, description="An approval's id")
@@ -341,6 +351,18 @@ async def cancel_run(request: Request, conversation: str = ConvPath, run: str = 
     return Run(**await _call(conductor.cancel(conversation, run, by=f"api:{grant.name}")))
 
 
+async def _look(conductor: Conductor, conversation: str, run: str) -> None:
+    """A silent stream's look at its run: an end in the estate that nobody
+    told on RUNS is told now (it reaches the stream through its follower).
+    Best effort: a broker or estate re-forming is looked at again next time."""
+    try:
+        row = (await conductor.read("run.get", {"id": run})).get("run")
+        if row is not None and row["conversation"] == conversation:
+            await conductor.tell_untold_end(conversation, run, row)
+    except Exception as exc:
+        log.event("run_stream_look_failed", "debug", run=run, error=f"{type(exc).__name__}: {exc}")
+
+
 async def _close(pumping: asyncio.Task, follower: runs.Follower) -> None:
     await asyncio.gather(pumping, return_exceptions=True)
     await follower.close()
@@ -375,19 +397,30 @@ async def _stream(f: Front, conversation: str, run: str, after: int, *, cancel_o
                 await queue.put(None)
         pumping = asyncio.create_task(pump())
         ended = False
+        looking: asyncio.Task | None = None  # the look at the run's status in the estate
         try:
             yield b"retry: 1000\n\n"
+            sent = time.monotonic()  # the last bytes sent (the heartbeat's clock)
             while True:
                 try:
                     # asyncio.timeout, not wait_for: Python 3.11's wait_for can
                     # lose a client's disconnect (a cancel) as an item arrives.
-                    async with asyncio.timeout(HEARTBEAT):
+                    async with asyncio.timeout(min(STATUS_EVERY, HEARTBEAT)):
                         item = await queue.get()
                 except TimeoutError:
-                    yield b": heartbeat\n\n"
+                    # Issue 29: the follower alone waits for ever on a run whose
+                    # end was written but never told (runs.follow leaves that
+                    # bound to its caller). In the background, one at a time:
+                    # telling it may ride out an election, and the heartbeats go on.
+                    if f.conductor is not None and (looking is None or looking.done()):
+                        looking = f.conductor.background(_look(f.conductor, conversation, run))
+                    if time.monotonic() - sent >= HEARTBEAT:
+                        sent = time.monotonic()
+                        yield b": heartbeat\n\n"
                     continue
                 if item is None:
                     return
+                sent = time.monotonic()
                 seq, event = item
                 data = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
                 yield f"id: {seq}\nevent: {event['type']}\ndata: {data}\n\n".encode()
