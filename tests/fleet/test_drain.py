@@ -26,7 +26,7 @@ import pytest
 
 import crewlet
 from crewlet.coord import drain
-from tests.conftest import CREWLETCTL, wait_for
+from tests.conftest import CREWLETCTL, start_all, wait_for
 from tests.fleet.test_fleet import apply, fleet_node, seats_of
 from tests.fleet.test_reform import Client, start_streaming
 from tests.integration.test_conversations import _blocks
@@ -131,8 +131,8 @@ def test_a_rolling_upgrade_drains_each_node_in_turn_under_load(natsd, make_node)
     the first node drained has a turn past the deadline and a run it drives
     in hand. Each step's outage is measured: how long mail sent meanwhile
     waited for its turn (printed with ``pytest -s``)."""
-    nodes = [fleet_node(make_node, natsd, f"n{i}", fleet={"drain_deadline": DEADLINE}).start()
-             for i in range(3)]
+    nodes = start_all([fleet_node(make_node, natsd, f"n{i}", fleet={"drain_deadline": DEADLINE})
+                       for i in range(3)])
     apply(nodes[0], company(nodes[0].dir))
     wait_for(lambda: len(seats_of(nodes[0])) == SEATS + 1 and len(set(seats_of(nodes[0]).values())) == 3,
              60, what="every seat held, on all three nodes")

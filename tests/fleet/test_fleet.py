@@ -21,7 +21,7 @@ import nats
 import psutil
 import pytest
 
-from tests.conftest import CREWLETCTL, wait_for
+from tests.conftest import CREWLETCTL, start_all, wait_for
 
 pytestmark = pytest.mark.fleet
 
@@ -84,7 +84,7 @@ def test_a_single_node_holds_every_seat_and_every_duty(natsd, make_node):
 
 
 def test_thirty_seats_over_three_nodes_held_once_and_evenly(natsd, make_node, short_tmp):
-    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(3)]
+    nodes = start_all([fleet_node(make_node, natsd, f"n{i}") for i in range(3)])
     apply(nodes[0], company(short_tmp))
     ids = [f"n{i}" for i in range(3)]
 
@@ -104,7 +104,7 @@ def test_thirty_seats_over_three_nodes_held_once_and_evenly(natsd, make_node, sh
 
 
 def test_kill_9_of_a_node_moves_its_seats_within_ttl_and_two_sweeps(natsd, make_node, short_tmp):
-    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(3)]
+    nodes = start_all([fleet_node(make_node, natsd, f"n{i}") for i in range(3)])
     apply(nodes[0], company(short_tmp))
     wait_for(lambda: spread(nodes[0]) and len(spread(nodes[0])) == 3, 60,
              what="every node holding seats")
@@ -125,7 +125,7 @@ def test_three_thousand_seats_of_a_killed_node_are_held_again_within_ttl_and_two
         natsd, make_node, short_tmp):
     """No claim pace for seats without MCP servers: a dead node's thousand
     seats move as fast as one did (issue 13)."""
-    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(3)]
+    nodes = start_all([fleet_node(make_node, natsd, f"n{i}") for i in range(3)])
     apply(nodes[0], company(short_tmp, 3000))
     wait_for(lambda: spread(nodes[0], 3000) == {"n0": 1000, "n1": 1000, "n2": 1000}, 60,
              what="3,000 seats spread evenly")
@@ -145,7 +145,7 @@ def test_three_thousand_seats_of_a_killed_node_are_held_again_within_ttl_and_two
 
 def test_graceful_stop_hands_seats_over_before_the_ttl(natsd, make_node, short_tmp):
     slow = {"lease_ttl": 30}  # a TTL the hand-over must not wait for
-    nodes = [fleet_node(make_node, natsd, f"n{i}", fleet=slow).start() for i in range(2)]
+    nodes = start_all([fleet_node(make_node, natsd, f"n{i}", fleet=slow) for i in range(2)])
     apply(nodes[0], company(short_tmp))
     wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="both holding")
     t0 = time.monotonic()
@@ -194,7 +194,7 @@ def lost_since(node, mark: int) -> set[str]:
 
 
 def test_a_paused_node_is_fenced_and_its_seats_taken(natsd, make_node, short_tmp):
-    nodes = [fleet_node(make_node, natsd, f"n{i}", supervisor=PATIENT).start() for i in range(2)]
+    nodes = start_all([fleet_node(make_node, natsd, f"n{i}", supervisor=PATIENT) for i in range(2)])
     apply(nodes[0], company(short_tmp))
     wait_for(lambda: (c := spread(nodes[0])) and len(c) == 2, 60, what="both holding")
     zombie = nodes[1]
@@ -227,7 +227,7 @@ def test_a_seats_process_that_stops_renewing_loses_its_seats_and_holds_nothing_t
     """crewletd renews the node's presence; only its seats process is paused.
     The node is no seats-node while its seats process is not renewing: its
     peers take its seats within TTL + 2 sweeps, and on waking it drops them."""
-    nodes = [fleet_node(make_node, natsd, f"n{i}", supervisor=PATIENT).start() for i in range(2)]
+    nodes = start_all([fleet_node(make_node, natsd, f"n{i}", supervisor=PATIENT) for i in range(2)])
     apply(nodes[0], company(short_tmp))
     # Settled first: seats still moving to the fair share would blur what it lost.
     wait_for(lambda: spread(nodes[0]) == {"n0": 15, "n1": 15}
@@ -255,7 +255,7 @@ def test_a_seats_process_that_stops_renewing_loses_its_seats_and_holds_nothing_t
 
 
 def test_a_revision_reaches_every_node_and_a_bad_one_is_refused(natsd, make_node, short_tmp):
-    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(2)]
+    nodes = start_all([fleet_node(make_node, natsd, f"n{i}") for i in range(2)])
     apply(nodes[0], company(short_tmp))
 
     def applied(rev):
