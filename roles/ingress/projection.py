@@ -327,13 +327,14 @@ class Projection:
                 "digest": c.get("digest"), "seats": len(self.seat_names)}
 
     def _node_row(self, node: str, owner, seats: dict | None = None,
-                  duties: dict | None = None) -> dict[str, Any]:
-        """A live node as the API and the feed show it (*seats*, *duties*: the
+                  duties: dict | None = None, conversations: dict | None = None) -> dict[str, Any]:
+        """A live node as the API and the feed show it (*seats*, *duties*, *conversations*: the
         leases, when the caller has them listed already)."""
         info = dict(owner.info)
         children = self.children if node == self.node_id else info.get("children")
         seats = self.holders.of("seat.") if seats is None else seats
         duties = self.holders.of("duty.") if duties is None else duties
+        conversations = self.holders.of("conv.") if conversations is None else conversations
         row = {"id": node, "state": "up", "roles": info.get("roles") or [],
                "broker": info.get("broker"), "labels": info.get("labels") or {},
                "version": info.get("version"), "protocol": info.get("protocol"),
@@ -343,7 +344,7 @@ class Projection:
                "sandbox": info.get("sandbox"),
                "seats": sum(1 for o in seats.values() if o.node == node),
                "duties": sorted(k.removeprefix("duty.") for k, o in duties.items() if o.node == node),
-               "conversations": sum(1 for o in self.holders.of("conv.").values() if o.node == node),
+               "conversations": sum(1 for o in conversations.values() if o.node == node),
                "draining": drain.draining(info)}
         row["drain"] = drain.state(row)
         return row
@@ -352,7 +353,8 @@ class Projection:
         live = {k.removeprefix("node."): o for k, o in self.holders.of("node.").items()}
         seats = self.holders.of("seat.")
         duties = self.holders.of("duty.")
-        rows = [self._node_row(node, owner, seats, duties) for node, owner in live.items()]
+        conversations = self.holders.of("conv.")
+        rows = [self._node_row(node, owner, seats, duties, conversations) for node, owner in live.items()]
         for node, info in self.gone.items():
             if node not in live:
                 rows.append({"id": node, "state": "gone", "roles": info.get("roles") or [],

@@ -150,7 +150,7 @@ def test_a_rolling_upgrade_drains_each_node_in_turn_under_load(natsd, make_node)
                              if c["name"] == "seats"), 30, what="the long turn running on the first node")
         conv, run, seen = start_streaming(api, words=2, seat="s0")
         mail.start()
-        time.sleep(1.0)  # the load under way before the first drain
+        wait_for(lambda: len(mail.sent) >= 20, 10, what="the load under way before the first drain")
         for victim in order:
             vid, peer = node_id(victim), next(n for n in nodes if n is not victim)
             step = {"node": vid, "from": time.time()}

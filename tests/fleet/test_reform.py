@@ -524,7 +524,9 @@ def test_the_runs_leaders_broker_killed_alone(fleet):
     check(w, fleet.nodes, since)
 
 
-def test_a_node_frozen_whole(fleet):
+def streaming_on_the_holder(fleet):
+    """The settled fleet's seat holder with a run streaming through it: the
+    holder's id, the node, the survivors, when, and the run (conv, run, seen)."""
     settle(fleet)
     holder = held(fleet.nodes[0])["ceo"]
     victim = node_of(fleet, holder)
@@ -535,6 +537,11 @@ def test_a_node_frozen_whole(fleet):
         conv, run, seen = start_streaming(c)
     finally:
         c.close()
+    return holder, victim, survivors, since, (conv, run, seen)
+
+
+def test_a_node_frozen_whole(fleet):
+    holder, victim, survivors, since, (conv, run, seen) = streaming_on_the_holder(fleet)
     pids = victim.tree_pids()
     t0 = time.monotonic()
     _signal_tree(pids, signal.SIGSTOP)
@@ -546,16 +553,7 @@ def test_a_node_frozen_whole(fleet):
 
 
 def test_a_node_killed_whole(fleet):
-    settle(fleet)
-    holder = held(fleet.nodes[0])["ceo"]
-    victim = node_of(fleet, holder)
-    survivors = [n for n in fleet.nodes if n is not victim]
-    since = time.time()
-    c = Client(victim)
-    try:
-        conv, run, seen = start_streaming(c)
-    finally:
-        c.close()
+    holder, victim, survivors, since, (conv, run, seen) = streaming_on_the_holder(fleet)
     t0 = time.monotonic()
     victim.kill_tree()
     w = ride(fleet, f"{holder} killed whole (SIGKILL)", survivors, conv, run, seen, t0)
