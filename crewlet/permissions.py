@@ -67,7 +67,7 @@ nobody's but ``crewlet``'s. What the roles may do, in the order it matters:
     presence is crewletd's), ``duty.*``, ``conv.*`` nor another node's
     ``life.*`` — the ledger, budgets and cooldowns; never ``config`` or
     ``grants``. Fetches from the mailboxes but cannot create, delete or
-    purge one.
+    purge one. Reads the ``secrets`` bucket (its providers' API keys).
 
     Why ``seat.*`` cannot be narrowed to this node's seats: a seat's lease
     key is the seat's own, ``seat.<seat>``, one key fleet-wide that any node
@@ -90,12 +90,17 @@ nobody's but ``crewlet``'s. What the roles may do, in the order it matters:
     which the API token's ``admin`` scope guards); reads mailboxes and dead
     letters, drops a requeued dead letter. Publishes a run's own events
     (``runs.>``: its start, an interruption) and follows a run's events
-    (an ordered consumer on ``RUNS``, deleted when the reader goes).
+    (an ordered consumer on ``RUNS``, deleted when the reader goes). Reads
+    the ``secrets`` bucket (webhook signing secrets).
 ``workers``
     Writes ``leases`` keys ``duty.*`` only; the mailbox retirement duty
     deletes a retired seat's mailbox and purges worked mail. Never the
     estate log; asks an applier (``estate.req.*.workers.<node>``) for the
     maintenance duty's ``turn.trim`` only.
+
+The ``secrets`` bucket (:mod:`crewlet.vault`) is read by ``seats`` and
+``ingress`` only, the roles that use a secret, and written by ``crewlet``
+alone; ``data_applier`` and ``workers`` cannot read a sealed record at all.
 
 What each origin may write to the estate
 ----------------------------------------
@@ -296,6 +301,7 @@ def grants(node: str) -> dict[str, Grant]:
                 kv(buckets.COOLDOWNS): WATCH,  # read before every provider request: watched
                 runs.STREAM: LOOK,           # a request to stop a run (runs.request_cancel)
                 kv(buckets.CONFIG): LOOK,    # the company revision a conversation run pinned
+                kv(buckets.SECRETS): WATCH,  # its providers' API keys (crewlet.vault)
             },
             # Seat leases, and this node's seats process's life they are bound to.
             # seat.* (a seat's name has no dot): any seat's, as the module doc says why.
@@ -322,6 +328,7 @@ def grants(node: str) -> dict[str, Grant]:
                 # A run's stream, resumed on any node: an ordered consumer per
                 # reader, deleted when it goes.
                 runs.STREAM: WATCH,
+                kv(buckets.SECRETS): WATCH,  # webhook signing secrets (crewlet.vault)
             },
             writes={buckets.CONFIG.name: ANY, buckets.CLAIMS.name: ANY,
                     buckets.LEASES.name: DRIVER_LEASES},

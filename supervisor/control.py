@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import zmq
 
-from crewlet import bus, disk, ipc, log, outbox
+from crewlet import bus, disk, ipc, log, outbox, redaction, vault
 from crewlet.company.model import Company
 from crewlet.config.model import NODE_ID_RE
 from crewlet.coord import buckets, capacity, drain as drains
@@ -23,6 +23,7 @@ from crewlet.estate.ops import SEARCH_DEFAULT, SEARCH_MAX, OpError
 from crewlet.estate.router import EstateError
 from crewlet.queue.base import MailboxError
 from crewlet.queue.post import post
+from crewlet.vault import store as vault_store
 
 if TYPE_CHECKING:
     from supervisor.node import Node
@@ -341,6 +342,56 @@ async def drain(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     return {"node": target, "draining": order.presence()}
 
 
+async def secret(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
+    """The fleet's secrets (:mod:`crewlet.vault`). ``action``: ``set``
+    (``name``, ``value``, ``grace`` seconds the replaced version is still
+    accepted, ``by``), ``remove`` (``name``) or ``list``. A value is taken,
+    sealed and stored; it is never answered, logged or kept in memory here
+    past the call."""
+    js = node.fleet.js if node.fleet is not None else None
+    if js is None:
+        raise CommandError("this node has not joined the fleet yet")
+    action = args.get("action")
+    by = args.get("by") or f"crewletctl@{node.cfg.node.id}"
+    company = (node.fleet.company or {}).get("company")
+    try:
+        if action == "set":
+            keys = vault.Keys.of(node.cfg)
+            value = args.get("value")
+            record = await vault_store.put(js, keys, args.get("name"), value, by=str(by),
+                                           grace=args.get("grace"))
+            redaction.learn([value])  # a child that says it back is redacted from now on
+            log.event("secret_set", "warning", secret=record.name, version=record.version, by=record.by,
+                      key=record.sealed["key"])
+            return {"secret": record.listing(keys)}
+        if action == "remove":
+            name = vault_store.check_name(args.get("name"))
+            if not await vault_store.remove(js, name):
+                raise CommandError(f"no secret {name!r} is set", code="not_found")
+            log.event("secret_removed", "warning", secret=name, by=by)
+            return {"removed": name, "named_by": vault_store.named_by(company).get(name, [])}
+        if action == "list":
+            try:
+                keys = vault.Keys.of(node.cfg)
+            except (OSError, ValueError):
+                keys = None
+            named = vault_store.named_by(company)
+            shown = []
+            for record in await vault_store.records(js):
+                shown.append({**record.listing(keys), "named_by": named.pop(record.name, [])})
+            return {"secrets": shown, "missing": [{"name": k, "named_by": v} for k, v in sorted(named.items())],
+                    "key": keys.sealing_id if keys is not None else None}
+    except vault_store.BadSecret as exc:
+        raise CommandError(str(exc)) from None
+    except (OSError, ValueError) as exc:  # no vault key readable here
+        raise CommandError(f"the vault key cannot be read on this node: {exc}") from None
+    except CommandError:
+        raise
+    except Exception as exc:  # the broker unanswered: say so, never claim it is done
+        raise CommandError(f"the secrets bucket did not answer: {type(exc).__name__}: {exc}") from None
+    raise CommandError(f"unknown action {action!r}: set, remove or list")
+
+
 def _undrain_refused(node: "Node", target: str) -> None:
     """A drained node of another protocol than the nodes serving is not put
     back to work: the fleet would mix protocols (upgrade it first)."""
@@ -376,6 +427,7 @@ COMMANDS: dict[str, Callable[["Node", dict[str, Any]], Awaitable[dict[str, Any]]
     "estate_search": estate_search,
     "evict": evict,
     "drain": drain,
+    "secret": secret,
 }
 
 

@@ -33,6 +33,7 @@ from crewlet import ipc, log, ports, private, sysd
 from crewlet.config import ConfigError, load_node_config
 from crewlet.runtime import LEFTOVERS, run_loop
 from crewlet.estate.floor import wipe_scratch
+from crewlet.vault.keys import ensure_own
 from roles.broker import BrokerNotFound
 from supervisor import procs
 from supervisor.procs import EXIT_CONFIG
@@ -81,6 +82,11 @@ def _lock_data_dir(cfg) -> int:
     # The scratch store is deleted at every boot (crewlet.estate.floor); only
     # now, holding the lock, is no other crewletd using it.
     wipe_scratch(cfg.data_dir)
+    # A single node's own vault key, before any role would read it (crewlet.vault).
+    try:
+        ensure_own(cfg)
+    except OSError as exc:
+        _fail_config(f"{cfg.source}: data_dir: cannot make the vault key: {exc.strerror or exc}")
     return fd
 
 

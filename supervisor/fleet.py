@@ -57,7 +57,9 @@ from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, Revisio
 from crewlet.coord.holders import Holders
 from crewlet.coord.lease import LeaseError, Leases
 from crewlet.coord.presence import DuplicateNode, Presence
+from crewlet import vault
 from crewlet.estate import log as estate_log
+from crewlet.vault import store as vault_store
 from crewlet.estate.access import EstateAccess
 from crewlet.objects import slot as objects_slot
 from crewlet.objects.nats import NatsObjectStore
@@ -240,6 +242,10 @@ class Fleet:
             group.create_task(self._sample_streams())
             group.create_task(buckets.follow(lambda: self._js.key_value(buckets.STATUS.name),
                                              "node.*", self._status_seen, name="status node.*"))
+            # The secrets' values learnt, so a child's line that says one is
+            # redacted as it is forwarded (crewlet.log.forward).
+            group.create_task(vault.Vault(self._js, vault.vault_keys(self.cfg, "crewletd"),
+                                          role="crewletd").run())
             group.create_task(buckets.follow(lambda: self._js.key_value(buckets.STATUS.name),
                                              drain.KEYS, self.drains.seen, opened=self.drains.opened,
                                              listed=self.drains.listed, name="status drain.*"))
@@ -283,6 +289,7 @@ class Fleet:
         self.publish("fleet_joined", token=self.presence.held.token)
         if self.zctx is not None:
             self.estate = EstateAccess(cfg, self.nc, js, self.zctx, holders=self.holders).start()
+        await self._reseal(js)
         self.control = await ControlPlane.open(js, cfg.stream.replicas)
         active = await self.control.active()
         if active is None and self.seed is not None:
@@ -292,6 +299,20 @@ class Fleet:
         # The revision in force is applied by _follow_control_plane, beside the
         # heartbeat: creating a big company's mailboxes on a cluster can take
         # longer than our presence's TTL.
+
+    async def _reseal(self, js) -> None:
+        """Seal again with this node's sealing key the secrets sealed with
+        another key it holds (a rotated fleet secret's old line; its own key
+        from before it joined a fleet), so the fleet secret's old line can be
+        retired. Never stops a start: what is left is left for the next."""
+        try:
+            keys = vault.Keys.of(self.cfg, own_too=True)
+            done = await vault_store.reseal(js, keys)
+        except Exception as exc:  # no key here, the bucket unreachable: said, not fatal
+            log.event("secrets_reseal_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+            return
+        if done:
+            self.publish("secrets_resealed", names=done, key=keys.sealing_id)
 
     async def _own_drain(self, js) -> "drain.Order | None":
         """This node's drain order, read once before joining (None on no answer:

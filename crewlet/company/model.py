@@ -13,9 +13,10 @@ location, so the message reads ``seats[3].provider: unknown provider 'gpt', know
 
 ``integrations`` are inbound webhooks (:mod:`crewlet.hooks` holds their
 logic): each is served at ``/v1/hooks/<name>``, proves a delivery with the
-HMAC secret held in the environment variable ``secret_env`` on every ingress
-node (the secret itself never appears in a revision; a control-plane source
-for it is planned), and mails it to the seat of the first matching route.
+HMAC secret named by ``secret`` (a fleet secret, :mod:`crewlet.vault`) or
+held in the environment variable ``secret_env`` on every ingress node (the
+secret itself never appears in a revision), and mails it to the seat of the
+first matching route.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 INTEGRATION_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # An environment variable name (api_key_env names one; it never holds the key).
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A secret's name (api_key_secret, an integration's secret): a key of the
+# `secrets` bucket (crewlet.vault.store), set with `crewletctl secret set NAME`.
+SECRET_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 # schedules[].every: a positive whole number and one unit.
 DURATION_RE = re.compile(r"^([0-9]+)([smhd])$")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -119,6 +123,9 @@ IntegrationName = Annotated[str, _pattern(
     INTEGRATION_NAME_RE, "must be 1-63 of a-z, 0-9, '_' or '-', starting with a letter or digit")]
 EnvName = Annotated[str, _pattern(
     ENV_NAME_RE, "must be the name of an environment variable (not the key itself)")]
+SecretName = Annotated[str, _pattern(
+    SECRET_NAME_RE, "must be a secret's name (1-64 letters, digits, '_' or '-', starting with a "
+    "letter), set with `crewletctl secret set NAME` (not the secret itself)")]
 HeaderName = Annotated[str, _pattern(
     HEADER_NAME_RE, "must be an HTTP header name: 1-64 letters, digits or '-'")]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
@@ -184,11 +191,18 @@ class Provider(_Model):
 
     ========= =====================================================
     scripted  rules (deterministic, offline; the sample's provider)
-    openai    model, base_url, api_key_env (an OpenAI-compatible API)
-    anthropic model, base_url, api_key_env
+    openai    model, base_url, api_key_env or api_key_secret (an
+              OpenAI-compatible API)
+    anthropic model, base_url, api_key_env or api_key_secret
     cli       command (required), max_concurrent, model, api_key_env (the one
-              variable of crewlet's environment its agent gets)
+              variable of crewlet's environment its agent gets), or
+              api_key_secret with api_key_env (the secret's value, given to
+              the agent under that variable's name)
     ========= =====================================================
+
+    ``api_key_secret`` names a fleet secret (``crewletctl secret set``,
+    :mod:`crewlet.vault`): a new version is used from the next request on,
+    on every node, with no restart.
     """
 
     kind: ProviderKind  # what talks to the model
@@ -197,6 +211,9 @@ class Provider(_Model):
     # env var holding the API key (openai/anthropic); for cli, the one variable of
     # crewlet's environment its agent is given, under the same name
     api_key_env: EnvName | None = None
+    # the fleet secret holding the API key (crewletctl secret set NAME); with kind cli, its
+    # value reaches the agent as the variable api_key_env names
+    api_key_secret: SecretName | None = Field(None, validate_default=True)
     # argv of the CLI agent (cli; required there)
     command: list[str] | None = Field(None, min_length=1, validate_default=True)
     # CLI agent subprocesses at once, per node (cli only; unset: CLI_MAX_CONCURRENT)
@@ -217,6 +234,21 @@ class Provider(_Model):
         kind = info.data.get("kind")
         if v is not None and kind is not None and kind not in (*HTTP_KINDS, "cli"):
             raise ValueError(f"only for kind openai, anthropic or cli, not {kind}")
+        return v
+
+    @field_validator("api_key_secret")
+    @classmethod
+    def _secret(cls, v: str | None, info: ValidationInfo) -> str | None:
+        kind, env = info.data.get("kind"), info.data.get("api_key_env")
+        if v is None or kind is None:
+            return v
+        if kind not in (*HTTP_KINDS, "cli"):
+            raise ValueError(f"only for kind openai, anthropic or cli, not {kind}")
+        if kind == "cli" and env is None:
+            raise ValueError("with kind cli, give api_key_env too: the variable the agent reads "
+                             "the secret's value from")
+        if kind != "cli" and env is not None:
+            raise ValueError("give api_key_env or api_key_secret, not both")
         return v
 
     @field_validator("command")
@@ -444,14 +476,27 @@ class Integration(_Model):
     """
 
     kind: IntegrationKind  # who sends, and so how a delivery is proved and read
-    # env var, on every ingress node, holding the signing secret (never the secret itself;
-    # a control-plane source for it is planned)
-    secret_env: EnvName
+    # the fleet secret that signs deliveries (crewletctl secret set NAME; a rotation keeps
+    # the old one accepted for its grace), or:
+    secret: SecretName | None = None
+    # env var, on every ingress node, holding the signing secret (never the secret itself)
+    secret_env: EnvName | None = Field(None, validate_default=True)
     # generic only: the header with sha256=<hex> (or <hex>) of HMAC-SHA256(secret, body)
     signature_header: HeaderName | None = Field(None, validate_default=True)
     delivery_header: HeaderName | None = Field(None, validate_default=True)  # generic only: the delivery id
     event_header: HeaderName | None = Field(None, validate_default=True)  # generic only: the event type
     routes: list[Route] = Field(min_length=1)  # the first whose fields all match takes the delivery
+
+    @field_validator("secret_env")
+    @classmethod
+    def _one_secret(cls, v: str | None, info: ValidationInfo) -> str | None:
+        named = info.data.get("secret")
+        if v is None and named is None and "secret" not in info.data:
+            return v  # secret itself was invalid: that error is the one to read
+        if (v is None) == (named is None):
+            raise ValueError("give secret (a fleet secret's name) or secret_env (an environment "
+                             "variable's), exactly one")
+        return v
 
     @field_validator("signature_header", "delivery_header", "event_header")
     @classmethod

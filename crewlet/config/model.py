@@ -741,6 +741,21 @@ class SandboxSection(_Section):
     mode: Literal["auto", "required", "off"] = "auto"
 
 
+class SecretsSection(_Section):
+    """Where the key that seals the fleet's secrets comes from (crewlet.vault.keys):
+    ``key_file`` when given, else ``stream.fleet_credentials``, else the node's own
+    key in its run dir (a single node)."""
+
+    # A file made by `crewletctl fleet-secret FILE` (0600), the same on every node: for a
+    # fleet without a fleet secret (stream.type: nats, a broker someone else runs).
+    key_file: str | None = None
+
+    @field_validator("key_file")
+    @classmethod
+    def _key_file(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else _read_with(credentials.read_fleet_secrets, v, info)
+
+
 class DebugSection(_Section):
     faults: list[Fault] = Field(default_factory=list)  # injected failures, for testing supervision
 
@@ -767,6 +782,7 @@ class NodeConfig(_Section):
     sessions: SessionsSection = Field(default_factory=SessionsSection)  # the session runner
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)  # tool calls waiting for a person
     sandbox: SandboxSection = Field(default_factory=SandboxSection)  # confinement of seats' tools and agents
+    secrets: SecretsSection = Field(default_factory=SecretsSection)  # the key the fleet's secrets are sealed with
     debug: DebugSection = Field(default_factory=DebugSection)  # fault injection
     # Filled by the loader via model_copy(update=...), never from the file: hence
     # excluded from dumps, and rejected as unknown keys if a file sets them.

@@ -49,6 +49,10 @@ grants     <seat>.<token>.<node digest>                    is a fencing token a 
                                                            the fleet granted (the verdict
                                                            every estate copy follows:
                                                            roles/data_applier/grants.py)
+secrets    <name>                                          a fleet secret, sealed: its
+                                                           newest version, and the one it
+                                                           replaced while a grace lasts
+                                                           (crewlet/vault/store.py)
 =========  ==============================================  =========================
 """
 
@@ -92,8 +96,10 @@ OBJECTS = Bucket("objects")
 # estate log keeps an op that names its token (a copy built from the log's
 # first entry follows every verdict ever given). One key per seat claim.
 GRANTS = Bucket("grants")
+# One key per secret, its newest version sealed (crewlet.vault.store).
+SECRETS = Bucket("secrets")
 
-ALL = (LEASES, CONFIG, STATUS, LEDGER, CLAIMS, COOLDOWNS, RATE, BUDGETS, OBJECTS, GRANTS)
+ALL = (LEASES, CONFIG, STATUS, LEDGER, CLAIMS, COOLDOWNS, RATE, BUDGETS, OBJECTS, GRANTS, SECRETS)
 
 # Seconds a watch's consumer outlives its subscriber's interest (a killed
 # process, a dropped connection). nats-py's ordered consumer answers the

@@ -1235,3 +1235,49 @@ def evict_text(result: dict[str, Any]) -> str:
     if result.get("evicted"):
         return f"evicted {node}: {result.get('reason')}"
     return f"{node} is no longer evicted"
+
+
+# ------------------------------------------------------------------ secrets
+
+def secrets_view(result: dict[str, Any], now: float | None = None) -> RenderableType:
+    """The ``secret list`` result: one row a secret (never a value), then the
+    names the company uses that are not set."""
+    now = time.time() if now is None else now
+    shown = result.get("secrets") or []
+    missing = result.get("missing") or []
+    parts: list[RenderableType] = []
+    if shown:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+        for header in ("NAME", "VERSION", "SET BY", "SET", "OLD ONE TAKEN", "KEY", "USED BY"):
+            wraps = header in ("USED BY", "SET BY")
+            table.add_column(header, justify="right" if header == "VERSION" else "left",
+                             no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
+        for s in shown:
+            until = s.get("previous_until")
+            key = str(s.get("key"))
+            if s.get("readable") is False:
+                key = Text(f"{key} (not held here)", style="red")
+            table.add_row(Text(str(s.get("name"))), str(s.get("version")), Text(str(s.get("by") or NONE)),
+                          ago_text(s.get("at"), now),
+                          f"{human_duration(until - now)} more" if finite(until) else NONE, key,
+                          Text(", ".join(s.get("named_by") or []) or "nothing in the company"))
+        parts.append(table)
+    else:
+        parts.append(Text("no secrets are set", style="green" if not missing else "yellow"))
+    for m in missing:
+        parts.append(Text(f"{m.get('name')}: named by {', '.join(m.get('named_by') or [])} but not set: "
+                          f"crewletctl secret set {m.get('name')}", style="red"))
+    if shown:
+        parts.append(Text(f"{plural(len(shown), 'secret')}; values are never shown", style="dim"))
+    return Group(*parts)
+
+
+def secret_set_text(result: dict[str, Any]) -> str:
+    """'set openai, version 3 (sealed with key 1a2b…): every node uses it within a second'."""
+    s = result.get("secret") or {}
+    grace = s.get("previous_until")
+    text = f"set {s.get('name')}, version {s.get('version')} (sealed with key {s.get('key')})"
+    if finite(grace):
+        text += f"; version {int(s.get('version', 1)) - 1} is still taken until " \
+                f"{time.strftime('%H:%M:%S', time.localtime(grace))}"
+    return text

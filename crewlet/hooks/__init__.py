@@ -22,7 +22,7 @@ it refuses, and how the HTTP layer answers:
 ================ ====== ====================================================
 code             status when
 ================ ====== ====================================================
-no_secret        503    *secret* is empty: the node lacks ``secret_env``
+no_secret        503    no *secret*: the node lacks ``secret_env`` or ``secret``
 bad_signature    401    the signature header is missing or does not match
 bad_timestamp    401    slack: X-Slack-Request-Timestamp missing or not whole
 stale_timestamp  401    slack: signed, but more than SLACK_MAX_AGE s from now
@@ -55,7 +55,7 @@ the same for a resend, different for a different id.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from crewlet.company.model import Integration
 
@@ -70,16 +70,25 @@ KINDS = {"github": github, "slack": slack, "generic": generic}
 
 
 def receive(name: str, integration: Integration, headers: Mapping[str, str], body: bytes, *,
-            secret: bytes, now: float) -> Delivery:
+            secret: bytes | Sequence[bytes], now: float) -> Delivery:
     """The delivery *body* with *headers* to integration *name*, proved with
-    *secret* (``now`` is the time, seconds since 1970, for Slack's age check);
-    :class:`Refused` if it is not taken."""
-    if not secret:
-        raise Refused(503, "no_secret", f"{integration.secret_env} is not set on this node")
+    *secret* — or any one of several: a rotated secret's new and old
+    versions while its grace lasts (``now`` is the time, seconds since 1970,
+    for Slack's age check); :class:`Refused` if it is not taken."""
+    tried = [s for s in ([secret] if isinstance(secret, (bytes, bytearray)) else secret) if s]
+    if not tried:
+        raise Refused(503, "no_secret", f"{integration.secret or integration.secret_env} is not set "
+                                        "on this node")
     kind = KINDS[integration.kind]
     body = bytes(body)
     lower = {k.lower(): v for k, v in headers.items()}
-    kind.verify(integration, lower, body, secret, now)
+    for n, one in enumerate(tried):
+        try:
+            kind.verify(integration, lower, body, bytes(one), now)
+            break
+        except Refused:
+            if n == len(tried) - 1:
+                raise
     got = kind.read(integration, lower, body)
     delivery_id = safe_id(got.id)
     return Delivery(name, integration.kind, delivery_id, got.facts, got.retry, got.answer,

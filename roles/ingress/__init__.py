@@ -48,6 +48,7 @@ from crewlet.estate.router import START_WAIT
 from crewlet.queue import notify
 from crewlet.queue.jetstream import JetStreamMailboxes
 from crewlet.runtime import RoleContext
+from crewlet.vault import Vault, vault_keys
 from roles.ingress import auth, deadlines
 from roles.ingress.app import make_app
 from roles.ingress.front import Front
@@ -81,6 +82,7 @@ async def main(ctx: RoleContext) -> None:
                   mailboxes=JetStreamMailboxes(js, ctx.nats, ack_wait=cfg.fleet.ack_wait),
                   router=access.router, projection=projection, control_plane=None, zctx=ctx.zmq)
     front.metrics = Metrics(projection)
+    front.vault = Vault(js, vault_keys(cfg, "ingress"), role="ingress")
     conv = cfg.conversations
     conductor = Conductor(
         js=js, router=access.router, mailboxes=front.mailboxes, node=cfg.node.id,
@@ -113,6 +115,7 @@ async def main(ctx: RoleContext) -> None:
         asyncio.create_task(_open_control_plane(front), name="control plane"),
         asyncio.create_task(_deliver_notices(ctx, front), name="notify"),
         asyncio.create_task(conductor.run_sessions(), name="sessions"),
+        asyncio.create_task(front.vault.run(ctx.stopping.is_set), name="secrets"),
     ]
     for task in background:
         task.add_done_callback(lambda t: t.cancelled() or t.exception() is None

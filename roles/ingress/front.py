@@ -35,6 +35,7 @@ class Front:
     conductor: Any = None        # crewlet.conversations.driver.Conductor: runs driven here
     space: disk.Watch | None = field(default=None)  # this node's disk (made from cfg)
     zctx: Any = None             # the child's ZeroMQ context: how it asks crewletd (ask_node)
+    vault: Any = None            # crewlet.vault.Vault: the webhook secrets named by the company
 
     def __post_init__(self) -> None:
         if self.space is None:

@@ -28,6 +28,7 @@ from crewlet.conversations import runs
 from crewlet.coord import drain
 from crewlet.coord.counters import Budgets, CounterError, Cooldowns, Ledger
 from crewlet.coord.holders import Holders
+from crewlet.vault import Vault, vault_keys
 from crewlet.coord.lease import Leases
 from crewlet.estate.access import EstateAccess
 from crewlet.queue.jetstream import MAX_DELIVER, JetStreamMailboxes
@@ -116,6 +117,7 @@ async def main(ctx: RoleContext) -> None:
     # The seats' tools reach the estate through the router: this node's own
     # copy first when it is a data node, else the data nodes over NATS.
     estate = EstateAccess(ctx.config, ctx.nats, js, ctx.zmq, holders=holders).start()
+    vault = Vault(js, vault_keys(ctx.config, "seats"), role="seats")
     engine = TurnEngine(node=ctx.node_id, run_dir=ctx.run_dir, mark=mark, mailboxes=mailboxes,
                         ledger=Ledger(js, ttl=ledger_ttl(Retention().mail_days, fleet.ack_wait)),
                         budgets=Budgets(js),
@@ -125,7 +127,7 @@ async def main(ctx: RoleContext) -> None:
                         files=ctx.config.files, replicas=ctx.config.stream.replicas,
                         run_event_ttl=runs.event_ttl(ctx.config.conversations.retention,
                                                      ctx.config.conversations.max_run),
-                        approval_ttl=ctx.config.approvals.ttl, nc=ctx.nats, sandbox=box)
+                        approval_ttl=ctx.config.approvals.ttl, nc=ctx.nats, sandbox=box, vault=vault)
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
     holders.on_change = _wake_on_change(sweeper)
     sweeper.on_stop = engine.quiesce
@@ -142,6 +144,7 @@ async def main(ctx: RoleContext) -> None:
                asyncio.create_task(holders.run()),
                asyncio.create_task(engine.budgets.run(ctx.stopping)),
                asyncio.create_task(engine.cooldowns.run()),
+               asyncio.create_task(vault.run(ctx.stopping.is_set)),
                asyncio.create_task(_report(ctx, engine))]
     for task in helpers:
         # These must run as long as the role does: one that fails ends the

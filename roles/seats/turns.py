@@ -182,6 +182,7 @@ _ACKED = "acked"
 
 if TYPE_CHECKING:
     from crewlet.agent.bridge import Bridge
+    from crewlet.vault import Vault
     from crewlet.agent.mcp import SeatServers
     from crewlet.sandbox import Sandbox
     from crewlet.estate.router import Router
@@ -226,8 +227,9 @@ class TurnEngine:
                  max_concurrent: int, events_js, estate: "Router | None" = None,
                  space: disk.Watch | None = None, run_event_ttl: float = 4500.0,
                  approval_ttl: float = 86400.0, nc=None, files=None, replicas: int = 1,
-                 sandbox: "Sandbox | None" = None):
+                 sandbox: "Sandbox | None" = None, vault: "Vault | None" = None):
         self.node = node
+        self.vault = vault  # the fleet's secrets its providers read their keys from (crewlet.vault)
         # Where the seats' tools and agents run (crewlet.sandbox); None: unwrapped (unit tests).
         self.sandbox = sandbox
         self.files, self.replicas = files, replicas  # the file tools' store (Services)
@@ -300,7 +302,7 @@ class TurnEngine:
                 self._retire(self.providers.pop(name))
         for name, spec in company.providers.items():
             if name not in self.providers:
-                self.providers[name] = make_provider(name, spec, cooldowns=self.cooldowns)
+                self.providers[name] = make_provider(name, spec, cooldowns=self.cooldowns, vault=self.vault)
         self._provider_specs = specs
         for seat, work in self.work.items():
             self._watch_budget(seat)
@@ -342,7 +344,8 @@ class TurnEngine:
             return seat_cfg, self.providers[name]
         provider = self._pinned_providers.get((rev, name))
         if provider is None:
-            provider = self._pinned_providers[(rev, name)] = make_provider(name, spec, cooldowns=self.cooldowns)
+            provider = self._pinned_providers[(rev, name)] = make_provider(
+                name, spec, cooldowns=self.cooldowns, vault=self.vault)
         return seat_cfg, provider
 
     def _retire(self, provider: Provider) -> None:

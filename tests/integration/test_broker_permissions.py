@@ -237,6 +237,35 @@ def test_only_the_applier_answers_estate_requests_and_nobody_reads_every_reply(n
     assert out == {r: (True, True, True) for r in credentials.ROLE_USERS}, out
 
 
+def test_the_sealed_secrets_are_read_only_by_the_roles_that_use_them(node):
+    """seats (providers' keys) and ingress (webhook secrets) read the
+    ``secrets`` bucket; data_applier and workers cannot read it at all, and
+    no role writes it (crewletd alone does, as ``crewlet``)."""
+    from crewlet.vault import Keys
+    from crewlet.vault import store as vault_store
+
+    wait_for(lambda: "KV_secrets" in _streams(node), 30, what="the secrets bucket made")
+    read_nats(node_url(node), lambda nc, js: vault_store.put(js, Keys(["p" * 43]), "probe", "sealed-value",
+                                                               by="test"))
+    get = "$JS.API.DIRECT.GET.KV_secrets.$KV.secrets.probe"
+
+    async def go():
+        out = {}
+        for role in credentials.ROLE_USERS:
+            async with Client(node, role) as c:
+                read = not await c.refused(get, request=True) and not await c.refused(
+                    "$JS.API.STREAM.MSG.GET.KV_secrets", b'{"last_by_subj": "$KV.secrets.probe"}', request=True)
+                write = not await c.refused("$KV.secrets.probe", b"{}", request=True)
+                out[role] = (read, write)
+        return out
+
+    out = asyncio.run(go())
+    assert out == {"seats": (True, False), "ingress": (True, False),
+                   "data_applier": (False, False), "workers": (False, False)}, out
+    _, record = read_nats(node_url(node), lambda nc, js: vault_store.read(js, "probe"))
+    assert record is not None and record.version == 1  # no role's write landed
+
+
 def test_a_conversation_run_is_driven_and_followed_within_the_rights(node):
     """ingress takes a conversation's driver lease and follows the run's
     events in RUNS; the seats publish a turn's events there. Nobody else

@@ -3,8 +3,9 @@
 A :class:`WireServer` answers every POST with the next response a test
 queued (:meth:`WireServer.queue`) and keeps what it received
 (:attr:`WireServer.requests`), so a test scripts the endpoint and then
-asserts the request bodies. With nothing queued it answers 418, which no
-provider retries, so an unexpected call fails fast and visibly.
+asserts the request bodies. With nothing queued it answers its ``always``
+(a steady endpoint for a node under load), else 418, which no provider
+retries, so an unexpected call fails fast and visibly.
 
 A queued *stream* (:meth:`WireServer.queue_stream`) is answered as
 server-sent events, chunk by chunk as the real APIs send them: an item may be
@@ -55,7 +56,8 @@ class Canned:
 class WireServer:
     """One fake endpoint; ``with WireServer() as srv: ... srv.url``."""
 
-    def __init__(self) -> None:
+    def __init__(self, always: Canned | None = None) -> None:
+        self.always = always    # the answer when nothing is queued (None: 418)
         self.requests: list[Received] = []
         self.gates_missed = 0   # stream gates that were not opened in GATE_WAIT
         self._queue: deque[Canned] = deque()
@@ -107,6 +109,8 @@ class WireServer:
             self.requests.append(Received(method, path, headers, body, time.time()))
             if self._queue:
                 return self._queue.popleft()
+            if self.always is not None:
+                return self.always
         return Canned(NOTHING_QUEUED, {"error": {"message": "wire: no response queued"}})
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:

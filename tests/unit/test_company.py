@@ -151,6 +151,23 @@ def test_provider_keys_follow_the_kind():
     assert ok.providers["local"].max_concurrent == 2
 
 
+@pytest.mark.parametrize("spec, problem", [
+    ({"kind": "openai", "api_key_secret": "openai", "api_key_env": "OPENAI_API_KEY"},
+     "give api_key_env or api_key_secret, not both"),
+    ({"kind": "cli", "command": ["claude", "-p"], "api_key_secret": "anthropic"},
+     "with kind cli, give api_key_env too"),
+    ({"kind": "scripted", "api_key_secret": "x"}, "only for kind openai, anthropic or cli"),
+    ({"kind": "openai", "api_key_secret": "sk-proj-abc.def"}, "must be a secret's name"),
+])
+def test_a_provider_names_its_key_as_a_fleet_secret_or_an_environment_variable(spec, problem):
+    err = error(minimal(providers={"local": spec}))
+    assert err.key == "providers.local.api_key_secret" and err.problem.startswith(problem), err
+    ok = parse(minimal(providers={"local": {"kind": "anthropic", "api_key_secret": "anthropic"},
+                                  "c": {"kind": "cli", "command": ["claude", "-p"],
+                                        "api_key_secret": "anthropic", "api_key_env": "ANTHROPIC_API_KEY"}}))
+    assert ok.providers["local"].api_key_secret == ok.providers["c"].api_key_secret == "anthropic"
+
+
 def test_missing_and_empty_sections():
     assert error({"providers": minimal()["providers"], "seats": minimal()["seats"]}).key == "company"
     assert error(minimal(seats=[])).key == "seats"
@@ -222,10 +239,13 @@ def github_integration(**overrides) -> dict:
      "only for kind generic, not github"),
     (github_integration(event_header="X-Kind"), "integrations.gh.event_header",
      "only for kind generic, not github"),
-    ({"kind": "github", "routes": [{"seat": "pm"}]}, "integrations.gh.secret_env", "required key is missing"),
+    ({"kind": "github", "routes": [{"seat": "pm"}]}, "integrations.gh.secret_env", "give secret (a fleet secret's name) or secret_env"),
     (github_integration(secret_env="ghp-not-a-name!"), "integrations.gh.secret_env",
      "must be the name of an environment variable"),
     (github_integration(routes=[]), "integrations.gh.routes", "must not be empty"),
+    (github_integration(secret="gh-hook"), "integrations.gh.secret_env", "give secret (a fleet secret's name)"),
+    ({"kind": "github", "secret": "gh.hook", "routes": [{"seat": "pm"}]}, "integrations.gh.secret",
+     "must be a secret's name"),
     (github_integration(routes=[{"seat": "pm", "repo": "acme/web"}]), "integrations.gh.routes[0].repo",
      "unknown key"),
     (github_integration(kind="gitlab"), "integrations.gh.kind", "must be one of github, slack, generic"),

@@ -142,6 +142,7 @@ conversations: {busy_wait: 0.5, lease_ttl: 3, retention: 120, max_run: 60, max_e
 sessions: {runner_concurrency: 3, sweep: 0.5}
 approvals: {ttl: 600}
 sandbox: {mode: required}
+secrets: {key_file: null}
 debug:
   faults:
     - {role: seats, kind: crash, code: 9}

@@ -32,6 +32,7 @@ from crewlet.company.model import Provider as ProviderSpec
 
 if TYPE_CHECKING:
     from crewlet.coord.counters import Cooldowns
+    from crewlet.vault import Vault
 
 __all__ = ["CoolingDown", "Provider", "ProviderError", "make_provider"]
 
@@ -44,8 +45,8 @@ _KINDS: dict[str, type[Provider]] = {
 
 
 def make_provider(name: str, spec: ProviderSpec, *, cooldowns: Cooldowns | None = None,
-                  env: Mapping[str, str] = os.environ) -> Provider:
+                  env: Mapping[str, str] = os.environ, vault: Vault | None = None) -> Provider:
     """The provider *name* configured by *spec*. *cooldowns*: the fleet's (None: this
-    instance's own memory only); *env*: where API keys are read, and the cli agent's
-    environment."""
-    return _KINDS[spec.kind](name, spec, cooldowns=cooldowns, env=env)
+    instance's own memory only); *env*: where ``api_key_env`` is read, and the cli
+    agent's environment; *vault*: where ``api_key_secret`` is read (this process's)."""
+    return _KINDS[spec.kind](name, spec, cooldowns=cooldowns, env=env, vault=vault)

@@ -66,6 +66,7 @@ from crewlet.company.model import Provider as ProviderSpec
 
 if TYPE_CHECKING:
     from crewlet.coord.counters import Cooldowns
+    from crewlet.vault import Vault
 
 # A 429 without Retry-After cools the key this long (seconds): long enough that
 # a fleet of nodes does not hammer a limit it knows nothing more about.
@@ -128,9 +129,12 @@ class Provider(abc.ABC):
     # Subprocesses at once on this node (cli only); None: no bound of its own.
     max_concurrent: int | None = None
 
-    def __init__(self, name: str, spec: ProviderSpec):
+    def __init__(self, name: str, spec: ProviderSpec, *, env: Mapping[str, str] = os.environ,
+                 vault: Vault | None = None):
         self.name = name
         self.spec = spec
+        self._env = env        # where api_key_env is read
+        self._vault = vault    # where api_key_secret is read (this process's, crewlet.vault)
 
     @abc.abstractmethod
     async def complete(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
@@ -141,6 +145,29 @@ class Provider(abc.ABC):
     async def cooling(self) -> float | None:
         """The wall-clock time this provider's key cools until, if it cools now."""
         return None
+
+    async def api_key(self) -> str | None:
+        """The API key as of now, read at every request (a rotated secret is
+        used from the next one on): the fleet secret ``api_key_secret``
+        names, else the environment variable ``api_key_env`` names; None for
+        a provider without a key. ProviderError when the one named is not there."""
+        secret = self.spec.api_key_secret
+        if secret is not None:
+            key = await self._vault.value(secret) if self._vault is not None else None
+            if not key:
+                raise ProviderError(f"provider {self.name}: secret {secret} (its API key) is not set "
+                                    f"in the fleet, or this node cannot open it "
+                                    f"(crewletctl secret set {secret}; crewletctl secret list)",
+                                    retryable=False)
+            return key
+        var = self.spec.api_key_env
+        if var is None:
+            return None
+        key = self._env.get(var)
+        if not key:
+            raise ProviderError(f"provider {self.name}: environment variable {var} (its API key) "
+                                f"is not set", retryable=False)
+        return key
 
     async def close(self) -> None:
         """Release connections; the instance is not used again."""
@@ -291,10 +318,9 @@ class HttpProvider(Provider):
     to read the answer; the retry loop, cooldowns and the client live here."""
 
     def __init__(self, name: str, spec: ProviderSpec, *, cooldowns: Cooldowns | None = None,
-                 env: Mapping[str, str] = os.environ):
-        super().__init__(name, spec)
+                 env: Mapping[str, str] = os.environ, vault: Vault | None = None):
+        super().__init__(name, spec, env=env, vault=vault)
         self._cooldowns = cooldowns
-        self._env = env
         # What this instance itself learnt from a 429, for when the fleet's bucket cannot answer.
         self._local_until = 0.0
         self._session = _Session()
@@ -351,30 +377,20 @@ class HttpProvider(Provider):
 
     # ------------------------------------------------------------ the key
 
-    def _key(self) -> str | None:
-        """The API key, read from the environment now; None for a provider without one."""
-        var = self.spec.api_key_env
-        if var is None:
-            return None
-        key = self._env.get(var)
-        if not key:
-            raise ProviderError(f"provider {self.name}: environment variable {var} (its API key) "
-                                f"is not set", retryable=False)
-        return key
-
-    def _key_id(self) -> str:
+    async def _key_id(self) -> str:
         try:
-            return key_id(self._key())
+            return key_id(await self.api_key())
         except ProviderError:
             return NO_KEY_ID
 
     def _redact(self, text: str) -> str:
-        """*text* (what the endpoint said) without the key in it (:func:`redact`)."""
+        """*text* (what the endpoint said) without the key in it (:func:`redact`;
+        a fleet secret's value is known to the process already, crewlet.vault)."""
         var = self.spec.api_key_env
         return redact(text, [self._env.get(var)] if var else [])
 
     async def cooling(self) -> float | None:
-        return await self._cooling_until(self._key_id())
+        return await self._cooling_until(await self._key_id())
 
     async def _cooling_until(self, kid: str) -> float | None:
         until = self._local_until
@@ -403,9 +419,6 @@ class HttpProvider(Provider):
 
     async def complete(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
                        deadline: float, sink: Sink | None = None) -> Reply:
-        key = self._key()
-        kid = key_id(key)
-        headers = {"content-type": "application/json", **self._headers(key)}
         body = self._body(system, messages, tools)
         if sink is not None:
             body = {**body, **self.stream_fields}
@@ -413,6 +426,11 @@ class HttpProvider(Provider):
         backoff = BACKOFF_FIRST
         last = "no attempt made"
         while True:
+            # Read at every attempt: a key rotated meanwhile (crewlet.vault) is
+            # the one the next attempt sends.
+            key = await self.api_key()
+            kid = key_id(key)
+            headers = {"content-type": "application/json", **self._headers(key)}
             await self._wait_cooldown(kid, deadline)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -434,6 +452,8 @@ class HttpProvider(Provider):
                     backoff = min(backoff * 2, BACKOFF_CAP)
                     await self._cool(kid, time.time() + cool, last)
                     continue  # the cooldown check at the top waits or gives up
+                if status in (401, 403) and await self._key_id() != kid:
+                    continue  # refused a key rotated meanwhile: the next attempt sends the new one
                 if status < 500 and status not in _RETRY_4XX:
                     raise ProviderError(f"provider {self.name}: {last}", retryable=False) from None
                 wait = backoff if asked is None else asked

@@ -75,12 +75,11 @@ class CliProvider(Provider):
     kind = "cli"
 
     def __init__(self, name: str, spec: ProviderSpec, *, cooldowns: Any = None,
-                 env: Mapping[str, str] = os.environ):
-        super().__init__(name, spec)
+                 env: Mapping[str, str] = os.environ, vault: Any = None):
+        super().__init__(name, spec, env=env, vault=vault)
         assert spec.command, "a cli provider has a command (the company model requires it)"
         self.command = list(spec.command)
         self.max_concurrent = spec.max_concurrent
-        self._env = env
         self._slots = asyncio.Semaphore(spec.max_concurrent) if spec.max_concurrent else None
 
     async def complete(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
@@ -106,22 +105,27 @@ class CliProvider(Provider):
             await sink.delta(out)
         return Reply(text=out, usage=Usage(conversation_words(system, messages), words(out)))
 
-    def environment(self) -> dict[str, str]:
+    async def environment(self) -> dict[str, str]:
         """The agent's environment, before its sandbox's additions: nothing of
-        crewlet's but its own key, the locale and the spawn mark."""
+        crewlet's but its own key (as of now: a rotated secret reaches the
+        next agent started), the locale and the spawn mark."""
         env = {SPAWNED_BY_ENV: self._env.get(SPAWN_MARK_ENV, "")}
         for name in ("LANG", "LC_ALL", "TZ"):
             if self._env.get(name):
                 env[name] = self._env[name]
-        key = self.spec.api_key_env
-        if key and self._env.get(key):
-            env[key] = self._env[key]
+        var = self.spec.api_key_env
+        if var:
+            # A secret named must be there (ProviderError); an environment
+            # variable unset leaves the agent to its own login, as before.
+            key = await self.api_key() if self.spec.api_key_secret else self._env.get(var)
+            if key:
+                env[var] = key
         return env
 
     async def _launch(self) -> tuple[list[str], dict[str, str], str | None]:
         """(argv, environment, cwd) of this call's agent: under the sandbox of
         the seat whose turn it is, with the turn's bridge when it has one."""
-        env = self.environment()
+        env = await self.environment()
         seat = sandbox.SEAT.get()
         grant = seat.grant if seat is not None else None
         if grant is not None:

@@ -62,8 +62,8 @@ class ScriptedProvider(Provider):
     kind = "scripted"
 
     def __init__(self, name: str, spec: ProviderSpec, *, cooldowns: Any = None,
-                 env: Mapping[str, str] = os.environ):
-        super().__init__(name, spec)
+                 env: Mapping[str, str] = os.environ, vault: Any = None):
+        super().__init__(name, spec, env=env, vault=vault)
         self._rules = [(re.compile(r.match), r) for r in spec.rules]
 
     async def complete(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *,

@@ -1,8 +1,10 @@
 """Webhooks: ``POST /v1/hooks/{integration}`` (DESIGN §10).
 
 No bearer token: a delivery proves itself by its signature, made with the
-integration's secret (``secret_env`` on every ingress node; never in the
-company revision). The order of work is the contract:
+integration's secret: a fleet secret (``secret``, :mod:`crewlet.vault`; its
+old version is still taken while a rotation's grace lasts) or ``secret_env``
+on every ingress node — never in the company revision. The order of work is
+the contract:
 
 1. the integration is looked up (404 if the company has none by that name);
 2. the signature is checked, in constant time, before the body is read for
@@ -64,16 +66,22 @@ async def receive(request: Request, integration: str = Path(pattern=r"^[a-z0-9][
     spec = company.integrations.get(integration)
     if spec is None:
         raise Problem(404, "no_such_integration", f"the company has no integration {integration!r}")
-    secret = os.environ.get(spec.secret_env)
-    if not secret:
-        log.event("webhook_secret_missing", "error", integration=integration, env=spec.secret_env)
-        raise Problem(503, "secret_missing", f"this node has no secret for integration {integration}: "
-                                             f"set ${spec.secret_env} on every ingress node",
+    if spec.secret is not None:
+        # The newest version, and the one it replaced while its grace lasts.
+        secrets = await f.vault.accepted(spec.secret) if f.vault is not None else []
+        fix = f"crewletctl secret set {spec.secret}"
+    else:
+        secrets = [os.environ.get(spec.secret_env) or ""]
+        fix = f"set ${spec.secret_env} on every ingress node"
+    if not any(secrets):
+        log.event("webhook_secret_missing", "error", integration=integration,
+                  secret=spec.secret, env=spec.secret_env)
+        raise Problem(503, "secret_missing", f"this node has no secret for integration {integration}: {fix}",
                       headers={"Retry-After": "60"})
     body = await request.body()
     try:
-        delivery = hooks.receive(integration, spec, request.headers, body, secret=secret.encode(),
-                                 now=time.time())
+        delivery = hooks.receive(integration, spec, request.headers, body,
+                                 secret=[s.encode() for s in secrets if s], now=time.time())
     except hooks.Refused as exc:
         if metrics is not None:
             metrics.webhook(integration, exc.code)
