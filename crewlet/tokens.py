@@ -16,11 +16,15 @@ admin    applying a company revision
 Where a node's tokens come from (Tier A, ``ingress``):
 
 * ``ingress.tokens``: a list of ``{name, sha256, scopes}``;
-* ``ingress.tokens_file``: a file of lines ``<sha256> <scope>[,<scope>] <name>``
-  (``#`` starts a comment), for a secret store that writes files;
+* ``ingress.tokens_file``: a file of lines ``<sha256> <scope>[,<scope>] <name>
+  [<person>]`` (``#`` starts a comment), for a secret store that writes files;
 * neither: the node makes one admin token on its first start, in its run dir
   (:data:`ADMIN_TOKEN_FILE`, mode 0600), and keeps it across restarts.
   ``crewletctl`` reads it from there, and ``crewletctl status`` names it.
+
+A token may belong to a person of the company (``person``, an id of its
+``people:``): an approval decided with it is that person's, and only a person
+the company allows for the seat may decide (:mod:`crewlet.people`).
 
 ``crewletctl token`` makes a new token and prints the line to configure.
 """
@@ -43,6 +47,8 @@ PREFIX = "cwl_"
 TOKEN_BYTES = 32
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}$")
+# The id of a person of the company (``people:``), whom a token may belong to.
+PERSON_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
 def digest(token: str) -> str:
@@ -68,6 +74,9 @@ class Grant:
     name: str
     sha256: str
     scopes: frozenset[str]
+    # The person of the company the token belongs to (``people:``): who decides
+    # an approval made with it, and whether they may.
+    person: str | None = None
 
 
 class Keyring:
@@ -100,9 +109,12 @@ def parse_line(line: str) -> Grant | None:
     if not text:
         return None
     parts = text.split()
-    if len(parts) != 3:
-        raise ValueError(f"expected '<sha256> <scopes> <name>', got {len(parts)} fields")
-    sha, scopes, name = parts
+    if len(parts) not in (3, 4):
+        raise ValueError(f"expected '<sha256> <scopes> <name> [<person>]', got {len(parts)} fields")
+    sha, scopes, name = parts[:3]
+    person = parts[3] if len(parts) == 4 else None
+    if person is not None and not PERSON_RE.match(person):
+        raise ValueError(f"bad person {person!r}: an id of the company's people (1-63 of a-z, 0-9, '_', '.', '-')")
     if not SHA256_RE.match(sha):
         raise ValueError("the first field must be a token's sha256, 64 lowercase hex digits")
     wanted = scopes.split(",")
@@ -111,7 +123,7 @@ def parse_line(line: str) -> Grant | None:
         raise ValueError(f"unknown scope {bad[0]!r}; scopes: {', '.join(SCOPES)}")
     if not NAME_RE.match(name):
         raise ValueError(f"bad token name {name!r}: 1-63 letters, digits, '_', '.', '@' or '-'")
-    return Grant(name, sha, implied(wanted))
+    return Grant(name, sha, implied(wanted), person)
 
 
 def read_file(path: str) -> list[Grant]:

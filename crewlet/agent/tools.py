@@ -186,11 +186,31 @@ async def _send(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"sent to {seat}"
 
 
+def _addresses(ctx: ToolContext, to: list[str]) -> list[str]:
+    """*to* with each person's id of the company (``people:``) made their
+    email address; an address stays as it is."""
+    people = getattr(ctx.services, "people", None) or {}
+    out = []
+    for item in to:
+        if "@" in item:
+            out.append(item)
+            continue
+        person = people.get(item)
+        if person is None:
+            known = ", ".join(sorted(people)[:20]) or "none"
+            raise ToolError(f"notify refused: {item!r} is neither an email address nor a person of the "
+                            f"company (people: {known})")
+        if not person.email:
+            raise ToolError(f"notify refused: {item} ({person.name}) has no email address in the company")
+        out.append(person.email)
+    return out
+
+
 async def _notify(ctx: ToolContext, args: dict[str, Any]) -> str:
     put = getattr(ctx.services, "outbox", None)
     if put is None:
         raise ToolError("notifications are not available on this node")
-    to = args["to"] if isinstance(args["to"], list) else [args["to"]]
+    to = _addresses(ctx, args["to"] if isinstance(args["to"], list) else [args["to"]])
     # The id is the call's place in the turn: a redone turn puts the same
     # one, and the outbox sends it once (crewlet.outbox).
     try:
@@ -218,13 +238,14 @@ def _builtins() -> tuple[Tool, ...]:
                              "text": {"type": "string", "minLength": 1, "description": "the message"}},
               "required": ["seat", "text"], "additionalProperties": False},
              _send),
-        Tool("notify", "Send an email to people outside the company (at most 20 addresses). It is "
-                       "queued and sent at the company's rate; each call sends once.",
+        Tool("notify", "Send an email to people (at most 20): email addresses, or the ids of the "
+                       "company's people, who get it at their address. It is queued and sent at the "
+                       "company's rate; each call sends once.",
              {"type": "object",
               "properties": {"to": {"anyOf": [{"type": "string"},
                                               {"type": "array", "items": {"type": "string"},
                                                "minItems": 1, "maxItems": TO_MAX}],
-                                    "description": "an email address, or a list of them"},
+                                    "description": "an email address or a person's id, or a list of them"},
                              "subject": {"type": "string", "minLength": 1, "maxLength": SUBJECT_MAX},
                              "body": {"type": "string", "maxLength": BODY_MAX}},
               "required": ["to", "subject", "body"], "additionalProperties": False},

@@ -30,10 +30,12 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo,
+                      field_validator, model_validator)
 
+from crewlet.config.model import Email
 from crewlet.queue.base import MAIL_MAX
+from crewlet.tokens import PERSON_RE
 from crewlet.schedules import CATCH_UP, DEFAULT_CATCH_UP, DEFAULT_TZ, Timing, check_cron, zone
 
 # A seat name is part of NATS subjects and KV keys (agents.inbox.<seat>, seat.<id>).
@@ -129,6 +131,8 @@ SecretName = Annotated[str, _pattern(
 HeaderName = Annotated[str, _pattern(
     HEADER_NAME_RE, "must be an HTTP header name: 1-64 letters, digits or '-'")]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+PersonId = Annotated[str, _pattern(PERSON_RE, "must be 1-63 of a-z, 0-9, '_', '.' or '-', starting with a "
+                                              "letter or digit")]
 Tokens = Annotated[int, Field(ge=0)]
 
 
@@ -509,6 +513,44 @@ class Integration(_Model):
         return v
 
 
+# people.<id>.identities: the system a person is known by (github, slack, or a generic
+# integration's name) and their id there (a login, a user id, an address).
+IDENTITY_SYSTEM_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+IDENTITY_MAX = 200
+
+
+class Decides(_Model):
+    """What a person may decide."""
+
+    # Seats whose tool calls this person may approve or deny: names, or shell-style
+    # patterns ("eng-*"; "*": every seat). When any person is named for a seat, only
+    # they may decide its approvals; a seat nobody is named for is decided by any
+    # token with the write scope, as without people.
+    approvals: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list)
+    promotions: bool = False  # may promote a drafted skill (the learning passes)
+
+    def approves(self, seat: str) -> bool:
+        return any(fnmatch.fnmatchcase(seat, pattern) for pattern in self.approvals)
+
+
+class Person(_Model):
+    """Someone the company knows (an identity map entry): who they are here and
+    elsewhere, and what they may decide."""
+
+    name: str = Field(min_length=1, max_length=200)  # how mail and records name them
+    email: Email | None = None  # where a notification to them goes
+    # their ids elsewhere, by system: github (a login), slack (a user id), or a generic
+    # integration's name (its deliveries' sender field); one person per id
+    identities: dict[Annotated[str, _pattern(IDENTITY_SYSTEM_RE, "must be a system's name: github, slack, "
+                                            "or a generic integration's name")],
+                     Annotated[str, Field(min_length=1, max_length=IDENTITY_MAX)]] = Field(default_factory=dict)
+    decides: Decides = Field(default_factory=Decides)  # approvals (by seat), skill promotions
+
+    def says(self) -> str:
+        """'Alice Doe <alice@example.com>' or 'Alice Doe'."""
+        return f"{self.name} <{self.email}>" if self.email else self.name
+
+
 class Budgets(_Model):
     org: Tokens | None = None  # tokens the whole company may spend; None: no cap
     seats: dict[str, Tokens] = Field(default_factory=dict)  # per-seat token caps, by seat name
@@ -542,6 +584,23 @@ class Notify(_Model):
     burst: int = Field(5, ge=1, le=1000)
 
 
+def _people_problems(people: Mapping[str, Person], seats: set[str]) -> list[At]:
+    """An id elsewhere is one person's (a delivery from it names one person),
+    and an approval right names a seat there is (or a pattern)."""
+    problems: list[At] = []
+    owner: dict[tuple[str, str], str] = {}
+    for pid, person in people.items():
+        for system, ident in person.identities.items():
+            other = owner.setdefault((system, ident.lower() if system == "github" else ident), pid)
+            if other != pid:
+                problems.append(At(f"people.{pid}.identities.{system}",
+                                   f"{ident!r} is {other}'s already: an id elsewhere is one person's"))
+        problems += [At(f"people.{pid}.decides.approvals[{i}]", f"unknown seat {seat!r}")
+                     for i, seat in enumerate(person.decides.approvals)
+                     if not any(c in seat for c in "*?[") and seat not in seats]
+    return problems
+
+
 class Company(_Model):
     """The whole Tier B file. ``Company.model_validate(revision["company"])``
     rebuilds one from a stored revision."""
@@ -554,6 +613,11 @@ class Company(_Model):
     retention: Retention = Field(default_factory=Retention)  # how long records are kept
     integrations: dict[IntegrationName, Integration] = Field(default_factory=dict)  # webhooks, by name
     notify: Notify = Field(default_factory=Notify)  # the email rate, fleet-wide
+    # the identity map: people by id (a token's person, a notify recipient), their ids
+    # elsewhere (webhook senders) and what they may decide (crewlet.people)
+    people: dict[PersonId, Person] = Field(default_factory=dict)
+    # (system, id elsewhere) -> (person id, how mail shows them): made at first use.
+    _identities: dict[tuple[str, str], tuple[str, str]] | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _references(self) -> Company:
@@ -573,8 +637,27 @@ class Company(_Model):
         problems += [At(f"integrations.{name}.routes[{i}].seat", f"unknown seat {r.seat!r}")
                      for name, integration in self.integrations.items()
                      for i, r in enumerate(integration.routes) if r.seat not in seats]
+        problems += _people_problems(self.people, seats)
         _raise_first(problems)
         return self
+
+    def person_known_as(self, system: str, ident: str) -> tuple[str, str] | None:
+        """The person whose id in *system* (github, slack, a generic integration's
+        name) is *ident*: ``(person id, 'Name <email>')``; None if nobody is.
+        GitHub logins are matched without regard to case, as GitHub does."""
+        index = self._identities
+        if index is None:
+            index = {}
+            for pid, person in self.people.items():
+                for sys_, value in person.identities.items():
+                    index[(sys_, value.lower() if sys_ == "github" else value)] = (pid, person.says())
+            self._identities = index
+        return index.get((system, ident.lower() if system == "github" else ident))
+
+    def approvers(self, seat: str) -> list[str]:
+        """The people who may decide *seat*'s approvals ([]: nobody is named,
+        and any token with the write scope may)."""
+        return [pid for pid, person in self.people.items() if person.decides.approves(seat)]
 
     def canonical(self) -> str:
         """The validated company as canonical JSON: defaults filled in, keys

@@ -351,6 +351,9 @@ class ApiToken(_Section):
     name: str  # what logs and the API show of the token (never the token)
     sha256: str  # the token's sha256, hex: `crewletctl token` prints it
     scopes: list[Literal["read", "write", "admin"]] = Field(min_length=1)  # admin > write > read
+    # the company's person (an id of its people:) the token belongs to: who decides an
+    # approval made with it, and whether they may
+    person: str | None = Field(None, pattern=tokens.PERSON_RE.pattern)
 
     @field_validator("name")
     @classmethod

@@ -55,7 +55,7 @@ the same for a resend, different for a different id.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from crewlet.company.model import Integration
 
@@ -70,11 +70,16 @@ KINDS = {"github": github, "slack": slack, "generic": generic}
 
 
 def receive(name: str, integration: Integration, headers: Mapping[str, str], body: bytes, *,
-            secret: bytes | Sequence[bytes], now: float) -> Delivery:
+            secret: bytes | Sequence[bytes], now: float,
+            known_as: Callable[[str, str], tuple[str, str] | None] | None = None) -> Delivery:
     """The delivery *body* with *headers* to integration *name*, proved with
     *secret* — or any one of several: a rotated secret's new and old
     versions while its grace lasts (``now`` is the time, seconds since 1970,
-    for Slack's age check); :class:`Refused` if it is not taken."""
+    for Slack's age check); :class:`Refused` if it is not taken.
+
+    *known_as(system, id)*: the company's person with that id elsewhere, as
+    ``(person id, how mail shows them)`` (:meth:`Company.person_known_as`);
+    the system is the kind (github, slack), a generic integration's name."""
     tried = [s for s in ([secret] if isinstance(secret, (bytes, bytearray)) else secret) if s]
     if not tried:
         raise Refused(503, "no_secret", f"{integration.secret or integration.secret_env} is not set "
@@ -91,8 +96,14 @@ def receive(name: str, integration: Integration, headers: Mapping[str, str], bod
                 raise
     got = kind.read(integration, lower, body)
     delivery_id = safe_id(got.id)
+    sender = got.facts.get("sender")
+    person = None
+    if known_as is not None and sender:
+        person = known_as(integration.kind if integration.kind != "generic" else name, sender)
     return Delivery(name, integration.kind, delivery_id, got.facts, got.retry, got.answer,
-                    mail_text(name, integration.kind, delivery_id, got.facts, got.retry, got.shown))
+                    mail_text(name, integration.kind, delivery_id, got.facts, got.retry, got.shown,
+                              person[1] if person else None),
+                    person[0] if person else None)
 
 
 def route(integration: Integration, delivery: Delivery) -> str | None:

@@ -51,6 +51,8 @@ class Delivery:
     retry: int  # the sender's retry number (Slack's X-Slack-Retry-Num), else 0
     answer: dict | None  # answer the sender with this body instead of storing (Slack's challenge)
     text: str  # the mail a seat receives: a header line, a blank line, the body
+    # The company's person its sender is (people.<id>.identities), if one is.
+    person: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,12 +158,16 @@ def pretty(value, body: bytes) -> str:
 
 
 def mail_text(name: str, kind: str, delivery_id: str, known: Mapping[str, str], retry: int,
-              shown: str) -> str:
+              shown: str, person: str | None = None) -> str:
     """``github issues opened on acme/web by octocat (delivery <id>, integration <name>)``,
-    a blank line and *shown*, cut to TEXT_MAX characters with a note."""
+    a blank line and *shown*, cut to TEXT_MAX characters with a note. *person*:
+    who the sender is in the company (``Alice Doe <alice@example.com>``), said
+    after the sender: ``by octocat, who is Alice Doe <alice@example.com>``."""
     words = [kind, known.get("event"), known.get("action")]
     words += [f"{link} {known[fact]}" for fact, link in (("repository", "on"), ("channel", "in"),
                                                          ("sender", "by")) if fact in known]
+    if person and "sender" in known:
+        words[-1] += f", who is {person}"
     about = [f"delivery {delivery_id}", f"integration {name}"] + ([f"retry {retry}"] if retry else [])
     # Whitespace collapsed, so a fact cannot forge further lines of the header.
     head = " ".join(" ".join(w.split()) for w in words if w) + f" ({', '.join(about)})"

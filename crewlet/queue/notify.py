@@ -51,6 +51,8 @@ STREAM = "NOTIFY"
 SUBJECT = "notify."                # + integration
 SEAT_HEADER = "Crewlet-Seat"
 TRIGGER_HEADER = "Crewlet-Trigger"
+# The company's person a delivery came from (people.<id>.identities), carried to its mail.
+PERSON_HEADER = "Crewlet-Person"
 KEEP_DAYS = 7                      # a delivery not made into mail by then is dropped
 ACK_WAIT = 30.0                    # a node that died holding a delivery: it comes back after this
 RETRY_DELAY = 5.0                  # a mailbox that would not take it: asked again after this
@@ -209,12 +211,15 @@ async def mark_stored(js, integration: str, delivery: str, *, node: str, seat: s
                  json.dumps({"state": STORED, "node": node, "seat": seat, "at": time.time()}).encode())
 
 
-async def store(js, integration: str, delivery: str, seat: str, text: str) -> bool:
+async def store(js, integration: str, delivery: str, seat: str, text: str, person: str | None = None) -> bool:
     """Store a delivery in ``NOTIFY``; True if it was already there (a repeat
-    within the duplicate window). Raises :class:`~crewlet.bus.Unanswered`."""
+    within the duplicate window). *person*: the company's person who sent it
+    (its mail carries it as ``Crewlet-Person``). Raises :class:`~crewlet.bus.Unanswered`."""
+    headers = {SEAT_HEADER: seat, TRIGGER_HEADER: delivery}
+    if person:
+        headers[PERSON_HEADER] = person
     ack = await publish_until(js, SUBJECT + integration, text.encode(), msg_id=f"{integration}:{delivery}",
-                              headers={SEAT_HEADER: seat, TRIGGER_HEADER: delivery},
-                              deadline=time.monotonic() + STORE_PATIENCE)
+                              headers=headers, deadline=time.monotonic() + STORE_PATIENCE)
     return bool(getattr(ack, "duplicate", False))
 
 
@@ -275,7 +280,10 @@ async def _one(msg, mailboxes, known: Callable[[str], bool], on_mail) -> None:
         await msg.term()
         return
     try:
-        await mailboxes.send(seat, msg.data, trigger=trigger, headers={"Crewlet-From": f"hook:{integration}"})
+        mail_headers = {"Crewlet-From": f"hook:{integration}"}
+        if headers.get(PERSON_HEADER):
+            mail_headers[PERSON_HEADER] = headers[PERSON_HEADER]
+        await mailboxes.send(seat, msg.data, trigger=trigger, headers=mail_headers)
     except (MailboxError, ValueError) as exc:
         log.event("notify_mail_failed", "warning", seat=seat, trigger=trigger, error=str(exc))
         await msg.nak(delay=RETRY_DELAY)

@@ -28,7 +28,7 @@ def keyring(cfg: NodeConfig) -> Keyring:
     """The tokens this node accepts (Tier A), or its first-start admin token."""
     ingress = cfg.ingress
     if ingress.configured_tokens:
-        grants = [Grant(t.name, t.sha256, tokens.implied(t.scopes)) for t in ingress.tokens]
+        grants = [Grant(t.name, t.sha256, tokens.implied(t.scopes), t.person) for t in ingress.tokens]
         if ingress.tokens_file is not None:
             grants += tokens.read_file(ingress.tokens_file)
         return Keyring(grants)

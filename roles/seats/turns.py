@@ -98,7 +98,8 @@ import random
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from crewlet import disk, log, outbox, redaction, sandbox
@@ -212,6 +213,9 @@ class Services:
     js: Any = None
     nc: Any = None
     replicas: int = 1
+    # The company's people by id (crewlet.company.model.Person): the notify tool
+    # sends to a person's address when given their id.
+    people: Mapping[str, Any] = field(default_factory=dict)
 
 
 class TurnEngine:
@@ -295,7 +299,8 @@ class TurnEngine:
         self.seat_cfgs = {seat.name: seat for seat in company.seats}
         self.services = Services(self.mailboxes, frozenset(s.name for s in company.seats),
                                  self.estate, self.node, outbox=functools.partial(outbox.put, self.js),
-                                 files=self.files, js=self.js, nc=self.nc, replicas=self.replicas)
+                                 files=self.files, js=self.js, nc=self.nc, replicas=self.replicas,
+                                 people=company.people)
         specs = {name: p.model_dump() for name, p in company.providers.items()}
         for name in list(self.providers):
             if specs.get(name) != self._provider_specs.get(name):

@@ -280,3 +280,23 @@ def test_integrations_get_their_defaults_and_round_trip():
     assert not gh.routes[0].matches({"event": "issues", "repository": "acme/api"})
     assert gh.routes[1].matches({})
     assert Company.model_validate(company.model_dump(mode="json")) == company  # as stored in a revision
+
+
+def test_people_are_one_per_id_elsewhere_and_may_decide_only_for_seats_there_are():
+    alice = {"name": "Alice", "email": "alice@example.com", "identities": {"github": "Alice-GH"},
+             "decides": {"approvals": ["pm", "d*"]}}
+    ok = parse(minimal(people={"alice": alice, "bob": {"name": "Bob", "identities": {"github": "bob"}}}))
+    assert ok.person_known_as("github", "alice-gh") == ("alice", "Alice <alice@example.com>")
+    assert ok.person_known_as("slack", "Alice-GH") is None
+    assert ok.person_known_as("github", "bob") == ("bob", "Bob")
+    assert ok.approvers("pm") == ok.approvers("dev") == ["alice"] and ok.approvers("ops") == []
+    same = minimal(people={"alice": alice, "eve": {"name": "Eve", "identities": {"github": "alice-gh"}}})
+    err = error(same)
+    assert err.key == "people.eve.identities.github" and "alice's already" in err.problem, err
+    unknown = minimal(people={"alice": {**alice, "decides": {"approvals": ["nobody"]}}})
+    assert error(unknown).key == "people.alice.decides.approvals[0]"
+    for bad, key in (({"Alice": alice}, "people.Alice"),
+                     ({"alice": {**alice, "email": "not an address"}}, "people.alice.email"),
+                     ({"alice": {**alice, "identities": {"Git Hub": "x"}}}, "people.alice.identities.Git Hub"),
+                     ({"alice": {**alice, "phone": "123"}}, "people.alice.phone")):
+        assert error(minimal(people=bad)).key.startswith(key), bad

@@ -28,7 +28,8 @@ def test_a_token_is_checked_by_its_digest_and_scopes_imply_the_lesser_ones():
     ("abc read ci", "sha256"),
     ("a" * 64 + " read", "got 2 fields"),
     ("a" * 64 + " read,root ci", "unknown scope 'root'"),
-    ("a" * 64 + " read c i", "got 4 fields"),
+    ("a" * 64 + " read c i j", "got 5 fields"),
+    ("a" * 64 + " read ci Alice", "bad person 'Alice'"),
     ("a" * 64 + " read " + "x" * 70, "bad token name"),
 ])
 def test_a_bad_tokens_file_line_is_refused_naming_the_problem(line, problem):
@@ -41,7 +42,9 @@ def test_a_tokens_file_skips_comments_and_blank_lines(tmp_path):
     sha = tokens.digest("t")
     path.write_text(f"# team tokens\n\n{sha} read,write ci  # the CI\n")
     [grant] = tokens.read_file(str(path))
-    assert (grant.name, grant.sha256, grant.scopes) == ("ci", sha, {"read", "write"})
+    assert (grant.name, grant.sha256, grant.scopes, grant.person) == ("ci", sha, {"read", "write"}, None)
+    path.write_text(f"{sha} write alice-laptop alice\n")
+    assert tokens.read_file(str(path))[0].person == "alice"
 
 
 def test_the_first_start_admin_token_is_made_once_0600_and_kept(tmp_path):

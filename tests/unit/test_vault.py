@@ -140,3 +140,19 @@ def test_a_delivery_is_taken_when_any_version_in_force_signed_it():
     with pytest.raises(hooks.Refused) as refused:
         hooks.receive("gh", spec, headers, body, secret=[], now=0)
     assert refused.value.code == "no_secret" and "hook" in refused.value.detail
+
+
+def test_a_delivery_from_a_known_sender_says_who_they_are():
+    spec = Integration(kind="github", secret="hook", routes=[{"seat": "w"}])
+    body = b'{"action": "opened", "sender": {"login": "Alice-GH"}, "repository": {"full_name": "acme/web"}}'
+    headers = {**hooks.sign("github", b"s", body), "X-GitHub-Delivery": "d2", "X-GitHub-Event": "issues"}
+    asked = []
+
+    def known_as(system, ident):
+        asked.append((system, ident))
+        return ("alice", "Alice Doe <alice@example.com>") if ident == "Alice-GH" else None
+    d = hooks.receive("gh", spec, headers, body, secret=b"s", now=0, known_as=known_as)
+    assert asked == [("github", "Alice-GH")] and d.person == "alice"
+    assert d.text.splitlines()[0].startswith(
+        "github issues opened on acme/web by Alice-GH, who is Alice Doe <alice@example.com> (delivery d2")
+    assert hooks.receive("gh", spec, headers, body, secret=b"s", now=0).person is None

@@ -461,13 +461,37 @@ async def get_approval(request: Request, approval: str = ApprovalPath, _=Depends
     return Approval(**row)
 
 
+async def _decider(f, conductor, approval: str, grant) -> str:
+    """Who decides *approval* with *grant*, as its record says it (``person:<id>``
+    for a token that belongs to one of the company's people, else
+    ``api:<token name>``); a 403 when the company names who decides the seat's
+    approvals (``people.<id>.decides.approvals``) and the token's person is
+    not one of them."""
+    company = f.company
+    person = grant.person if company is not None and grant.person in company.people else None
+    approvers = []
+    if company is not None and company.people:
+        row = (await _call(conductor.read("approval.get", {"id": approval}))).get("approval")
+        if row is None:
+            raise Problem(404, "not_found", f"no approval {approval}")
+        approvers = company.approvers(row.get("seat") or "")
+        if approvers and person not in approvers:
+            who = ("this token belongs to nobody (ingress.tokens[].person)" if grant.person is None
+                   else f"{grant.person} is not one of them")
+            raise Problem(403, "not_allowed", f"seat {row.get('seat')}'s approvals are decided by "
+                                              f"{', '.join(approvers)}: {who}")
+    return f"person:{person}" if person else f"api:{grant.name}"
+
+
 @router.post("/approvals/{approval}", response_model=Approval, summary="Approve or deny a tool call",
-             responses=responses(404, 409))
+             responses=responses(403, 404, 409))
 async def decide(request: Request, body: Decision, approval: str = ApprovalPath,
                  grant=Depends(WRITE)) -> Approval:
-    conductor = _conductor(front(request))
+    f = front(request)
+    conductor = _conductor(f)
+    by = await _decider(f, conductor, approval, grant)
     try:
-        row = await _call(conductor.decide(approval, body.decision, note=body.note, by=f"api:{grant.name}"))
+        row = await _call(conductor.decide(approval, body.decision, note=body.note, by=by))
     except Problem as problem:
         if problem.code == CONFLICT:
             problem.code = "already_decided"

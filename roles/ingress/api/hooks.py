@@ -45,6 +45,7 @@ class Accepted(BaseModel):
     routed: bool
     seat: str | None
     duplicate: bool
+    person: str | None = None  # the company's person who sent it (people.<id>.identities), if known
 
 
 class Challenge(BaseModel):
@@ -81,7 +82,8 @@ async def receive(request: Request, integration: str = Path(pattern=r"^[a-z0-9][
     body = await request.body()
     try:
         delivery = hooks.receive(integration, spec, request.headers, body,
-                                 secret=[s.encode() for s in secrets if s], now=time.time())
+                                 secret=[s.encode() for s in secrets if s], now=time.time(),
+                                 known_as=company.person_known_as)
     except hooks.Refused as exc:
         if metrics is not None:
             metrics.webhook(integration, exc.code)
@@ -92,17 +94,19 @@ async def receive(request: Request, integration: str = Path(pattern=r"^[a-z0-9][
     if seat is None:
         if metrics is not None:
             metrics.webhook(integration, "unrouted")
-        return JSONResponse(Accepted(delivery=delivery.id, integration=integration, routed=False, seat=None,
+        return JSONResponse(Accepted(delivery=delivery.id, integration=integration, person=delivery.person,
+                                     routed=False, seat=None,
                                      duplicate=False).model_dump(), 202)
     try:
         had = await notify.claim(f.js, integration, delivery.id, node=f.node_id, seat=seat)
         if had == notify.STORED:
             if metrics is not None:
                 metrics.webhook(integration, "duplicate")
-            return Accepted(delivery=delivery.id, integration=integration, routed=True, seat=seat,
+            return Accepted(delivery=delivery.id, integration=integration, person=delivery.person,
+                            routed=True, seat=seat,
                             duplicate=True)
         # Ours, or claimed by a node that may have died before storing it: store it.
-        repeat = await notify.store(f.js, integration, delivery.id, seat, delivery.text)
+        repeat = await notify.store(f.js, integration, delivery.id, seat, delivery.text, delivery.person)
     except Unanswered as exc:
         if metrics is not None:
             metrics.webhook(integration, "unstored")
@@ -123,5 +127,6 @@ async def receive(request: Request, integration: str = Path(pattern=r"^[a-z0-9][
     duplicate = had is not None and repeat
     if metrics is not None:
         metrics.webhook(integration, "duplicate" if duplicate else "stored")
-    return Accepted(delivery=delivery.id, integration=integration, routed=True, seat=seat,
+    return Accepted(delivery=delivery.id, integration=integration, person=delivery.person,
+                    routed=True, seat=seat,
                     duplicate=duplicate)
