@@ -26,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.errors import APIError
 
+from crewlet import bus
 from crewlet.company.model import SECRET_NAME_RE as NAME_RE  # a KV key token (no dots)
 from crewlet.coord import buckets
 from crewlet.vault.keys import Keys, Unsealable
@@ -147,8 +149,26 @@ def named_by(company: Any) -> dict[str, list[str]]:
     return found
 
 
-async def _kv(js: JetStreamContext):
-    return await js.key_value(buckets.SECRETS.name)
+WRITE_PATIENCE = 10.0   # seconds a write is resent while unanswered (a leader election)
+
+
+async def _write(js: JetStreamContext, name: str, data: bytes, last: int, *, delete: bool = False) -> bool:
+    """Compare-and-set *name* over its last sequence *last*: False if it moved
+    on. Published on the key's subject through *js* (from a leaf, through
+    the fleet's domain, which nats-py's KV helper does not do: DESIGN §4),
+    resent under one id while unanswered."""
+    headers = {bus.EXPECTED_LAST: str(last)}
+    if delete:
+        headers["KV-Operation"] = "DEL"
+    try:
+        await bus.publish_until(js, bus.kv_subject(js, buckets.SECRETS.name) + name, data,
+                                msg_id=f"secret:{name}:{uuid.uuid4().hex}", headers=headers,
+                                deadline=time.monotonic() + WRITE_PATIENCE)
+        return True
+    except APIError as exc:
+        if exc.err_code in bus.WRONG_LAST_SEQUENCE:
+            return False
+        raise
 
 
 async def read(js: JetStreamContext, name: str) -> tuple[int, Record | None]:
@@ -165,7 +185,6 @@ async def put(js: JetStreamContext, keys: Keys, name: str, value: str, *, by: st
     check_name(name)
     check_value(value)
     grace = check_grace(grace)
-    kv = await _kv(js)
     for _ in range(CAS_ATTEMPTS):
         seq, old = await read(js, name)
         version = 1 if old is None else old.version + 1
@@ -173,22 +192,23 @@ async def put(js: JetStreamContext, keys: Keys, name: str, value: str, *, by: st
         if old is not None and grace > 0:
             previous = {"version": old.version, "sealed": old.sealed, "until": time.time() + grace}
         record = Record(name, version, by[:BY_MAX], time.time(), keys.seal(name, version, value), previous)
-        try:
-            await kv.update(name, record.to_bytes(), last=seq)
+        if await _write(js, name, record.to_bytes(), seq):
             return record
-        except KeyWrongLastSequenceError:
-            await asyncio.sleep(0.05)  # someone else set it meanwhile: on top of theirs
+        await asyncio.sleep(0.05)  # someone else set it meanwhile: on top of theirs
     raise BadSecret(f"secret {name} kept changing under us: try again")
 
 
 async def remove(js: JetStreamContext, name: str) -> bool:
     """Remove secret *name* (every version); False if it was not set."""
     check_name(name)
-    seq, old = await read(js, name)
-    if old is None:
-        return False
-    await (await _kv(js)).delete(name)
-    return True
+    for _ in range(CAS_ATTEMPTS):
+        seq, old = await read(js, name)
+        if old is None:
+            return False
+        if await _write(js, name, b"", seq, delete=True):
+            return True
+        await asyncio.sleep(0.05)
+    raise BadSecret(f"secret {name} kept changing under us: try again")
 
 
 async def records(js: JetStreamContext) -> list[Record]:
@@ -227,9 +247,6 @@ async def reseal(js: JetStreamContext, keys: Keys) -> list[str]:
         seq, now = await read(js, record.name)
         if now != record:
             continue
-        try:
-            await (await _kv(js)).update(record.name, again.to_bytes(), last=seq)
+        if await _write(js, record.name, again.to_bytes(), seq):
             done.append(record.name)
-        except KeyWrongLastSequenceError:
-            continue
     return done

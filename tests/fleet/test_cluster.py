@@ -11,7 +11,9 @@ meta leader is elected some time after the routes are up.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
 import time
 
 import nats
@@ -20,7 +22,7 @@ import pytest
 from crewlet import bus, credentials, permissions
 from crewlet.config import NodeConfig
 from roles import broker
-from tests.conftest import free_port, make_fleet_secret, wait_for
+from tests.conftest import CREWLETCTL, free_port, make_fleet_secret, wait_for
 from tests.seats import node_url
 
 DOMAIN = "crewlet"  # the default stream.domain
@@ -184,6 +186,22 @@ def test_stateless_node_runs_a_leaf_and_reaches_the_members_jetstream_through_th
 
     asyncio.run(check())
     asyncio.run(seats_on_the_leaf())
+    # A fleet secret set through the leaf's crewletd is written through the
+    # domain, read by every member, and followed by the leaf's own seats.
+    def set_probe():
+        out = subprocess.run([*CREWLETCTL, "-c", stateless.config_path, "secret", "set", "probe"],
+                             input="leaf-set-value-0123", capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 or "not joined the fleet yet" in out.stderr, out
+        return out.returncode == 0 and out
+    out = wait_for(set_probe, 30, interval=0.5, what="the leaf's crewletd joined, the secret set")
+    assert "version 1" in out.stdout, out
+    listed = subprocess.run([*CREWLETCTL, "-c", members[0].config_path, "secret", "list", "--json"],
+                            capture_output=True, text=True, timeout=30)
+    assert [(s["name"], s["version"], s["readable"]) for s in json.loads(listed.stdout)["secrets"]] == \
+        [("probe", 1, True)], listed
+    wait_for(lambda: '"secret_changed"' in stateless.read_log() and '"secret":"probe"' in
+             stateless.read_log().replace(" ", ""), 15, what="the leaf's seats holding the secret")
+    assert "leaf-set-value-0123" not in stateless.read_log()
     assert stateless.wait_running(timeout=5)
 
 
