@@ -64,7 +64,8 @@ NAMES = {"read": "reader", "write": "writer", "admin": "operator"}
 # What a route's path parameters are filled with when a test calls every route.
 PATH_PARAMS = {"seat": "ceo", "id": "T1", "path": "eng/deploy", "seq": "1", "integration": "github",
                "conversation": "c-none", "run": "r-none", "approval": "a-none", "project": "site",
-               "node": "no-such-node"}  # never the node under test: it would be drained
+               "node": "no-such-node",  # never the node under test: it would be drained
+               "name": "token-test-secret"}
 
 
 class Api:
@@ -283,7 +284,7 @@ def test_every_route_without_a_token_is_a_401_with_a_challenge(guarded, main):
 def test_a_read_token_cannot_write_and_a_write_token_cannot_apply_a_company(guarded):
     writes = [(m, t) for m, t in guarded.operations()
               if m in ("POST", "PUT", "PATCH") and not t.startswith("/v1/hooks/")]
-    assert len(writes) == 14, writes
+    assert len(writes) == 15, writes
     for method, template in writes:
         body = problem(guarded(method, fill(template), as_="read", json={}), 403, "forbidden")
         assert "reader" in body["detail"] and "this needs" in body["detail"], body
@@ -721,6 +722,8 @@ WRITES = {
     ("DELETE", "/v1/files/{project}/{path}"): None,
     ("POST", "/v1/fleet/nodes/{node}/drain"): {"deadline": 5},
     ("POST", "/v1/fleet/nodes/{node}/undrain"): None,
+    ("PUT", "/v1/secrets/{name}"): {"value": "from-the-token-test-0123", "grace": 0},
+    ("DELETE", "/v1/secrets/{name}"): None,
 }
 
 

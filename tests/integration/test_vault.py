@@ -33,6 +33,7 @@ pytestmark = pytest.mark.timeout(180)
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
 KEYS = ("llm-key-one-0123456789abcdef", "llm-key-two-fedcba9876543210")
 HOOKS = ("hook-secret-one-0123456789", "hook-secret-two-9876543210")
+API_VALUE = "set-through-the-api-0123456789"
 GRACE = 3.0  # seconds the first hook secret is still taken after the second is set
 COMPANY = """
 company: {{name: vault}}
@@ -125,6 +126,19 @@ def test_secrets_set_rotate_and_never_leak(make_node):
         assert time.monotonic() - set_at >= GRACE - 0.5
         assert post_hook(node, "gh", github_delivery(new_id("gh"), secret=HOOKS[1]))[0] == 200
 
+        # The same through the API, for an admin token: set, listed (never the value), removed.
+        token = tokens.read_admin_token(node.run_dir)
+        status, body = http("PUT", api_url(node) + "/v1/secrets/via-api",
+                            json.dumps({"value": API_VALUE, "grace": 0}).encode(), token=token)
+        assert status == 200 and body["secret"]["version"] == 1 and body["secret"]["by"].startswith("api:"), body
+        status, body = http("GET", api_url(node) + "/v1/secrets", token=token)
+        assert status == 200 and "via-api" in [s["name"] for s in body["secrets"]], body
+        assert API_VALUE not in json.dumps(body)
+        status, body = http("PUT", api_url(node) + "/v1/secrets/via-api", b'{"value": ""}', token=token)
+        assert status == 422, body
+        assert http("DELETE", api_url(node) + "/v1/secrets/via-api", token=token)[0] == 200
+        assert http("DELETE", api_url(node) + "/v1/secrets/via-api", token=token)[0] == 404
+
         listed = json.loads(secret(node, "list", "--json").stdout)
         assert {s["name"]: (s["version"], s["readable"], s["named_by"]) for s in listed["secrets"]} == {
             "llm": (2, True, ["providers.llm.api_key_secret"]),
@@ -135,10 +149,9 @@ def test_secrets_set_rotate_and_never_leak(make_node):
 
         # No value anywhere: the log, status, the data dir (LMDB, the broker's
         # store), the API's answers, any process's environment.
-        values = [v.encode() for v in (*KEYS, *HOOKS)]
+        values = [v.encode() for v in (*KEYS, *HOOKS, API_VALUE)]
         shown = [node.read_log(), json.dumps(node.status()), table.stdout,
                  json.dumps(listed)]
-        token = tokens.read_admin_token(node.run_dir)
         for route in ("/v1/fleet", "/v1/company", "/v1/seats/w", "/v1/turns?seat=w", "/readyz"):
             shown.append(json.dumps(http("GET", api_url(node) + route, token=token)[1]))
         leaks = [i for i, text in enumerate(shown) if any(v in text.encode() for v in values)]
