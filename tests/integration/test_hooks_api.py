@@ -293,7 +293,7 @@ def test_signed_deliveries_of_each_kind_become_one_mail_each(hub):
         status, body = post_hook(node, integration, delivery)
         assert status == 200, body
         assert body == {"delivery": ids[integration], "integration": integration, "routed": True,
-                        "seat": ROUTED[integration], "duplicate": False}
+                        "seat": ROUTED[integration], "duplicate": False, "person": None}
         assert claim_of(node, integration, ids[integration])["state"] == notify.STORED
 
     counts = settled_mail(node, list(ids.values()))
@@ -348,7 +348,7 @@ def test_refused_deliveries_are_answered_and_store_nothing(hub):
     status, body = post_hook(node, "github", github_delivery(other, repository="acme/other"))
     assert status == 202, body
     assert body == {"delivery": other, "integration": "github", "routed": False, "seat": None,
-                    "duplicate": False}
+                    "duplicate": False, "person": None}
     refused.append(("github", other))
 
     assert all(claim_of(node, i, d) is None for i, d in refused)
@@ -369,7 +369,7 @@ def test_the_same_delivery_posted_twice_is_one_mail(hub):
     assert first[0] == 200 and first[1]["duplicate"] is False, first
     assert second[0] == 200, second
     assert second[1] == {"delivery": gh, "integration": "github", "routed": True, "seat": "cto",
-                         "duplicate": True}
+                         "duplicate": True, "person": None}
     # Slack's retries repeat the event_id (and count themselves in X-Slack-Retry-Num).
     ev = new_id("Ev")
     body, headers = slack_delivery(ev)
@@ -403,7 +403,7 @@ def test_a_delivery_claimed_by_a_node_that_died_before_storing_it_is_stored_by_t
     status, body = post_hook(node, "github", github_delivery(gh))
     assert status == 200, body
     assert body == {"delivery": gh, "integration": "github", "routed": True, "seat": "cto",
-                    "duplicate": False}
+                    "duplicate": False, "person": None}
     assert notify_count(node) == before + 1
     assert claim_of(node, "github", gh)["state"] == notify.STORED
     assert settled_mail(node, [gh]) == {gh: {"cto": 1}}
@@ -434,7 +434,7 @@ def test_a_delivery_stored_by_a_node_that_died_before_marking_it_is_still_one_ma
     status, answer = post_hook(node, "slack", (body, headers))
     assert status == 200, answer
     assert answer == {"delivery": ev, "integration": "slack", "routed": True, "seat": "support-lead",
-                      "duplicate": True}
+                      "duplicate": True, "person": None}
     assert notify_count(node) == after_store  # the repeat was dropped
     assert claim_of(node, "slack", ev)["state"] == notify.STORED
     assert settled_mail(node, [ev]) == {ev: {"support-lead": 1}}
