@@ -185,6 +185,7 @@ class Fleet:
         # Every node's drain order, kept by a watcher; this node's is ``drain``
         # (None: it serves), told in its presence.
         self.drains = drain.Orders(changed=self._drain_changed, refused=self._drain_refused)
+        self.vault: "vault.Vault | None" = None  # the fleet's secrets opened here (status; redaction)
         self.drain: drain.Order | None = None
         self._beat = asyncio.Event()  # set: renew the presence now (its drain changed)
 
@@ -244,8 +245,8 @@ class Fleet:
                                              "node.*", self._status_seen, name="status node.*"))
             # The secrets' values learnt, so a child's line that says one is
             # redacted as it is forwarded (crewlet.log.forward).
-            group.create_task(vault.Vault(self._js, vault.vault_keys(self.cfg, "crewletd"),
-                                          role="crewletd").run())
+            self.vault = vault.Vault(self._js, vault.vault_keys(self.cfg, "crewletd"), role="crewletd")
+            group.create_task(self.vault.run())
             group.create_task(buckets.follow(lambda: self._js.key_value(buckets.STATUS.name),
                                              drain.KEYS, self.drains.seen, opened=self.drains.opened,
                                              listed=self.drains.listed, name="status drain.*"))

@@ -402,6 +402,8 @@ class Node:
                 "ready": self._ready and not self._stop.is_set(),
                 "disk": self.disk_condition(),
                 "sandbox": self.sandbox_condition(),
+                # The fleet's secrets as this node's crewletd opens them (never a value).
+                "secrets": self.fleet.vault.stats() if getattr(self.fleet, "vault", None) else None,
                 "stopping": self._stop.is_set(),
                 "cpu_percent": me.cpu_percent(None), "rss_bytes": me.memory_info().rss,
             },

@@ -207,6 +207,16 @@ def sandbox_text(box: dict[str, Any]) -> Text:
     return text
 
 
+def secrets_text(held: dict[str, Any]) -> Text:
+    """'3 held' (`crewletctl secret list` names them); the ones this node
+    cannot open in bold red: it lacks the key they were sealed with."""
+    text = Text(f"{held.get('held', 0)} held")
+    if held.get("unreadable"):
+        text.append(f"; cannot open {', '.join(map(str, held['unreadable']))}: sealed with a key this "
+                    "node lacks (secrets.key_file, stream.fleet_credentials)", style="bold red")
+    return text
+
+
 def percent(value: Any) -> str:
     if value is None:
         return NONE
@@ -295,6 +305,8 @@ def node_header(node: dict[str, Any]) -> Table:
         grid.add_row("disk", disk_text(node["disk"]))
     if isinstance(node.get("sandbox"), dict):
         grid.add_row("tools", sandbox_text(node["sandbox"]))
+    if isinstance(node.get("secrets"), dict) and node["secrets"].get("listed"):
+        grid.add_row("secrets", secrets_text(node["secrets"]))
     api = node.get("api")
     if isinstance(api, dict):
         where = f"{api.get('url')}  (dashboard; the API is /v1, its docs /docs)"

@@ -154,5 +154,6 @@ class Vault:
         log.event("secret_changed", role=self.role, secret=name,
                   version=None if now is None else now.version)
 
-    def stats(self) -> dict[str, int]:
-        return {"held": len(self._held), "unreadable": len(self.unreadable)}
+    def stats(self) -> dict[str, object]:
+        """What ``crewletctl status`` shows: how many it holds, which it cannot open."""
+        return {"held": len(self._held), "unreadable": sorted(self.unreadable), "listed": self.listed}

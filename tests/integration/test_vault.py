@@ -144,6 +144,9 @@ def test_secrets_set_rotate_and_never_leak(make_node):
             "llm": (2, True, ["providers.llm.api_key_secret"]),
             "gh-hook": (2, True, ["integrations.gh.secret"])}
         assert listed["missing"] == []
+        wait_for(lambda: (node.status()["node"].get("secrets") or {}).get("held") == 2, 10,
+                 what="crewletctl status: two secrets held, none unreadable")
+        assert node.status()["node"]["secrets"]["unreadable"] == []
         table = secret(node, "list")
         assert table.returncode == 0 and "gh-hook" in table.stdout and "never shown" in table.stdout
 

@@ -113,6 +113,27 @@ def test_status_view_says_where_the_api_and_its_first_token_are():
     assert "configured (ingress.tokens)" in text(render.status_view(status, NOW))
 
 
+def test_status_view_says_which_secrets_this_node_cannot_open():
+    status = sample(child("seats"))
+    status["node"]["secrets"] = {"held": 3, "unreadable": [], "listed": True}
+    out = text(render.status_view(status, NOW))
+    assert "3 held" in out and "cannot open" not in out
+    status["node"]["secrets"] = {"held": 3, "unreadable": ["llm"], "listed": True}
+    assert "cannot open llm: sealed with a key this node lacks" in text(render.status_view(status, NOW))
+    status["node"]["secrets"] = None  # not joined yet
+    assert "held" not in text(render.status_view(status, NOW))
+
+
+def test_secret_listing_shows_no_value_and_what_is_missing():
+    listed = {"secrets": [{"name": "llm", "version": 2, "by": "crewletctl@n1", "at": NOW - 60, "key": "abc123",
+                           "readable": False, "previous_until": NOW + 30, "named_by": ["providers.p.api_key_secret"]}],
+              "missing": [{"name": "hook", "named_by": ["integrations.gh.secret"]}], "key": "def456"}
+    out = text(render.secrets_view(listed, NOW))
+    assert "llm" in out and "crewletctl@n1" in out and "not held here" in out and "providers.p.api_key_secret" in out
+    assert "hook: named by integrations.gh.secret but not set" in out and "never shown" in out
+    assert "no secrets are set" in text(render.secrets_view({"secrets": [], "missing": []}, NOW))
+
+
 def test_status_view_with_null_fields():
     down = child("seats", "backoff", pid=None, uptime_s=None, cpu_percent=None, rss_bytes=None)
     row = next(line for line in text(render.status_view(sample(down), NOW)).splitlines() if "seats" in line
