@@ -509,6 +509,56 @@ def test_cli_agent_gets_its_own_key_and_no_other_secret():
     asyncio.run(main())
 
 
+def test_a_key_held_as_a_fleet_secret_reaches_the_next_request_and_agent(natsd, wire):
+    """api_key_secret: the key is read from the process's vault at every
+    request (a rotated one is the next request's), and a CLI agent is given
+    it under its api_key_env's name, from no variable of crewlet's."""
+    import nats
+
+    from crewlet.coord import buckets
+    from crewlet.vault import Keys, Vault
+    from crewlet.vault import store
+
+    async def main():
+        keys = Keys(["k" * 43])
+        nc = await nats.connect(natsd.url)
+        js = nc.jetstream(timeout=5)
+        try:
+            await buckets.ensure(js, buckets.SECRETS, 1)
+            await store.put(js, keys, "llm", "vault-key-one-0123", by="t")
+            vault = Vault(js, keys, role="test")
+            follow = asyncio.create_task(vault.run())
+            http = make_provider("oai", ProviderSpec(kind="openai", model="m", base_url=wire.url,
+                                                     api_key_secret="llm"), env={}, vault=vault)
+            agent = make_provider("agent", ProviderSpec(kind="cli", command=["sh", "-c", "env"],
+                                                        api_key_secret="llm", api_key_env="AGENT_KEY"),
+                                  env={**os.environ, "AGENT_KEY": "from-crewlets-env"}, vault=vault)
+            wire.queue(openai_reply("one"))
+            await http.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(10))
+            await store.put(js, keys, "llm", "vault-key-two-4567", by="t")
+            async with asyncio.timeout(5):
+                while await vault.value("llm") != "vault-key-two-4567":
+                    await asyncio.sleep(0.01)
+            wire.queue(openai_reply("two"))
+            await http.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(10))
+            assert [r.headers["authorization"] for r in wire.received()] == [
+                "Bearer vault-key-one-0123", "Bearer vault-key-two-4567"]
+            reply = await agent.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(20))
+            seen = dict(line.split("=", 1) for line in reply.text.splitlines() if "=" in line)
+            assert seen["AGENT_KEY"] == "vault-key-two-4567"
+            await store.remove(js, "llm")
+            async with asyncio.timeout(5):
+                while await vault.value("llm") is not None:
+                    await asyncio.sleep(0.01)
+            with pytest.raises(ProviderError, match="secret llm .* is not set"):
+                await http.complete(SYSTEM, [Message("user", "hi")], [], deadline=soon(10))
+            follow.cancel()
+            await http.close()
+        finally:
+            await nc.close()
+    asyncio.run(main())
+
+
 def test_cli_past_the_deadline_kills_the_whole_group(short_tmp):
     pids = os.path.join(short_tmp, "pids")
     command = ["sh", "-c", f"echo $$ > {pids}; sleep 300 & echo $! >> {pids}; sleep 300"]
