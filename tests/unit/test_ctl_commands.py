@@ -1,19 +1,73 @@
 """crewletctl's argument checks: a bad command line is a usage error (exit 2)
 before any node is asked.
 
-No node runs and nothing is faked: the data dir has no control socket, so a
-command that went as far as asking would exit 69 instead (the last test
-shows that it does).
+No node runs. A usage error is told before anything is asked: the data dir
+has no control socket, so a command that went as far as asking would exit
+69 instead. A good command line is held against a real control socket in
+its place (:class:`ControlSocket`), which keeps what it was asked and
+refuses it: the command asked exactly that, once.
 """
 
+import os
+import threading
+
 import pytest
+import zmq
 from click.testing import CliRunner
 
 import crewlet.ctl as ctl
+from crewlet import ipc
+
+REFUSAL = "refused by the test's control socket"
 
 
 def run(tmp_path, *args, input=None):
     return CliRunner().invoke(ctl.cli, ["--data-dir", str(tmp_path), *args], input=input)
+
+
+class ControlSocket(threading.Thread):
+    """A real control socket where crewletd's would be, keeping what each
+    request asked (op and args) and refusing it: a command that got this far
+    exits 1 with the refusal, having asked exactly what it asked."""
+
+    def __init__(self, data_dir):
+        super().__init__(daemon=True)
+        run_dir = os.path.join(str(data_dir), "run")
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(ipc.endpoint(run_dir, "control"))
+        self.asked: list[tuple[str, dict]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            if not self.sock.poll(50):
+                continue
+            *envelope, payload = self.sock.recv_multipart()
+            req = ipc.unpack(payload)
+            self.asked.append((req["op"], req.get("args") or {}))
+            self.sock.send_multipart([*envelope, ipc.pack({"id": req.get("id"), "ok": False, "error": REFUSAL})])
+
+    def close(self) -> None:
+        self.done.set()
+        self.join(2)
+        self.sock.close()
+
+
+@pytest.fixture
+def control(tmp_path):
+    listener = ControlSocket(tmp_path)
+    listener.start()
+    yield listener
+    listener.close()
+
+
+def asked_only(control, result, op: str, **args) -> None:
+    """The command asked crewletd once, *op* with (at least) *args*, and said its refusal."""
+    assert result.exit_code == 1 and REFUSAL in result.stderr, (result.exit_code, result.output)
+    [(got, given)] = control.asked
+    assert got == op and {k: given.get(k) for k in args} == args, (got, given)
 
 
 @pytest.mark.parametrize("args, input, says", [
@@ -52,12 +106,19 @@ def test_help_needs_no_node(tmp_path):
     assert all(f"  {name} " in listed for name in ("send", "seats", "dlq"))
 
 
-@pytest.mark.parametrize("args", [
-    ["send", "alice", "hi"], ["send", "alice", "hi", "--wait", "1"], ["seats"], ["dlq"], ["dlq", "bob"],
-    ["dlq", "list"], ["dlq", "requeue", "4"],
+@pytest.mark.parametrize("args, op, asked", [
+    (["send", "alice", "hi"], "send", {"seat": "alice", "text": "hi", "wait": None}),
+    (["send", "alice", "hi", "--wait", "1"], "send", {"seat": "alice", "text": "hi", "wait": 1.0}),
+    (["seats"], "seats", {}),
+    (["dlq"], "dlq", {"seat": None}), (["dlq", "bob"], "dlq", {"seat": "bob"}),
+    (["dlq", "list"], "dlq", {"seat": None}), (["dlq", "requeue", "4"], "dlq", {"requeue": 4}),
 ])
-def test_good_command_lines_go_on_to_ask_the_node(tmp_path, args):
-    result = run(tmp_path, *args)
+def test_good_command_lines_go_on_to_ask_the_node(tmp_path, control, args, op, asked):
+    asked_only(control, run(tmp_path, *args), op, **asked)
+
+
+def test_with_no_node_a_good_command_line_exits_69(tmp_path):
+    result = run(tmp_path, "seats")
     assert result.exit_code == 69 and "no crewlet node reachable" in result.stderr
 
 
@@ -101,12 +162,21 @@ def test_estate_help_needs_no_node(tmp_path):
     assert all(f"  {name} " in listed for name in ("tasks", "pages", "search", "evict"))
 
 
-@pytest.mark.parametrize("args", [
-    ["tasks"], ["tasks", "T12"], ["tasks", "12", "--json"], ["tasks", "--status", "open", "--assignee", "cto"],
-    ["pages"], ["pages", "eng/runbook"], ["pages", "--prefix", "eng/", "--json"], ["search", "deploy"],
-    ["search", "deploy", "--limit", "3", "--json"], ["evict", "n2"], ["evict", "n2", "--reason", "disk"],
-    ["evict", "n2", "--undo"],
+@pytest.mark.parametrize("args, op, asked", [
+    (["tasks"], "estate_read", {"query": "task.list", "args": {"limit": 100}}),
+    (["tasks", "T12"], "estate_read", {"query": "task.get", "args": {"id": "T12"}}),
+    (["tasks", "12", "--json"], "estate_read", {"query": "task.get", "args": {"id": "T12"}}),
+    (["tasks", "--status", "open", "--assignee", "cto"], "estate_read",
+     {"query": "task.list", "args": {"limit": 100, "status": "open", "assignee": "cto"}}),
+    (["pages"], "estate_read", {"query": "page.list"}),
+    (["pages", "eng/runbook"], "estate_read", {"query": "page.read", "args": {"path": "eng/runbook"}}),
+    (["pages", "--prefix", "eng/", "--json"], "estate_read",
+     {"query": "page.list", "args": {"prefix": "eng/", "limit": 100}}),
+    (["search", "deploy"], "estate_search", {"query": "deploy"}),
+    (["search", "deploy", "--limit", "3", "--json"], "estate_search", {"query": "deploy", "limit": 3}),
+    (["evict", "n2"], "evict", {"node": "n2", "undo": None}),
+    (["evict", "n2", "--reason", "disk"], "evict", {"node": "n2", "reason": "disk"}),
+    (["evict", "n2", "--undo"], "evict", {"node": "n2", "undo": True}),
 ])
-def test_good_estate_command_lines_go_on_to_ask_the_node(tmp_path, args):
-    result = run(tmp_path, *args)
-    assert result.exit_code == 69 and "no crewlet node reachable" in result.stderr
+def test_good_estate_command_lines_go_on_to_ask_the_node(tmp_path, control, args, op, asked):
+    asked_only(control, run(tmp_path, *args), op, **asked)
