@@ -6,6 +6,7 @@ and reads files through the members' JetStream domain."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -70,9 +71,17 @@ def test_an_upload_cut_by_a_kill_9_is_collected_after_its_grace_and_never_earlie
     while time.time() < stored + GRACE - 1.5:
         assert _chunks(natsd.url) >= 8, "collected before its grace"
         time.sleep(0.25)
-    # And removed once older.
+    # And removed once older: one object, which the collector itself judged past its grace.
     wait_for(lambda: _chunks(natsd.url) == 0, GRACE + 20, what="the cut upload collected")
-    assert time.time() >= stored + GRACE - 1.5
+    collected = []
+    for line in keeper.read_log().splitlines():
+        if '"object_collected"' in line:
+            try:
+                collected.append(json.loads(line))
+            except ValueError:
+                continue
+    assert len(collected) == 1 and collected[0]["age_s"] >= GRACE, collected
+    assert collected[0]["size"] >= 8 * 262_144, collected
 
 
 LEAF_COMPANY = """\
