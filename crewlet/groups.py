@@ -14,7 +14,7 @@ row         consumer (durable)    stream  needs estate  who attaches
 ==========  ====================  ======  ============  =============================================
 MAILBOX     ``inbox-<seat>``      AGENTS  no            the holder of the seat's lease (seats role)
 CUSTODY     ``custody``           EVENTS  yes           data nodes (each turn event kept by one)
-NOTIFY      ``notify``            NOTIFY  no            any node (ingress runs it): deliveries to mail
+NOTIFY      ``notify``            NOTIFY  no            any node (ingress; seats where no ingress runs)
 SENDER      ``sender``            OUTBOX  no            the holder of ``duty.sender`` (workers role)
 ==========  ====================  ======  ============  =============================================
 
@@ -85,7 +85,8 @@ CUSTODY = Group(
 
 NOTIFY = Group(
     name="notify", stream="NOTIFY", needs_estate=False,
-    attach="any node; the ingress role runs it",
+    attach="any node: the ingress role runs it, and on a node without ingress (a node "
+           "without data) the seats role",
     why="a stored webhook delivery becomes mail to the seat it was routed to; that needs the "
         "mailboxes only, so any node may, stateless or not")
 

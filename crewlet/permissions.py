@@ -67,7 +67,9 @@ nobody's but ``crewlet``'s. What the roles may do, in the order it matters:
     presence is crewletd's), ``duty.*``, ``conv.*`` nor another node's
     ``life.*`` — the ledger, budgets and cooldowns; never ``config`` or
     ``grants``. Fetches from the mailboxes but cannot create, delete or
-    purge one. Reads the ``secrets`` bucket (its providers' API keys).
+    purge one. Reads the ``secrets`` bucket (its providers' API keys). On a
+    node without ingress, takes its share of the ``NOTIFY`` group
+    (deliveries made mail; :mod:`crewlet.groups`).
 
     Why ``seat.*`` cannot be narrowed to this node's seats: a seat's lease
     key is the seat's own, ``seat.<seat>``, one key fleet-wide that any node
@@ -302,6 +304,9 @@ def grants(node: str) -> dict[str, Grant]:
                 runs.STREAM: LOOK,           # a request to stop a run (runs.request_cancel)
                 kv(buckets.CONFIG): LOOK,    # the company revision a conversation run pinned
                 kv(buckets.SECRETS): WATCH,  # its providers' API keys (crewlet.vault)
+                # The NOTIFY group, on a node without ingress (roles.seats): stored
+                # webhook deliveries made mail.
+                notify.STREAM: (*LOOK, "follow"),
             },
             # Seat leases, and this node's seats process's life they are bound to.
             # seat.* (a seat's name has no dot): any seat's, as the module doc says why.

@@ -28,6 +28,7 @@ from crewlet.conversations import runs
 from crewlet.coord import drain
 from crewlet.coord.counters import Budgets, CounterError, Cooldowns, Ledger
 from crewlet.coord.holders import Holders
+from crewlet.queue import notify
 from crewlet.vault import Vault, vault_keys
 from crewlet.coord.lease import Leases
 from crewlet.estate.access import EstateAccess
@@ -58,13 +59,26 @@ def ledger_ttl(mail_days: int, ack_wait: float) -> int:
     return int(max(mail_days * 86400, MAX_DELIVER * ack_wait)) + LEDGER_MARGIN_DAYS * 86400
 
 
-async def _follow(ctx: RoleContext, sweeper: SeatSweeper, engine: TurnEngine) -> None:
+async def _follow(ctx: RoleContext, sweeper: SeatSweeper, engine: TurnEngine,
+                  heard: asyncio.Event | None = None) -> None:
     async for company in ctx.companies():
         model = Company.model_validate(company["company"])
         engine.set_company(model, rev=company["rev"])
         engine.ledger.ttl = ledger_ttl(model.retention.mail_days, ctx.config.fleet.ack_wait)
         sweeper.set_company(company["company"])
         log.event("seats_company", rev=company["rev"], seats=len(sweeper.seats))
+        if heard is not None:
+            heard.set()
+
+
+async def _deliver_notices(ctx: RoleContext, mailboxes, engine: TurnEngine, heard: asyncio.Event) -> None:
+    """This node's share of the NOTIFY group (crewlet.groups): stored webhook
+    deliveries made mail. Ingress runs it where it runs; a node without it —
+    a node without data, which runs no ingress — takes its share here, as
+    the group wants any node to (it needs the mailboxes, not the estate)."""
+    await heard.wait()  # a delivery's seat is checked against the company
+    await notify.deliver(ctx.jetstream(), ctx.nats, mailboxes, roles=ctx.config.node.roles,
+                         stopping=ctx.stopping.is_set, known=lambda seat: seat in engine.seat_cfgs)
 
 
 def _wake_on_change(sweeper: SeatSweeper):
@@ -139,13 +153,16 @@ async def main(ctx: RoleContext) -> None:
 
     wakes = await ctx.nats.subscribe("agents.inbox.*", cb=wake)
     heap.take_over()  # no full collection in the middle of a thousand turns (crewlet.heap)
-    helpers = [asyncio.create_task(_follow(ctx, sweeper, engine)),
+    heard = asyncio.Event()
+    helpers = [asyncio.create_task(_follow(ctx, sweeper, engine, heard)),
                asyncio.create_task(heap.collect_fully()),
                asyncio.create_task(holders.run()),
                asyncio.create_task(engine.budgets.run(ctx.stopping)),
                asyncio.create_task(engine.cooldowns.run()),
                asyncio.create_task(vault.run(ctx.stopping.is_set)),
                asyncio.create_task(_report(ctx, engine))]
+    if "ingress" not in ctx.config.node.roles:
+        helpers.append(asyncio.create_task(_deliver_notices(ctx, mailboxes, engine, heard)))
     for task in helpers:
         # These must run as long as the role does: one that fails ends the
         # role (and so is restarted by its supervisor), never silently.
