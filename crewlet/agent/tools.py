@@ -17,8 +17,10 @@ badly is a normal event in a turn, not a crash of it.
 Every call carries a :class:`ToolContext` with a ``call_key`` that is the same
 when a turn is redone (``<trigger>.<round>.<index>``): side effects key on it,
 so a redone turn does not do them twice — the ``send`` tool's key is the
-message's ``Nats-Msg-Id`` (the broker drops the duplicate), an estate
-write's is its op id.
+message's ``Nats-Msg-Id`` and trigger (the broker drops a duplicate within
+its 2-minute window; one redone later, after a whole node died and the ack
+wait passed, is stored again and skipped by the receiver's ledger), an
+estate write's is its op id.
 
 =============  ============================================================
 send           mail another seat of the company (``Crewlet-From`` names us)
