@@ -172,7 +172,8 @@ class RunTurn(Hooks):
         self.conversation = conversation
         self.run = run
         self.approval_ttl = approval_ttl
-        # Who is told by email that a call waits for a decision (Tier A smtp.notices_to).
+        # Who is told by email that a call waits for a decision: the people who may
+        # decide the seat's approvals, and the operators (Tier A smtp.notices_to).
         self.notices_to = list(notices_to)
         self.floor = floor
         # await pin(rev, seat) -> (seat, provider) as the run's pinned company
@@ -373,8 +374,8 @@ class RunTurn(Hooks):
                                   id=f"{self.run}:approval:{ident}")
         await self.events.publish({"type": runs.COMPLETED, "awaiting_approval": ident})
         log.event("run_awaits_approval", seat=self.seat.name, run=self.run, approval=ident, tool=call.name)
-        # The operators are told (its id is the approval's: a redone turn's is
-        # the same notice, sent once); what it shows was scrubbed of secrets.
+        # Whoever may decide is told (its id is the approval's: a redone turn's
+        # is the same notice, sent once); what it shows was scrubbed of secrets.
         args = json.dumps(call.args, ensure_ascii=False, indent=2, sort_keys=True)
         await outbox.notice(
             self.js, self.notices_to, f"notice.approval.{ident}",

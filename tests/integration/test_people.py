@@ -7,8 +7,9 @@ a GitHub delivery from Alice's login (in another case, as GitHub logins
 are) is mail that says it is from her and carries her id; an approval of the
 clerk's decided with Bob's token or the admin's is a 403 naming who may,
 and with Alice's is recorded as hers; a seat's notification to ``alice``
-reaches her address at a real SMTP server, and one to a person the company
-does not know is refused to the model, naming who it knows.
+reaches her address at a real SMTP server, as does the notice of the
+approval waiting for her; a notification to a person the company does not
+know is refused to the model, naming who it knows.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from crewlet.queue.notify import PERSON_HEADER
 from tests.conftest import wait_for
 from tests.integration.test_conversations import _blocks
 from tests.seats import ctl_json, held, node_url, read_nats
-from tests.smtp import SmtpServer
+from tests.smtp import ID_HEADER, SmtpServer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -118,6 +119,11 @@ def test_deliveries_approvals_and_notifications_know_who_a_person_is(make_node, 
                 if "event" in block:
                     events.append((block["event"], json.loads(block["data"])))
         approval = next(data["approval"] for kind, data in events if kind == "approval.requested")
+        # Alice, who may decide, is told by email (there are no operators' notices_to here).
+        notice = wait_for(lambda: next((m for m in list(smtpd.messages)
+                                        if m[ID_HEADER] == f"notice.approval.{approval}"), None), 30,
+                          what="the approval's notice sent")
+        assert notice["To"] == "alice@example.com", notice["To"]
         for who in (as_bob, ops):
             r = who.post(f"/v1/approvals/{approval}", json={"decision": "approve"})
             assert r.status_code == 403 and r.json()["code"] == "not_allowed", r.text
