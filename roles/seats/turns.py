@@ -589,7 +589,8 @@ class SeatWork:
     """One held seat: its MCP servers, its tools and its mailbox loop.
 
     Invariants: ``fetched`` is the delivery in this node's hands whose turn
-    has not started, ``turn`` the one being worked (both NAKed on stop);
+    has not started, ``turn`` the one being worked (both NAKed on stop, a
+    turn ``settling`` only once it ended: then it acked its delivery itself);
     once ``stopped`` is set the loop fetches nothing more, even if the
     cancel that follows is lost (Python 3.11's ``wait_for`` can swallow one).
     """
@@ -605,6 +606,9 @@ class SeatWork:
         self.mailbox: Mailbox = engine.mailboxes.attach(seat)
         self.fetched: Delivery | None = None
         self.turn: Delivery | None = None
+        # Not None while the turn in hand settles (its side effects done: its
+        # ledger entry, record and ack under way); set once that turn is over.
+        self.settling: asyncio.Event | None = None
         self.deferred: str | None = None
         self.last: dict[str, Any] | None = None
         self.turns = 0
@@ -648,8 +652,20 @@ class SeatWork:
                 "last": self.last, "mcp": self.servers.status() if self.servers else {}}
 
     async def stop(self, *, servers_later: bool = False) -> None:
-        """Stop fetching; NAK what is in hand (a turn cut short too); stop the servers."""
+        """Stop fetching; NAK what is in hand (a turn cut short too, unless it
+        is settling: that one is let end); stop the servers."""
         self.stopped = True
+        settling = self.settling
+        if settling is not None:
+            # Its side effects are done and its ledger entry and `done` record
+            # are on their way: cut short, its delivery would be NAKed all the
+            # same, and the successor would skip it with a second `done`
+            # record — or, the entry not in yet, work it again (a rebalance's
+            # release landed there under load; issue 26). Let it end: it acks
+            # (or hands back) its delivery itself, in a broker round trip,
+            # bounded by SETTLE_PATIENCE and the role's stop budget; nothing
+            # more is fetched once stopped.
+            await settling.wait()
         # Read before cancelling: the loop forgets them as it unwinds. A turn
         # that acked just before the cancel lands is NAKed too, which is ignored.
         in_hand = [d for d in (self.fetched, self.turn) if d is not None]
@@ -763,6 +779,9 @@ class SeatWork:
                 finally:
                     self.turn = None
                     engine.running -= 1
+                    if self.settling is not None:
+                        self.settling.set()  # a stop waiting for this turn goes on
+                        self.settling = None
         return True
 
     async def _mailbox_trouble(self, exc: Exception) -> None:
@@ -953,6 +972,7 @@ class SeatWork:
                 settled = True
                 return
             engine.budgets.add(self.seat, sum(record.tokens.values()))
+            self.settling = asyncio.Event()  # from here on a stop waits for the turn (see stop)
             recorded = await self._settle(delivery, record, started)
             settled = True
             self.restarts = 0
@@ -1098,7 +1118,16 @@ class SeatWork:
                        token=self.token, conversation=conversation, run=run, event_ttl=engine.run_event_ttl,
                        approval_ttl=engine.approval_ttl, redo=delivery.deliveries > 1,
                        floor=int(floor) if floor.isdigit() and len(floor) < 20 else 0, pin=engine.pinned,
-                       notices_to=getattr(engine.mailboxes, "notices_to", ()))
+                       notices_to=self._deciders())
+
+    def _deciders(self) -> list[str]:
+        """Who is told by email that a call of this seat waits for a decision:
+        the people the company names for its approvals (their addresses),
+        then the operators (Tier A ``smtp.notices_to``)."""
+        company = self.engine.company
+        people = [] if company is None else [company.people[p].email for p in company.approvers(self.seat)]
+        to = [*filter(None, people), *getattr(self.engine.mailboxes, "notices_to", ())]
+        return list(dict.fromkeys(to))[:outbox.TO_MAX]
 
     def _seat_cfg(self):
         return self.engine.seat_cfgs.get(self.seat)

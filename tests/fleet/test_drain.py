@@ -216,10 +216,7 @@ def test_a_rolling_upgrade_drains_each_node_in_turn_under_load(natsd, make_node)
             return out
         worked = wait_for(lambda: (d := done()) and all(t in d for t in triggers) and d, NAP + 60,
                           what="every mail worked")
-        # Known open (issue 26 stays open on it): in one CI run of this test, one mail of
-        # ~1,600 had two `done` records (job-905). Said as an xfail at the end, once every
-        # other check has held, until it is found.
-        twice = {t: len(worked[t]) for t in triggers if len(worked[t]) != 1}
+        assert {t: len(worked[t]) for t in triggers if len(worked[t]) != 1} == {}, "a mail worked twice"
         records = read_nats(natsd.url, turn_records)
         long = [r for r in records if r["trigger"] == "long-1"]
         # (Cut short again if the node it went to is drained before it ends.)
@@ -241,8 +238,6 @@ def test_a_rolling_upgrade_drains_each_node_in_turn_under_load(natsd, make_node)
                                   for k, v in step.items() if k not in ("from", "to", "unready_at")))
         # Bounded: a mail waits at most a drain's deadline and a handover, never the ack wait.
         assert all(s["mail_wait_max_s"] is None or s["mail_wait_max_s"] < DEADLINE + 15 for s in steps), steps
-        if twice:
-            pytest.xfail(f"issue 26 (open): a mail worked twice during the rolling upgrade: {twice}")
     finally:
         mail.stop.set()
         api.close()
