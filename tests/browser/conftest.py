@@ -1,7 +1,8 @@
 """The dashboard in a real headless Chromium (Playwright's sync API).
 
 The browser is Debian's ``chromium`` (the CI installs it; Playwright's own
-download is never used): without one, every test here is skipped, saying so.
+download is never used): without one, every test here is skipped, saying so —
+or fails, with ``CREWLET_TEST_BROWSER=required`` (CI sets it).
 Each test gets a fresh browser context (its own local storage) and fails if
 the page threw a JavaScript error.
 """
@@ -19,6 +20,8 @@ import pytest
 
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# "required" (CI sets it): no chromium fails the browser tests rather than skipping them.
+REQUIRED_ENV = "CREWLET_TEST_BROWSER"
 # Milliseconds Playwright waits for a page condition unless a test says otherwise.
 EXPECT_TIMEOUT = 10_000
 
@@ -37,7 +40,10 @@ def browser():
     running event loop"), and the rest of the suite uses it."""
     path = chromium()
     if path is None:
-        pytest.skip("no chromium: install Debian's chromium package (the CI does)")
+        why = "no chromium: install Debian's chromium package (the CI does)"
+        if os.environ.get(REQUIRED_ENV) == "required":
+            pytest.fail(f"{why}; {REQUIRED_ENV}=required says the browser tests must run")
+        pytest.skip(why)
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install '.[test]')")
     from playwright.sync_api import expect
     expect.set_options(timeout=EXPECT_TIMEOUT)
