@@ -93,6 +93,11 @@ def test_talk_to_the_ceo_word_by_word_with_its_tools_by_keyboard_at_400px(make_n
     # The parts a screen reader names: the log, the box, the choice, the buttons.
     expect(page.get_by_role("log", name="Conversation with ceo")).to_be_visible()
     expect(page.get_by_role("combobox", name="If ceo is still answering")).to_have_value("enqueue")
+    # The four strategies, in words a person reads (the API's names are the values).
+    options = page.get_by_test_id("chat-strategy").locator("option")
+    assert [(o.get_attribute("value"), o.text_content()) for o in options.all()] == [
+        ("enqueue", "wait in line"), ("interrupt", "stop it and answer this"),
+        ("rollback", "undo its answer and answer this"), ("reject", "don't send: tell me it's busy")]
     expect(page.get_by_role("button", name="Send to ceo")).to_be_visible()
 
     # Shift+Enter is a new line, not a send; Enter sends.
@@ -141,6 +146,31 @@ def test_talk_to_the_ceo_word_by_word_with_its_tools_by_keyboard_at_400px(make_n
     page.get_by_role("button", name="Send to ceo").click()
     expect(answers(page).last).to_have_text("Hello! What can I do for you?")
     assert page.evaluate("document.documentElement.scrollWidth") <= 400
+
+    # The quick start's approval, as its words say: the sample ceo's task_create waits
+    # for a person; approved in place, the run goes on and the task is made.
+    send(page, "create a task ship it")
+    card = page.get_by_role("group", name="ceo asks to call task_create")
+    expect(card).to_be_visible()
+    expect(card.get_by_test_id("approval-args")).to_have_text(json.dumps({"title": "ship it"}, indent=2))
+    expect(row).to_have_attribute("data-status", "awaiting_approval")
+    card.get_by_role("button", name="Approve").click()
+    expect(page.get_by_test_id("chat-decided")).to_contain_text("Approved: ceo's call to task_create")
+    made = chat_log(page).locator("[data-role=tool]").last
+    expect(made.get_by_test_id("tool-name")).to_have_text("task_create")
+    expect(made.get_by_test_id("tool-state")).to_have_text("done", timeout=30_000)
+    expect(row).to_have_attribute("data-status", "idle")
+    tasks = call(node, "GET", "/v1/tasks?limit=500")[1]["items"]
+    assert [t["title"] for t in tasks].count("ship it") == 1, tasks
+
+    # The list is live for the other conversations too: a run started elsewhere (the
+    # API, another person) shows on its row as it runs, then ends there.
+    other = ok(node, "POST", "/v1/conversations", {"seat": "ceo"})["id"]
+    ok(node, "POST", f"/v1/conversations/{other}/runs", {"input": "tell me a story", "stream": False})
+    theirs = page.get_by_test_id(f"conv-row-{other}")
+    expect(theirs).to_have_attribute("data-status", "running", timeout=15_000)
+    expect(theirs).to_have_attribute("data-status", "idle", timeout=30_000)
+    expect(row).to_have_attribute("data-status", "idle")
 
 
 def test_reload_mid_answer_resumes_after_the_last_event_and_the_four_strategies(make_node, page):
