@@ -55,13 +55,18 @@ from tests.seats import node_url, read_nats
 # shorter than the default, so a cut at this deadline is the configured one.
 HEADER_TIMEOUT = 4.0
 assert HEADER_TIMEOUT + 4 < IngressSection().header_timeout
+# A body's clock: after BODY_GRACE s it must have come at BODY_RATE bytes a second.
+BODY_GRACE = 3.0
+BODY_RATE = 1024
+assert BODY_GRACE + 4 < IngressSection().body_grace
 
 
 @pytest.fixture(scope="module")
 def api():
     nodes = Nodes()
     try:
-        api = _started(nodes, ingress={"header_timeout": HEADER_TIMEOUT})
+        api = _started(nodes, ingress={"header_timeout": HEADER_TIMEOUT, "body_grace": BODY_GRACE,
+                                       "body_min_rate": BODY_RATE})
         yield api
         api.http.close()
     finally:
@@ -389,3 +394,40 @@ def test_a_client_trickling_its_headers_is_cut_at_the_configured_deadline_while_
     for answer in timed_out:
         _hardened(answer)  # written by the protocol, not the app: hardened all the same
     api.node.wait_event("ingress_slow_client_cut", 5, part="headers")
+
+
+def test_a_client_trickling_its_body_is_cut_after_the_grace_while_a_fast_upload_is_served(api):
+    """The body's deadline (roles/ingress/deadlines.py): start + grace + received / rate. A
+    body trickled at 20 bytes a second is cut just past the grace (closed: its request
+    never reached the app); a larger one sent at once is taken."""
+    from tests.integration.test_files_api import SECRETS
+    address = _address(api)
+    size = 4096
+    head = (f"PUT /v1/pages/eng/slow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {SECRETS['write']}\r\nContent-Length: {size}\r\n\r\n").encode()
+    slow = socket.create_connection(address, timeout=5)
+    slow.sendall(head)
+    started = time.monotonic()
+    closed_at = None
+    try:
+        while closed_at is None:
+            assert time.monotonic() - started < BODY_GRACE + 6, "the trickled body was never cut"
+            try:
+                slow.sendall(b" " * 2)   # 20 bytes a second: far below the rate
+                slow.settimeout(0.1)
+                if slow.recv(4096) == b"":
+                    closed_at = time.monotonic()
+            except (TimeoutError, BlockingIOError):
+                pass
+            except OSError:
+                closed_at = time.monotonic()
+    finally:
+        slow.close()
+    took = closed_at - started
+    # Past the grace (not the default's 20 s), and not before it.
+    assert BODY_GRACE - 0.5 <= took <= BODY_GRACE + 3, took
+    api.node.wait_event("ingress_slow_client_cut", 5, part="body")
+    # A body many times the size, sent at once, is served as ever.
+    r = api("PUT", "/v1/pages/eng/fast", json={"title": "fast", "body": "x" * 30_000})
+    assert r.status_code in (200, 201), r.text
+    assert api("GET", "/v1/pages/eng/slow").status_code == 404  # the cut one never reached the app
