@@ -12,8 +12,10 @@
  *   - pending approvals are read every few seconds (approvals.js);
  *   - mail, requeue, a decision and a chat's message are POSTs.
  *
- * Panels do not import each other: they tell each other what happened
- * through bus.js. Every piece of data reaches the page through textContent
+ * Panels tell each other what happened through bus.js; a panel imports
+ * another only for a part it shows inside itself (the conversations panel
+ * holds the chat, the chat an approval's card, the card the summary's
+ * count). Every piece of data reaches the page through textContent
  * or setAttribute, never as HTML (dom.js). */
 
 import { initialToken } from "./api.js";
