@@ -363,6 +363,12 @@ async def _inject(ctx: RoleContext, fault) -> None:
         os._exit(fault.code)
     elif fault.kind == "mute":
         ctx._heartbeats = False
+    elif fault.kind == "late":
+        # The seats' life not renewed for a while: admission must hold every
+        # turn back until a renewal is fresh again.
+        ctx.sweeper.hold_renewals(fault.seconds)
+        await asyncio.sleep(fault.seconds)
+        log.event("fault_late_over", "warning", seconds=fault.seconds)
     elif fault.kind == "orphan":
         # A grandchild whose parent exits at once: the kernel re-parents it to
         # the nearest subreaper (crewletd), which must reap it when it ends.

@@ -496,10 +496,11 @@ class Fault(_Section):
     role: Literal["crewletd", "data_applier", "ingress", "seats", "workers"]
     # wedge: block the loop; crash: exit at once; mute: stop heartbeats;
     # orphan: start a short-lived process whose parent exits at once;
-    # grandchild: start a long-lived process that ignores SIGTERM.
-    kind: Literal["wedge", "crash", "mute", "orphan", "grandchild"]
+    # grandchild: start a long-lived process that ignores SIGTERM;
+    # late (seats only): renew the seats' life not at all for `seconds`.
+    kind: Literal["wedge", "crash", "mute", "orphan", "grandchild", "late"]
     after: float = Field(0.0, ge=0, le=DAY)  # seconds after the child reports ready; a test lasts less than a day
-    seconds: float = Field(3600.0, gt=0, le=DAY)  # how long a wedge blocks the loop; ignored for other kinds; a day at most
+    seconds: float = Field(3600.0, gt=0, le=DAY)  # how long a wedge blocks the loop, or late holds renewals back; a day at most
     code: int = Field(1, ge=0, le=255)  # exit code of a crash
     once: bool = True  # only in the child's first incarnation (restart count 0)
 
@@ -508,6 +509,8 @@ class Fault(_Section):
     def _kind(cls, v: str, info: ValidationInfo) -> str:
         if info.data.get("role") == "crewletd" and v != "wedge":
             raise ValueError(f"crewletd only takes kind wedge, got {v!r}")
+        if v == "late" and info.data.get("role") != "seats":
+            raise ValueError("kind late is the seats role's (its life's renewals held back)")
         return v
 
 

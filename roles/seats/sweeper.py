@@ -103,6 +103,7 @@ class SeatSweeper:
         self.on_release = on_release
         # Called once before every seat is released on stop.
         self.on_stop: Callable[[], Awaitable[None]] | None = None
+        self._late_until = 0.0  # no renewal before this (monotonic): debug.faults kind late
         # Is a turn of this seat running now? (the turn engine's): a draining
         # node hands such a seat over only once it ends, or at the deadline.
         self.busy: Callable[[str], bool] = lambda seat: False
@@ -165,11 +166,17 @@ class SeatSweeper:
             group.create_task(self._pulse(stopping), name="seats life")
             group.create_task(self._sweep_until(stopping), name="seat sweep")
 
+    def hold_renewals(self, seconds: float) -> None:
+        """Renew nothing for *seconds* (fault injection, ``debug.faults`` kind
+        ``late``: what a loaded or cut-off process looks like to admission)."""
+        self._late_until = time.monotonic() + seconds
+
     async def _pulse(self, stopping: asyncio.Event) -> None:
         """Renew the life every sweep interval, until *stopping*."""
         while not stopping.is_set():
             try:
-                await self._renew()
+                if time.monotonic() >= self._late_until:
+                    await self._renew()
             except LeaseError as exc:
                 log.event("seats_life_renew_failed", "warning", error=str(exc))
             try:

@@ -256,6 +256,7 @@ def test_expand_env_directly():
         ("fleet: {heartbeat: 50}\n", "fleet.lease_ttl", "must be > heartbeat"),
         ("debug: {faults: [{role: broker, kind: crash}]}\n", "debug.faults[0].role", "broker"),
         ("debug: {faults: [{role: crewletd, kind: crash}]}\n", "debug.faults[0].kind", "crewletd only takes kind wedge"),
+        ("debug: {faults: [{role: ingress, kind: late}]}\n", "debug.faults[0].kind", "kind late is the seats role's"),
         ("debug: {faults: [{role: seats, kind: crash, code: 256}]}\n", "debug.faults[0].code", "<= 255"),
         ("debug: {faults: [{kind: crash}]}\n", "debug.faults[0].role", "required key is missing"),
         ("data_dir: ''\n", "data_dir", "must not be empty"),
