@@ -363,6 +363,12 @@ async def _inject(ctx: RoleContext, fault) -> None:
         os._exit(fault.code)
     elif fault.kind == "mute":
         ctx._heartbeats = False
+    elif fault.kind == "lag":
+        # The copy applies nothing for a while, its process otherwise well: the
+        # log's trim must wait for it (an in-service copy that has not applied).
+        ctx.applier.lag(fault.seconds)
+        await asyncio.sleep(fault.seconds)
+        log.event("fault_lag_over", "warning", seconds=fault.seconds)
     elif fault.kind == "late":
         # The seats' life not renewed for a while: admission must hold every
         # turn back until a renewal is fresh again.

@@ -497,10 +497,11 @@ class Fault(_Section):
     # wedge: block the loop; crash: exit at once; mute: stop heartbeats;
     # orphan: start a short-lived process whose parent exits at once;
     # grandchild: start a long-lived process that ignores SIGTERM;
-    # late (seats only): renew the seats' life not at all for `seconds`.
-    kind: Literal["wedge", "crash", "mute", "orphan", "grandchild", "late"]
+    # late (seats only): renew the seats' life not at all for `seconds`;
+    # lag (data_applier only): apply nothing to the copy for `seconds`.
+    kind: Literal["wedge", "crash", "mute", "orphan", "grandchild", "late", "lag"]
     after: float = Field(0.0, ge=0, le=DAY)  # seconds after the child reports ready; a test lasts less than a day
-    seconds: float = Field(3600.0, gt=0, le=DAY)  # how long a wedge blocks the loop, or late holds renewals back; a day at most
+    seconds: float = Field(3600.0, gt=0, le=DAY)  # how long a wedge blocks the loop, late or lag holds back; a day at most
     code: int = Field(1, ge=0, le=255)  # exit code of a crash
     once: bool = True  # only in the child's first incarnation (restart count 0)
 
@@ -511,6 +512,8 @@ class Fault(_Section):
             raise ValueError(f"crewletd only takes kind wedge, got {v!r}")
         if v == "late" and info.data.get("role") != "seats":
             raise ValueError("kind late is the seats role's (its life's renewals held back)")
+        if v == "lag" and info.data.get("role") != "data_applier":
+            raise ValueError("kind lag is the data_applier role's (its copy held back)")
         return v
 
 

@@ -239,6 +239,7 @@ async def main(ctx: RoleContext) -> None:
     view = EstateView(ctx.jetstream())
     snapshots = Snapshots(applier, objects, view, cfg.estate.snapshot_every)
     applier.notices_to = list(ctx.config.smtp.notices_to)
+    ctx.applier = applier  # fault injection reaches it (debug.faults kind lag)
     estate = ipc.bind(ctx.zmq, ctx.run_dir, zmq.ROUTER, "estate")
     applied = ipc.bind(ctx.zmq, ctx.run_dir, zmq.PUB, "applied", linger=PUB_LINGER_MS)
     subs = await serve_nats(ctx.nats, applier)

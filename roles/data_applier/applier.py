@@ -225,6 +225,7 @@ class Applier:
     def __init__(self, nc: Client, js: JetStreamContext, node: str, data_dir: str, *,
                  replicas: int = 1, floor: int | None = None):
         self.nc = nc
+        self._lag_until = 0.0  # nothing applied before this (monotonic): debug.faults kind lag
         # The node's disk (None: not watched); below its floor nothing is applied.
         self.space = disk.Watch(data_dir, floor) if floor else None
         self.copy_path = store.copy_path(data_dir)
@@ -381,6 +382,11 @@ class Applier:
             finally:
                 await self._unsubscribe()
 
+    def lag(self, seconds: float) -> None:
+        """Apply nothing for *seconds*, the process otherwise well (fault
+        injection, ``debug.faults`` kind ``lag``: a copy slow to acknowledge)."""
+        self._lag_until = time.monotonic() + seconds
+
     async def _follow(self) -> None:
         """Check the copy against the log, then apply it from applied + 1 until
         something calls for a fresh subscription."""
@@ -424,6 +430,8 @@ class Applier:
                 batch.append(await self._sub.next_msg(timeout=STALL_CHECK))
             entries, gap = await self._in_order(batch, fresh)
             fresh = False
+            while time.monotonic() < self._lag_until and not self.stopping:
+                await asyncio.sleep(0.1)  # a fault holds the copy back (debug.faults kind lag)
             if entries:
                 await self._apply(entries)
                 progress = time.monotonic()

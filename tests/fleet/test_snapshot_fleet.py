@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 
 import nats
 import pytest
@@ -101,3 +102,37 @@ def _record(url: str, node: str) -> dict:
         finally:
             await nc.close()
     return asyncio.run(read())
+
+
+LAG = 8.0  # seconds b's copy applies nothing (debug.faults kind lag), its node otherwise well
+
+
+def test_the_trim_waits_for_a_copy_in_service_that_has_not_applied(natsd, make_node):
+    """The trim goes no further than what every copy in service has applied:
+    while b's applier holds back (in service, its process well), a applies
+    the whole log and makes a snapshot, and the log keeps every entry b has
+    not applied; once b catches up, the trim goes on past it."""
+    from tests.conftest import start_all
+    a, b = start_all([
+        fleet_node(make_node, natsd, "a", node={"roles": ["data", "workers"]}, estate=UPKEEP),
+        fleet_node(make_node, natsd, "b", node={"roles": ["data"]}, estate=UPKEEP,
+                   debug={"faults": [{"role": "data_applier", "kind": "lag", "seconds": LAG}]})])
+    began = wait_for(lambda: next((e for e in b.events() if e.get("event") == "fault_injected"
+                                   and e.get("kind") == "lag"), None), 20, what="b's copy held back")
+    held_at = applied(b)
+    run(publish_to(natsd.url, random_log(23, 450)))
+    last = run(log_last(natsd.url))
+    wait_for(lambda: applied(a) >= last, 30, what="a applied the log")
+    wait_for(lambda: _bounds_and_snapshots(natsd.url)[1], 30, what="a snapshot made by a")
+    checks = 0
+    while not any(e.get("event") == "fault_lag_over" for e in b.events()):
+        assert time.time() < began["ts"] + LAG + 10, "b's lag never ended"
+        first, _ = _bounds_and_snapshots(natsd.url)
+        assert first <= applied(b) + 1, f"trimmed to {first} past b's copy at {applied(b)}"
+        assert _record(natsd.url, "b").get("in_service") is True
+        checks += 1
+        time.sleep(0.25)
+    assert checks >= 4 and applied(b) == held_at, (checks, applied(b), held_at)
+    # Caught up, b no longer holds it back: the log is trimmed past where b was.
+    wait_for(lambda: applied(b) >= last, 30, what="b caught up")
+    wait_for(lambda: _bounds_and_snapshots(natsd.url)[0] > held_at + 1, 30, what="the log trimmed past b's old place")

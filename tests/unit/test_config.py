@@ -257,6 +257,7 @@ def test_expand_env_directly():
         ("debug: {faults: [{role: broker, kind: crash}]}\n", "debug.faults[0].role", "broker"),
         ("debug: {faults: [{role: crewletd, kind: crash}]}\n", "debug.faults[0].kind", "crewletd only takes kind wedge"),
         ("debug: {faults: [{role: ingress, kind: late}]}\n", "debug.faults[0].kind", "kind late is the seats role's"),
+        ("debug: {faults: [{role: seats, kind: lag}]}\n", "debug.faults[0].kind", "kind lag is the data_applier role's"),
         ("debug: {faults: [{role: seats, kind: crash, code: 256}]}\n", "debug.faults[0].code", "<= 255"),
         ("debug: {faults: [{kind: crash}]}\n", "debug.faults[0].role", "required key is missing"),
         ("data_dir: ''\n", "data_dir", "must not be empty"),
