@@ -94,7 +94,8 @@ async def main(ctx: RoleContext) -> None:
     projection.on_turn = front.metrics.turn
 
     host, _, port = cfg.ingress.listen.rpartition(":")
-    config = uvicorn.Config(make_app(ctx, front, keyring), host=host, port=int(port), lifespan="off",
+    app = make_app(ctx, front, keyring)
+    config = uvicorn.Config(app, host=host, port=int(port), lifespan="off",
                             log_config=None, access_log=False, timeout_graceful_shutdown=2,
                             timeout_keep_alive=KEEP_ALIVE, ws="websockets-sansio",
                             # The request deadlines and the connection bound: ingress.header_timeout,
@@ -116,6 +117,7 @@ async def main(ctx: RoleContext) -> None:
         asyncio.create_task(_deliver_notices(ctx, front), name="notify"),
         asyncio.create_task(conductor.run_sessions(), name="sessions"),
         asyncio.create_task(front.vault.run(ctx.stopping.is_set), name="secrets"),
+        asyncio.create_task(app.state.mcp.run(), name="operator mcp"),
     ]
     for task in background:
         task.add_done_callback(lambda t: t.cancelled() or t.exception() is None

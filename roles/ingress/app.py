@@ -53,6 +53,7 @@ from crewlet.tokens import Keyring
 from roles.ingress import auth, hardening
 from roles.ingress.api import (company, conversations, dlq, estate, feed, files, fleet, hooks, schedules, seats,
                                secrets)
+from roles.ingress import mcp
 from roles.ingress.front import Front
 from roles.ingress.problems import problem_response
 from roles.ingress import problems
@@ -293,6 +294,9 @@ def make_app(ctx, front: Front | None = None, keyring: Keyring | None = None) ->
             return problem_response(503, "unavailable", "metrics are not ready yet")
         return Response(generate_latest(front.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    # The operator MCP server (crewlet.operator): its tools are this API's routes.
+    app.state.mcp = mcp.McpEndpoint(app.openapi, keyring, cfg.ingress.listen)
+    app.add_route(mcp.PATH, app.state.mcp, include_in_schema=False)
     for router in ROUTERS:
         app.include_router(router)
     # FastAPI keeps included routers whole (not their routes): what a 405's Allow names.
