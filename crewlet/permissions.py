@@ -100,9 +100,10 @@ nobody's but ``crewlet``'s. What the roles may do, in the order it matters:
     estate log; asks an applier (``estate.req.*.workers.<node>``) for the
     maintenance duty's ``turn.trim`` only.
 
-The ``secrets`` bucket (:mod:`crewlet.vault`) is read by ``seats`` and
-``ingress`` only, the roles that use a secret, and written by ``crewlet``
-alone; ``data_applier`` and ``workers`` cannot read a sealed record at all.
+The ``secrets`` bucket (:mod:`crewlet.vault`) is read by ``seats``,
+``ingress`` and ``workers`` only, the roles that use a secret (providers'
+keys, webhook secrets, the reconcile duty's GitHub token), and written by
+``crewlet`` alone; ``data_applier`` cannot read a sealed record at all.
 
 What each origin may write to the estate
 ----------------------------------------
@@ -360,6 +361,7 @@ def grants(node: str) -> dict[str, Grant]:
                 outbox.STREAM: (*LOOK, "follow", "make"),
                 kv(buckets.CLAIMS): LOOK,
                 kv(buckets.RATE): LOOK,
+                kv(buckets.SECRETS): WATCH,  # the reconcile duty's GitHub token (crewlet.vault)
             },
             files=True,                     # the collector removes what no file row names
             writes={buckets.OBJECTS.name: "collector",

@@ -372,13 +372,14 @@ def _is_word(char: str) -> bool:
 def company_env_names(company: Any) -> list[str]:
     """The environment variables *company* (a :class:`~crewlet.company.model.Company`
     or its JSON dump) names as holding a secret: providers' ``api_key_env``,
-    integrations' ``secret_env``."""
+    integrations' ``secret_env`` and their reconcile's ``token_env``."""
     if company is None:
         return []
     providers = _get(company, "providers") or {}
     integrations = _get(company, "integrations") or {}
     names = [_get(p, "api_key_env") for p in providers.values()]
     names += [_get(i, "secret_env") for i in integrations.values()]
+    names += [_get(_get(i, "reconcile") or {}, "token_env") for i in integrations.values()]
     return [n for n in names if n]
 
 

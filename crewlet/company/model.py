@@ -468,12 +468,45 @@ class Route(_Model):
                                       ("channel", self.channel), ("action", self.action)))
 
 
+# integrations.<name>.reconcile.repository: a GitHub owner/name.
+GITHUB_REPOSITORY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
+GITHUB_API = "https://api.github.com"
+
+
+class Reconcile(_Model):
+    """A GitHub webhook's deliveries looked over by the ``reconcile`` duty
+    (roles/workers/duties/reconcile.py): each one that failed and that no node
+    stored is redelivered by GitHub, so a delivery missed while every ingress
+    was down still becomes mail, once. GitHub keeps three days of deliveries."""
+
+    repository: Annotated[str, _pattern(GITHUB_REPOSITORY_RE, "must be a GitHub repository, owner/name")]
+    hook_id: int = Field(ge=1)  # the webhook's id (its settings page's URL ends with it)
+    # a token that may read and redeliver the hook's deliveries (repository webhooks: read
+    # and write): a fleet secret's name, or an environment variable on the workers nodes
+    token_secret: SecretName | None = None
+    token_env: EnvName | None = Field(None, validate_default=True)
+    api_url: HttpUrl = GITHUB_API  # GitHub's REST API (GitHub Enterprise: https://<host>/api/v3)
+    every: int = Field(300, ge=1, le=86400)  # seconds between looks
+    window: int = Field(86400, ge=60, le=3 * 86400)  # seconds back a look goes (GitHub keeps 3 days)
+
+    @field_validator("token_env")
+    @classmethod
+    def _one_token(cls, v: str | None, info: ValidationInfo) -> str | None:
+        named = info.data.get("token_secret")
+        if v is None and named is None and "token_secret" not in info.data:
+            return v
+        if (v is None) == (named is None):
+            raise ValueError("give token_secret (a fleet secret's name) or token_env, exactly one")
+        return v
+
+
 class Integration(_Model):
     """An inbound webhook, served at ``/v1/hooks/<name>``. Which keys apply
     depends on ``kind``:
 
     ======== ==============================================================
-    github   X-Hub-Signature-256, X-GitHub-Delivery, X-GitHub-Event (fixed)
+    github   X-Hub-Signature-256, X-GitHub-Delivery, X-GitHub-Event (fixed);
+             reconcile: its missed deliveries redelivered
     slack    X-Slack-Signature over v0:<timestamp>:<body> (fixed)
     generic  signature_header, delivery_header, event_header (defaults above)
     ======== ==============================================================
@@ -490,6 +523,16 @@ class Integration(_Model):
     delivery_header: HeaderName | None = Field(None, validate_default=True)  # generic only: the delivery id
     event_header: HeaderName | None = Field(None, validate_default=True)  # generic only: the event type
     routes: list[Route] = Field(min_length=1)  # the first whose fields all match takes the delivery
+    # github only: its deliveries looked over and the missed ones redelivered (a duty)
+    reconcile: Reconcile | None = Field(None, validate_default=True)
+
+    @field_validator("reconcile")
+    @classmethod
+    def _github_only(cls, v: Reconcile | None, info: ValidationInfo) -> Reconcile | None:
+        kind = info.data.get("kind")
+        if v is not None and kind is not None and kind != "github":
+            raise ValueError(f"only for kind github (the only sender with a deliveries API), not {kind}")
+        return v
 
     @field_validator("secret_env")
     @classmethod

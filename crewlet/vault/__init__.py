@@ -30,8 +30,9 @@ Who holds what. crewletd writes (``crewletctl secret`` and the API's admin
 route go through its control socket) and re-seals at start what is sealed
 with an older key it holds. The ``seats`` role reads (its providers' keys;
 a CLI agent is given its own provider's key and no other), ``ingress`` reads
-(webhook secrets); the broker refuses the ``secrets`` bucket to
-``data_applier`` and ``workers`` (:mod:`crewlet.permissions`). A value is
+(webhook secrets), ``workers`` reads (the reconcile duty's GitHub token);
+the broker refuses the ``secrets`` bucket to ``data_applier``
+(:mod:`crewlet.permissions`). A value is
 never logged, never in status, the estate or an API answer, never in any
 child's environment but a CLI agent's own key; every process that opens
 one learns it (:mod:`crewlet.redaction`), so text from a tool that says it

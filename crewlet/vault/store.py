@@ -142,10 +142,14 @@ def named_by(company: Any) -> dict[str, list[str]]:
         return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
 
     found: dict[str, list[str]] = {}
-    for section, field in (("providers", "api_key_secret"), ("integrations", "secret")):
+    for section, field in (("providers", "api_key_secret"), ("integrations", "secret"),
+                           ("integrations", "reconcile.token_secret")):
         for name, spec in (get(company, section) or {}).items() if company is not None else ():
-            if get(spec, field):
-                found.setdefault(get(spec, field), []).append(f"{section}.{name}.{field}")
+            value = spec
+            for part in field.split("."):
+                value = get(value, part) if value is not None else None
+            if value:
+                found.setdefault(value, []).append(f"{section}.{name}.{field}")
     return found
 
 

@@ -261,7 +261,7 @@ def test_the_sealed_secrets_are_read_only_by_the_roles_that_use_them(node):
 
     out = asyncio.run(go())
     assert out == {"seats": (True, False), "ingress": (True, False),
-                   "data_applier": (False, False), "workers": (False, False)}, out
+                   "data_applier": (False, False), "workers": (True, False)}, out
     _, record = read_nats(node_url(node), lambda nc, js: vault_store.read(js, "probe"))
     assert record is not None and record.version == 1  # no role's write landed
 
