@@ -335,6 +335,10 @@ def grants(node: str) -> dict[str, Grant]:
                 # reader, deleted when it goes.
                 runs.STREAM: WATCH,
                 kv(buckets.SECRETS): WATCH,  # webhook signing secrets (crewlet.vault)
+                # /v1/admin/capacity: the estate log's length and its first entry's
+                # age, and the snapshots the slot names.
+                estate_log.STREAM: LOOK,
+                kv(buckets.OBJECTS): LOOK,
             },
             writes={buckets.CONFIG.name: ANY, buckets.CLAIMS.name: ANY,
                     buckets.LEASES.name: DRIVER_LEASES},

@@ -282,12 +282,18 @@ async def evict(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
         reason = args.get("reason") or "evicted by the operator"
         if not isinstance(reason, str):
             raise CommandError("reason must be a string")
+        copies = _router(node).view.data_nodes()
+        if target not in {c.id for c in copies}:
+            # Never an eviction of a copy the fleet does not know: a typo would sit in the
+            # bucket for ever, waiting for a node of that name.
+            raise CommandError(f"no copy of the estate is known on node {target!r}", code="not_found")
         # The eviction gate: never the last copy in service (crewlet/coord/capacity.py),
         # unless the operator says so (a copy serving wrong rows is worse than none).
-        refused = capacity.eviction_refused(_router(node).view.data_nodes(), target)
+        refused = capacity.eviction_refused(copies, target)
         if refused is not None and not args.get("force"):
             raise CommandError(f"eviction refused: {refused}; --force evicts it all the same")
-        record = {"reason": reason, "at": time.time(), "by": f"crewletctl@{node.cfg.node.id}"}
+        by = args.get("by") if isinstance(args.get("by"), str) else f"crewletctl@{node.cfg.node.id}"
+        record = {"reason": reason, "at": time.time(), "by": by}
         await js.publish(subject, json.dumps(record).encode())
     except CommandError:
         raise

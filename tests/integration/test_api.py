@@ -284,7 +284,7 @@ def test_every_route_without_a_token_is_a_401_with_a_challenge(guarded, main):
 def test_a_read_token_cannot_write_and_a_write_token_cannot_apply_a_company(guarded):
     writes = [(m, t) for m, t in guarded.operations()
               if m in ("POST", "PUT", "PATCH") and not t.startswith("/v1/hooks/")]
-    assert len(writes) == 15, writes
+    assert len(writes) == 16, writes
     for method, template in writes:
         body = problem(guarded(method, fill(template), as_="read", json={}), 403, "forbidden")
         assert "reader" in body["detail"] and "this needs" in body["detail"], body
@@ -732,6 +732,7 @@ WRITES = {
     ("POST", "/v1/fleet/nodes/{node}/drain"): {"deadline": 5},
     ("POST", "/v1/fleet/nodes/{node}/undrain"): None,
     ("PUT", "/v1/secrets/{name}"): {"value": "from-the-token-test-0123", "grace": 0},
+    ("POST", "/v1/admin/evict/{node}"): {"reason": "the token test"},
     ("DELETE", "/v1/secrets/{name}"): None,
 }
 
