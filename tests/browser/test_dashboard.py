@@ -98,6 +98,10 @@ def test_mail_sent_through_the_api_shows_its_turn_in_the_feed_within_2s(make_nod
     # Its seats' tools run confined, and the card says so (unconfined: a warning, with the fix).
     expect(card.get_by_test_id("node-sandbox")).to_have_attribute("data-state", "confined")
     expect(card.get_by_test_id("node-sandbox")).to_contain_text("Confined")
+    # Its own upkeep, for an admin's token (GET /v1/admin/capacity, /retention).
+    expect(card.get_by_test_id("node-capacity")).to_contain_text("free")
+    expect(card.get_by_test_id("node-capacity")).to_contain_text("estate copy")
+    expect(card.get_by_test_id("node-retention")).to_contain_text("turns 90 d · events 7 d · mail 14 d")
     expect(page.get_by_test_id("duty-fleet_shape")).to_have_attribute("data-node", "t1")
     expect(page.locator("[data-testid^=seat-row-]")).to_have_count(30)
     expect(page.get_by_test_id("seat-row-ceo")).to_contain_text("t1")

@@ -6,21 +6,13 @@ import { ApiError, api, problemText, refusal, request, seg } from "./api.js";
 import { $, el, say } from "./dom.js";
 import { registerTab } from "./tabs.js";
 import { when } from "./time.js";
+import { sizeText } from "./words.js";
 
 const PAGE = 50;
 const files = { rows: [], next: null, request: 0, loaded: false };
 
 function fileUrl(f) {
   return `/v1/files/${seg(f.project)}/${f.path.split("/").map(seg).join("/")}`;
-}
-
-function sizeText(n) {
-  if (typeof n !== "number") return "?";
-  if (n < 1024) return `${n} B`;
-  const units = ["KiB", "MiB", "GiB", "TiB"];
-  let v = n / 1024, i = 0;
-  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
-  return `${v.toFixed(v < 10 ? 1 : 0)} ${units[i]}`;
 }
 
 async function loadFiles(fresh) {

@@ -1,11 +1,53 @@
 /* The Fleet card: a card per node (its health, roles, estate copy, how its
  * seats' tools run, its processes) and the duties, each held by one node. */
 
+import { api, currentToken } from "./api.js";
+import { on } from "./bus.js";
 import { $, el, factList, pill, reconcile } from "./dom.js";
 import { register } from "./render.js";
 import { S } from "./state.js";
-import { when } from "./time.js";
-import { CHILD_STATES, CHILD_WORDS, DUTY_WORDS, ROLE_WORDS, humanize } from "./words.js";
+import { absolute, when } from "./time.js";
+import { CHILD_STATES, CHILD_WORDS, DUTY_WORDS, ROLE_WORDS, humanize, plural, sizeText } from "./words.js";
+
+// This node's own upkeep — its disk, the log's growth, retention (GET /v1/admin/capacity
+// and /retention) — read for an admin token only (others are answered 403: not shown),
+// at sign-in and every UPKEEP_EVERY ms.
+const UPKEEP_EVERY = 30000;
+let upkeep = null;
+
+async function readUpkeep() {
+  if (!currentToken()) return;
+  try {
+    const [capacity, retention] = await Promise.all([api("/v1/admin/capacity"), api("/v1/admin/retention")]);
+    upkeep = { capacity, retention };
+  } catch (e) {
+    upkeep = null;  // not an admin's token, or not answered: nothing to show
+  }
+  renderFleet();
+}
+
+function upkeepFacts(fact) {
+  const { capacity: c, retention: r } = upkeep;
+  const growth = c.growth.log_bytes_per_day;
+  fact("Disk", el("span", { "data-testid": "node-capacity" },
+    pill(c.disk.low ? "bad" : "ok", `${sizeText(c.disk.free)} free`, `of ${sizeText(c.disk.size)}`),
+    el("span", { class: "muted small note" },
+      ` · floor ${sizeText(c.disk.floor)} · estate copy ${sizeText(c.copy.bytes)} · log ${plural(c.log.messages, "entry", "entries")} ` +
+      `(${c.log.first_seq}–${c.log.last_seq}), ${plural(c.snapshots.length, "snapshot", "snapshots")} · ` +
+      (growth ? `grows ~${sizeText(Math.round(growth))} a day` +
+        (c.growth.floor_reached_at ? `, the floor met ~${absolute(c.growth.floor_reached_at)}` : "")
+        : "no growth measured yet"))));
+  const k = r.retention, done = r.removed_in_all || {};
+  fact("Retention", el("span", { "data-testid": "node-retention" },
+    `turns ${k.turns_days} d · events ${k.events_days} d · mail ${k.mail_days} d`,
+    el("span", { class: "muted small note" },
+      r.last_sweep ? ` · removed so far: ${done.turns || 0} turns, ${done.mail || 0} mails, ${done.mailboxes || 0} mailboxes`
+        : " · no sweep yet")));
+}
+
+setInterval(readUpkeep, UPKEEP_EVERY);
+on("signed-in", readUpkeep);
+on("snapshot", readUpkeep);
 
 export function nodeHealth(n) {
   if (n.state === "gone") return ["bad", "Gone", "its presence lapsed: the node stopped or lost the fleet"];
@@ -51,8 +93,9 @@ function nodeSig(n) {
   const copy = n.copy ? [n.copy.in_service, n.copy.lagging, n.copy.reason, n.copy.applied] : null;
   const kids = (n.children || []).map((k) => [k.name, k.state, k.pid, k.restarts, k.last_exit && k.last_exit.reason]);
   const box = n.sandbox ? [n.sandbox.state, n.sandbox.reason] : null;
+  const mine = n.id === S.node && upkeep ? JSON.stringify(upkeep) : null;
   return JSON.stringify([n.state, n.drain, n.draining, n.gone_at, n.roles, copy, box, n.children ? kids : null, n.version, n.started_at,
-    n.broker, n.labels, seatsHeldBy(n.id), dutiesOf(n.id), n.id === S.node]);
+    n.broker, n.labels, seatsHeldBy(n.id), dutiesOf(n.id), n.id === S.node, mine]);
 }
 
 function seatsHeldBy(id) {
@@ -99,6 +142,7 @@ function buildNode(n) {
     const duties = dutiesOf(n.id);
     fact("Duties", duties.length ? duties.map(humanize).join(", ") : el("span", { class: "muted" }, "none"));
   }
+  if (n.id === S.node && upkeep) upkeepFacts(fact);
   if (n.started_at) fact("Started", when(n.started_at));
   if (n.version) fact("Version", `${n.version}${n.broker ? " · broker " + n.broker : ""}`);
   card.append(el("div", { class: "node-body" }, facts, childrenView(n)));
