@@ -468,6 +468,17 @@ class Route(_Model):
                                       ("channel", self.channel), ("action", self.action)))
 
 
+def _exactly_one(v: Any, info: ValidationInfo, other: str, message: str) -> Any:
+    """*v* (the field being validated), when exactly one of it and the field
+    *other* (validated before it) is given; ValueError *message* otherwise."""
+    named = info.data.get(other)
+    if v is None and named is None and other not in info.data:
+        return v  # the other was invalid itself: that error is the one to read
+    if (v is None) == (named is None):
+        raise ValueError(message)
+    return v
+
+
 # integrations.<name>.reconcile.repository: a GitHub owner/name.
 GITHUB_REPOSITORY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
 GITHUB_API = "https://api.github.com"
@@ -492,12 +503,8 @@ class Reconcile(_Model):
     @field_validator("token_env")
     @classmethod
     def _one_token(cls, v: str | None, info: ValidationInfo) -> str | None:
-        named = info.data.get("token_secret")
-        if v is None and named is None and "token_secret" not in info.data:
-            return v
-        if (v is None) == (named is None):
-            raise ValueError("give token_secret (a fleet secret's name) or token_env, exactly one")
-        return v
+        return _exactly_one(v, info, "token_secret", "give token_secret (a fleet secret's name) or "
+                                                     "token_env, exactly one")
 
 
 class Integration(_Model):
@@ -537,13 +544,8 @@ class Integration(_Model):
     @field_validator("secret_env")
     @classmethod
     def _one_secret(cls, v: str | None, info: ValidationInfo) -> str | None:
-        named = info.data.get("secret")
-        if v is None and named is None and "secret" not in info.data:
-            return v  # secret itself was invalid: that error is the one to read
-        if (v is None) == (named is None):
-            raise ValueError("give secret (a fleet secret's name) or secret_env (an environment "
-                             "variable's), exactly one")
-        return v
+        return _exactly_one(v, info, "secret", "give secret (a fleet secret's name) or secret_env (an "
+                                               "environment variable's), exactly one")
 
     @field_validator("signature_header", "delivery_header", "event_header")
     @classmethod
