@@ -200,10 +200,10 @@ def _addresses(ctx: ToolContext, to: list[str]) -> list[str]:
         person = people.get(item)
         if person is None:
             known = ", ".join(sorted(people)[:20]) or "none"
-            raise ToolError(f"notify refused: {item!r} is neither an email address nor a person of the "
-                            f"company (people: {known})")
+            raise ToolError(f"notify refused: to: {item!r} is neither an email address nor a person of "
+                            f"the company (people: {known})")
         if not person.email:
-            raise ToolError(f"notify refused: {item} ({person.name}) has no email address in the company")
+            raise ToolError(f"notify refused: to: {item} ({person.name}) has no email address in the company")
         out.append(person.email)
     return out
 
