@@ -41,14 +41,19 @@ def _script(name: str, module: str) -> list[str]:
 # runs at a time, beside the single-node tests. With -n 0 the marks are
 # inert and the suite runs in one process, as before.
 FLEET_GROUP = "fleet"
+# Fleet files light enough — a few nodes on one test broker, no cluster or chaos of their
+# own, as heavy as an integration file with nodes — to run beside the fleet group, each
+# a group of its own, rather than in it: the fleet group is the suite's critical path.
+BESIDE_THE_FLEET = frozenset({"tests/fleet/test_vault_fleet.py", "tests/fleet/test_snapshot_fleet.py",
+                              "tests/fleet/test_scheduler_fleet.py"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks into the test ids
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         path = item.nodeid.split("::", 1)[0]
-        group = FLEET_GROUP if path.startswith("tests/fleet/") else path
-        item.add_marker(pytest.mark.xdist_group(group))
+        fleet = path.startswith("tests/fleet/") and path not in BESIDE_THE_FLEET
+        item.add_marker(pytest.mark.xdist_group(FLEET_GROUP if fleet else path))
 
 
 # ---------------------------------------------------------------- throwing dirs away
