@@ -282,8 +282,11 @@ async def evict(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
         reason = args.get("reason") or "evicted by the operator"
         if not isinstance(reason, str):
             raise CommandError("reason must be a string")
-        copies = _router(node).view.data_nodes()
-        if target not in {c.id for c in copies}:
+        view = _router(node).view
+        copies = view.data_nodes()
+        # A copy is known by a live data node's presence or by its applier's record
+        # (a node that is down now: evicting it before it comes back is the point).
+        if target not in {c.id for c in copies} and view.record(target) is None:
             # Never an eviction of a copy the fleet does not know: a typo would sit in the
             # bucket for ever, waiting for a node of that name.
             raise CommandError(f"no copy of the estate is known on node {target!r}", code="not_found")
@@ -352,8 +355,8 @@ async def secret(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     """The fleet's secrets (:mod:`crewlet.vault`). ``action``: ``set``
     (``name``, ``value``, ``grace`` seconds the replaced version is still
     accepted, ``by``), ``remove`` (``name``) or ``list``. A value is taken,
-    sealed and stored; it is never answered, logged or kept in memory here
-    past the call."""
+    sealed and stored; it is never answered nor logged (crewletd keeps it
+    only among the values it redacts)."""
     js = node.fleet.js if node.fleet is not None else None
     if js is None:
         raise CommandError("this node has not joined the fleet yet")
@@ -361,8 +364,13 @@ async def secret(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     by = args.get("by") or f"crewletctl@{node.cfg.node.id}"
     company = (node.fleet.company or {}).get("company")
     try:
+        keys = vault.Keys.of(node.cfg)
+    except (OSError, ValueError) as exc:
         if action == "set":
-            keys = vault.Keys.of(node.cfg)
+            raise CommandError(f"the vault key cannot be read on this node: {exc}") from None
+        keys = None  # listing and removing need none
+    try:
+        if action == "set":
             value = args.get("value")
             record = await vault_store.put(js, keys, args.get("name"), value, by=str(by),
                                            grace=args.get("grace"))
@@ -377,10 +385,6 @@ async def secret(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
             log.event("secret_removed", "warning", secret=name, by=by)
             return {"removed": name, "named_by": vault_store.named_by(company).get(name, [])}
         if action == "list":
-            try:
-                keys = vault.Keys.of(node.cfg)
-            except (OSError, ValueError):
-                keys = None
             named = vault_store.named_by(company)
             shown = []
             for record in await vault_store.records(js):
@@ -389,8 +393,6 @@ async def secret(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
                     "key": keys.sealing_id if keys is not None else None}
     except vault_store.BadSecret as exc:
         raise CommandError(str(exc)) from None
-    except (OSError, ValueError) as exc:  # no vault key readable here
-        raise CommandError(f"the vault key cannot be read on this node: {exc}") from None
     except CommandError:
         raise
     except Exception as exc:  # the broker unanswered: say so, never claim it is done

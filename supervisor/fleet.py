@@ -245,7 +245,7 @@ class Fleet:
                                              "node.*", self._status_seen, name="status node.*"))
             # The secrets' values learnt, so a child's line that says one is
             # redacted as it is forwarded (crewlet.log.forward).
-            self.vault = vault.Vault(self._js, vault.vault_keys(self.cfg, "crewletd"), role="crewletd")
+            self.vault = vault.Vault.of(self._js, self.cfg, "crewletd")
             group.create_task(self.vault.run())
             group.create_task(buckets.follow(lambda: self._js.key_value(buckets.STATUS.name),
                                              drain.KEYS, self.drains.seen, opened=self.drains.opened,

@@ -21,6 +21,7 @@ import sys
 import click
 
 from crewlet.ctl import CALL_TIMEOUT, EXIT_USAGE, Ctl, fail
+from crewlet.vault.store import CALLER_WAIT as WRITE_TIMEOUT
 from crewlet.ctl.render import secret_set_text, secrets_view
 from crewlet.ctl.status import show
 
@@ -75,7 +76,7 @@ def set_(ctl: Ctl, name: str, path: str | None, grace: float | None) -> None:
     value), 2 for input that cannot be read, 69 when no node answers.
     """
     value = _value(path)
-    click.echo(secret_set_text(ctl.ask("secret", CALL_TIMEOUT, action="set", name=name, value=value,
+    click.echo(secret_set_text(ctl.ask("secret", WRITE_TIMEOUT, action="set", name=name, value=value,
                                        grace=grace)))
 
 
@@ -102,6 +103,6 @@ def rm(ctl: Ctl, name: str) -> None:
     What the company names it with stops working at its next use. Exits 0,
     1 if crewletd refuses (no such secret), 69 when no node answers.
     """
-    result = ctl.ask("secret", CALL_TIMEOUT, action="remove", name=name)
+    result = ctl.ask("secret", WRITE_TIMEOUT, action="remove", name=name)
     used = result.get("named_by") or []
     click.echo(f"removed {name}" + (f"; still named by {', '.join(used)}" if used else ""))

@@ -14,6 +14,7 @@ the validation and the answers are the API's, and so are its limits.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable
 
 import httpx2
@@ -36,24 +37,35 @@ class OperatorServer:
     OpenAPI document, by name; ``token_of(ctx)`` is the token a request's
     calls are made with (None: refused)."""
 
-    def __init__(self, openapi: dict[str, Any], client: httpx2.AsyncClient,
+    def __init__(self, openapi: Callable[[], dict[str, Any]], client: httpx2.AsyncClient,
                  token_of: Callable[[Any], str | None]):
-        self.tools: dict[str, OperatorTool] = {t.name: t for t in tools_of(openapi)}
+        self._openapi = openapi
+        self._tools: dict[str, OperatorTool] | None = None  # made at first use (see tools)
         self.client = client
         self.token_of = token_of
         self.mcp = Server(SERVER_NAME, version=crewlet.__version__, instructions=INSTRUCTIONS,
                           on_list_tools=self._list, on_call_tool=self._call)
         self.mcp.middleware = []  # no OpenTelemetry span a message: nothing exports them
 
+    async def tools(self) -> dict[str, OperatorTool]:
+        """The tools, by name: made from the OpenAPI document at first use, in a
+        thread (generating the document is ~a second of CPU: not in a node's
+        start, nor on its loop)."""
+        if self._tools is None:
+            made = await asyncio.to_thread(lambda: tools_of(self._openapi()))
+            self._tools = {t.name: t for t in made}
+        return self._tools
+
     async def _list(self, ctx: Any, params: Any) -> mcp_types.ListToolsResult:
         return mcp_types.ListToolsResult(tools=[
             mcp_types.Tool(name=t.name, description=t.description, input_schema=t.schema)
-            for t in self.tools.values()])
+            for t in (await self.tools()).values()])
 
     async def _call(self, ctx: Any, params: mcp_types.CallToolRequestParams) -> mcp_types.CallToolResult:
-        tool = self.tools.get(params.name)
+        tools = await self.tools()
+        tool = tools.get(params.name)
         if tool is None:
-            return _result(f"unknown tool {params.name!r}; tools: {', '.join(self.tools)}", True)
+            return _result(f"unknown tool {params.name!r}; tools: {', '.join(tools)}", True)
         token = self.token_of(ctx)
         if not token:
             return _result("no API token: this server acts with the caller's token only", True)
@@ -75,6 +87,7 @@ async def serve_stdio(base_url: str, token: str) -> None:
     async with httpx2.AsyncClient(base_url=base_url, timeout=CALL_TIMEOUT, trust_env=False) as client:
         response = await client.get("/v1/openapi.json")
         response.raise_for_status()
-        server = OperatorServer(response.json(), client, lambda ctx: token)
+        document = response.json()
+        server = OperatorServer(lambda: document, client, lambda ctx: token)
         async with stdio_server() as (read, write):
             await server.mcp.run(read, write, server.mcp.create_initialization_options())

@@ -21,6 +21,7 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from crewlet import redaction
 
@@ -160,9 +161,17 @@ def _run_events(openapi: dict[str, Any]) -> OperatorTool:
                         schema, ("conversation", "run"))
 
 
-def _quoted(value: Any) -> str:
-    from urllib.parse import quote
-    return quote(str(value), safe="/") if isinstance(value, str) else str(value)
+def _quoted(name: str, value: Any) -> str | None:
+    """A path parameter as a URL part: one segment, quoted whole — but a page's
+    or file's ``path``, whose slashes are its own, with no ``.``, ``..`` or
+    empty segment (None: refused), so a value never reaches another route."""
+    text = str(value)
+    if name != "path":
+        return quote(text, safe="")
+    segments = text.split("/")
+    if any(seg in ("", ".", "..") for seg in segments):
+        return None
+    return "/".join(quote(seg, safe="") for seg in segments)
 
 
 async def call(client, tool: OperatorTool, args: dict[str, Any], token: str) -> tuple[str, bool]:
@@ -174,7 +183,10 @@ async def call(client, tool: OperatorTool, args: dict[str, Any], token: str) -> 
         return f"missing argument {missing[0]!r}", True
     path = tool.path
     for p in tool.path_params:
-        path = path.replace("{" + p + "}", _quoted(args.pop(p)))
+        part = _quoted(p, args.pop(p))
+        if part is None:
+            return f"bad argument {p!r}: no empty, '.' or '..' segment", True
+        path = path.replace("{" + p + "}", part)
     headers = {"Authorization": f"Bearer {token}"}
     if tool.name == "run_events":
         return await _events(client, path, args, headers)

@@ -26,6 +26,8 @@ from crewlet.coord import buckets
 from crewlet.vault import store
 from crewlet.vault.keys import Keys, Unsealable
 
+RELOAD_EVERY = 10.0  # seconds between reads of the node's keys for a key not held
+
 
 @dataclass(frozen=True)
 class Opened:
@@ -35,6 +37,8 @@ class Opened:
     value: str
     previous: str | None = None   # the version it replaced, while its grace lasts
     until: float = 0.0            # wall clock: when *previous* stops being accepted
+    box: str = ""                 # the sealed value it was opened from: what tells two
+    #                               records of one version apart (a secret removed and set anew)
 
 
 class Vault:
@@ -43,14 +47,26 @@ class Vault:
     watch saw (one it could not open keeps what it held before); ``_next``
     is the listing being filled."""
 
-    def __init__(self, js: JetStreamContext, keys: Keys | None, *, role: str = ""):
+    def __init__(self, js: JetStreamContext, keys: Keys | None, *, role: str = "",
+                 reload: Callable[[], Keys | None] | None = None):
         self.js = js
         self.keys = keys
         self.role = role
+        # The node's keys read again (its key file changed: a fleet secret rotated while
+        # this process ran), at most every RELOAD_EVERY s, when a record names a key not held.
+        self._reload = reload
+        self._reloaded = float("-inf")
         self._held: dict[str, Opened] = {}
         self._next: dict[str, Opened] | None = None
         self.listed = False
         self.unreadable: set[str] = set()   # names whose newest version this process cannot open
+
+    @classmethod
+    def of(cls, js: JetStreamContext, config, role: str) -> "Vault":
+        """The vault of *role* on the node configured by *config*: its keys, read
+        again when a record names one it lacks (a rotated key file)."""
+        from crewlet.vault.keys import vault_keys
+        return cls(js, vault_keys(config, role), role=role, reload=lambda: vault_keys(config, role))
 
     # ------------------------------------------------------------ reading
 
@@ -124,8 +140,9 @@ class Vault:
 
     def _open(self, record: store.Record, before: Opened | None) -> Opened | None:
         """*record* opened; None (and said once) when it cannot be, so *before* stays."""
-        if before is not None and before.version == record.version:
+        if before is not None and before.version == record.version and before.box == record.sealed["box"]:
             return before
+        self._reload_for(record.sealed["key"])
         try:
             if self.keys is None:
                 raise Unsealable("no vault key on this node")
@@ -147,7 +164,19 @@ class Vault:
             return None
         self.unreadable.discard(record.name)
         redaction.learn([value, previous])
-        return Opened(record.version, value, previous, until)
+        return Opened(record.version, value, previous, until, record.sealed["box"])
+
+    def _reload_for(self, kid: str) -> None:
+        """Read the node's keys again if *kid* is not among them (rate-limited)."""
+        if self._reload is None or (self.keys is not None and self.keys.holds(kid)):
+            return
+        now = time.monotonic()
+        if now - self._reloaded < RELOAD_EVERY:
+            return
+        self._reloaded = now
+        fresh = self._reload()
+        if fresh is not None:
+            self.keys = fresh
 
     def _said(self, name: str, now: Opened | None) -> None:
         # Never the value: its name and version say what changed.

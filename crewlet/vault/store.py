@@ -154,6 +154,10 @@ def named_by(company: Any) -> dict[str, list[str]]:
 
 
 WRITE_PATIENCE = 10.0   # seconds a write is resent while unanswered (a leader election)
+# Seconds a caller (crewletctl, the API) waits for a set or a removal: past every resend
+# and compare-and-set try — told it failed when it landed, a retry would be a new version
+# and spend the old one's grace.
+CALLER_WAIT = 30.0
 
 
 async def _write(js: JetStreamContext, name: str, data: bytes, last: int, *, delete: bool = False) -> bool:
@@ -175,10 +179,18 @@ async def _write(js: JetStreamContext, name: str, data: bytes, last: int, *, del
         raise
 
 
-async def read(js: JetStreamContext, name: str) -> tuple[int, Record | None]:
-    """*name*'s last sequence and record (None: never set, or removed)."""
+async def read(js: JetStreamContext, name: str, *, damaged_as_none: bool = False) -> tuple[int, Record | None]:
+    """*name*'s last sequence and record (None: never set, or removed; with
+    *damaged_as_none*, also one that does not parse — what a write replaces)."""
     seq, data = await buckets.last(js, buckets.SECRETS.name, name, leader=True)
-    return seq, None if data is None else parse(name, data)
+    if data is None:
+        return seq, None
+    try:
+        return seq, parse(name, data)
+    except BadRecord:
+        if damaged_as_none:
+            return seq, None
+        raise
 
 
 async def put(js: JetStreamContext, keys: Keys, name: str, value: str, *, by: str,
@@ -190,7 +202,7 @@ async def put(js: JetStreamContext, keys: Keys, name: str, value: str, *, by: st
     check_value(value)
     grace = check_grace(grace)
     for _ in range(CAS_ATTEMPTS):
-        seq, old = await read(js, name)
+        seq, old = await read(js, name, damaged_as_none=True)  # a damaged record is replaced
         version = 1 if old is None else old.version + 1
         previous = None
         if old is not None and grace > 0:
@@ -206,9 +218,9 @@ async def remove(js: JetStreamContext, name: str) -> bool:
     """Remove secret *name* (every version); False if it was not set."""
     check_name(name)
     for _ in range(CAS_ATTEMPTS):
-        seq, old = await read(js, name)
-        if old is None:
-            return False
+        seq, data = await buckets.last(js, buckets.SECRETS.name, name, leader=True)
+        if data is None:
+            return False  # (a damaged record is removed like any other)
         if await _write(js, name, b"", seq, delete=True):
             return True
         await asyncio.sleep(0.05)
@@ -236,18 +248,20 @@ async def reseal(js: JetStreamContext, keys: Keys) -> list[str]:
     start. What *keys* cannot open is left as it is."""
     done = []
     for record in await records(js):
-        if record.sealed["key"] == keys.sealing_id or not keys.holds(record.sealed["key"]):
-            continue
+        stale = [s["key"] for s in (record.sealed, (record.previous or {}).get("sealed")) if s]
+        if all(k == keys.sealing_id or not keys.holds(k) for k in stale):
+            continue  # nothing sealed under another key this node holds (a grace's too)
         try:
-            value = keys.open(record.name, record.version, record.sealed)
+            value = (keys.open(record.name, record.version, record.sealed)
+                     if keys.holds(record.sealed["key"]) else None)
             previous = record.previous
             if previous is not None and keys.holds(previous["sealed"]["key"]):
                 prior = keys.open(record.name, previous["version"], previous["sealed"])
                 previous = {**previous, "sealed": keys.seal(record.name, previous["version"], prior)}
         except Unsealable:
             continue
-        again = Record(record.name, record.version, record.by, record.at,
-                       keys.seal(record.name, record.version, value), previous)
+        sealed = record.sealed if value is None else keys.seal(record.name, record.version, value)
+        again = Record(record.name, record.version, record.by, record.at, sealed, previous)
         seq, now = await read(js, record.name)
         if now != record:
             continue

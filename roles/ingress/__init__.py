@@ -48,7 +48,7 @@ from crewlet.estate.router import START_WAIT
 from crewlet.queue import notify
 from crewlet.queue.jetstream import JetStreamMailboxes
 from crewlet.runtime import RoleContext
-from crewlet.vault import Vault, vault_keys
+from crewlet.vault import Vault
 from roles.ingress import auth, deadlines
 from roles.ingress.app import make_app
 from roles.ingress.front import Front
@@ -82,7 +82,7 @@ async def main(ctx: RoleContext) -> None:
                   mailboxes=JetStreamMailboxes(js, ctx.nats, ack_wait=cfg.fleet.ack_wait),
                   router=access.router, projection=projection, control_plane=None, zctx=ctx.zmq)
     front.metrics = Metrics(projection)
-    front.vault = Vault(js, vault_keys(cfg, "ingress"), role="ingress")
+    front.vault = Vault.of(js, cfg, "ingress")
     conv = cfg.conversations
     conductor = Conductor(
         js=js, router=access.router, mailboxes=front.mailboxes, node=cfg.node.id,

@@ -196,12 +196,19 @@ def _no_estate(front: Front | None) -> str | None:
     return router.unserved() if router is not None else None
 
 
+JOINING = {"reason": "this node's presence is not seen yet: it may come back drained"}
+
+
 def _draining(front: Front | None) -> dict | None:
     """This node's drain order, as its presence says it (None: it serves):
-    a load balancer stops sending it anything from the moment it drains."""
+    a load balancer stops sending it anything from the moment it drains. Not
+    known before the presence is seen (:data:`JOINING`): a node restarted in
+    the middle of an upgrade comes back drained, and must not say ready first."""
     projection = getattr(front, "projection", None)
-    mine = projection.holders.get(f"node.{projection.node_id}") if projection is not None else None
-    return drain.draining(mine.info) if mine is not None else None
+    if projection is None:
+        return None
+    mine = projection.holders.get(f"node.{projection.node_id}")
+    return drain.draining(mine.info) if mine is not None else JOINING
 
 
 # Seconds readiness waits for the fleet's JetStream to answer: a load

@@ -51,7 +51,7 @@ class McpEndpoint:
 
     async def run(self) -> None:
         async with httpx2.AsyncClient(base_url=self.base_url, timeout=CALL_TIMEOUT, trust_env=False) as client:
-            self._server = OperatorServer(self._openapi(), client, lambda ctx: ctx.request.scope.get(_TOKEN))
+            self._server = OperatorServer(self._openapi, client, lambda ctx: ctx.request.scope.get(_TOKEN))
             # Token-gated, so no browser can drive it unasked (a page cannot set the
             # header): the SDK's Host and Origin guard would only refuse a proxy's Host.
             self._manager = StreamableHTTPSessionManager(

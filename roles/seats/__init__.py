@@ -29,7 +29,7 @@ from crewlet.coord import drain
 from crewlet.coord.counters import Budgets, CounterError, Cooldowns, Ledger
 from crewlet.coord.holders import Holders
 from crewlet.queue import notify
-from crewlet.vault import Vault, vault_keys
+from crewlet.vault import Vault
 from crewlet.coord.lease import Leases
 from crewlet.estate.access import EstateAccess
 from crewlet.queue.jetstream import MAX_DELIVER, JetStreamMailboxes
@@ -131,7 +131,7 @@ async def main(ctx: RoleContext) -> None:
     # The seats' tools reach the estate through the router: this node's own
     # copy first when it is a data node, else the data nodes over NATS.
     estate = EstateAccess(ctx.config, ctx.nats, js, ctx.zmq, holders=holders).start()
-    vault = Vault(js, vault_keys(ctx.config, "seats"), role="seats")
+    vault = Vault.of(js, ctx.config, "seats")
     engine = TurnEngine(node=ctx.node_id, run_dir=ctx.run_dir, mark=mark, mailboxes=mailboxes,
                         ledger=Ledger(js, ttl=ledger_ttl(Retention().mail_days, fleet.ack_wait)),
                         budgets=Budgets(js),

@@ -77,6 +77,11 @@ def test_an_operator_s_agent_runs_the_company_over_stdio_and_http(make_node):
                 assert "from the operator's agent" in [t["title"] for t in found["items"]]
                 bad = await session.call_tool("task_create", {"title": ""})
                 assert bad.is_error and _text(bad).startswith("422"), _text(bad)
+                # A parameter never reaches another route: one segment, or a path without '..'.
+                away = await session.call_tool("seat_get", {"seat": "../fleet"})
+                assert away.is_error and _text(away)[:3] in ("404", "422"), _text(away)  # not the fleet's answer
+                dots = await session.call_tool("page_get", {"path": "eng/../../v1/fleet"})
+                assert dots.is_error and "bad argument 'path'" in _text(dots), _text(dots)
 
                 conv = json.loads(_text(await session.call_tool("conversation_start", {"seat": "ceo"})))["id"]
                 run = json.loads(_text(await session.call_tool(

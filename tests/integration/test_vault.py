@@ -236,7 +236,16 @@ def test_versions_graces_reseal_and_a_version_this_process_cannot_open(natsd):
 
             assert await store.remove(js, "hook") and not await store.remove(js, "hook")
             await holds("hook", None)
+            # Set anew after a removal: version 1 again, and the new value is the one held.
+            await store.put(js, old, "hook", "hook-again", by="t")
+            await holds("hook", "hook-again")
+            await store.remove(js, "hook")
             assert sorted(r.name for r in await store.records(js)) == ["llm"]
+            # A damaged record: passed over by the listing, replaced by a set, removable.
+            await js.publish("$KV.secrets.damaged", b"not a record")
+            assert sorted(r.name for r in await store.records(js)) == ["llm"]
+            assert (await store.put(js, old, "damaged", "mended", by="t")).version == 1
+            assert await store.remove(js, "damaged")
             task.cancel()
         finally:
             await nc.close()

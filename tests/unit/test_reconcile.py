@@ -18,8 +18,9 @@ def test_a_guid_is_missed_only_while_no_attempt_of_it_got_a_2xx():
     found = [_d(1, "a", 502), _d(2, "a", 0, "2026-12-06T08:01:00Z"),   # failed twice: the newest asked
              _d(3, "b", 502), _d(4, "b", 200, "2026-12-06T08:02:00Z"),  # redelivered already
              _d(5, "c", 202),                                           # unrouted: answered all the same
-             _d(6, "d", 0), {"id": "x", "guid": "e", "status_code": 500}]  # a malformed row is passed over
-    assert {g: d["id"] for g, d in missed(found).items()} == {"a": 2, "d": 6}
+             _d(6, "d", 0), {"id": "x", "guid": "e", "status_code": 500},  # a malformed row is passed over
+             _d(7, "f", True), {"id": 8, "guid": "g", "status_code": "200"}]  # not numbers: not a 2xx
+    assert {g: d["id"] for g, d in missed(found).items()} == {"a": 2, "d": 6, "f": 7, "g": 8}
 
 
 def test_the_next_page_is_read_from_the_link_header():

@@ -171,7 +171,24 @@ async def _tar(dest: str, parent: str) -> AsyncIterator[bytes]:
                 yield b"\0" * (-info.size % tarfile.BLOCKSIZE)
         yield b"\0" * (2 * tarfile.BLOCKSIZE)  # the end of the archive
     finally:
-        await asyncio.to_thread(shutil.rmtree, parent, True)
+        await _discard(parent)
+
+
+BACKUP_PREFIX = "backup-"  # a backup's working copy in the data dir: backup-<random>/backup
+# The working copies this process is making or streaming now (the others are stale).
+_making: set[str] = set()
+
+
+async def _discard(parent: str) -> None:
+    _making.discard(parent)
+    await asyncio.to_thread(shutil.rmtree, parent, True)
+
+
+def _sweep_stale(data_dir: str) -> None:
+    for name in os.listdir(data_dir):
+        path = os.path.join(data_dir, name)
+        if name.startswith(BACKUP_PREFIX) and path not in _making and os.path.isdir(path):
+            shutil.rmtree(path, True)
 
 
 @router.get("/backup", summary="A backup of this node's copy, the files and the company, as a tar",
@@ -183,7 +200,11 @@ async def backup(request: Request, _=Depends(ADMIN)) -> StreamingResponse:
     the stream ends, whether it was read to the end or not."""
     f = front(request)
     cfg = f.cfg
-    parent = tempfile.mkdtemp(prefix="backup-", dir=cfg.data_dir)
+    # Working copies of backups that never streamed (a client gone before the first
+    # byte, a process killed meanwhile) go before a new one is made.
+    await asyncio.to_thread(_sweep_stale, cfg.data_dir)
+    parent = tempfile.mkdtemp(prefix=BACKUP_PREFIX, dir=cfg.data_dir)
+    _making.add(parent)
     dest = os.path.join(parent, "backup")
     try:
         company = None
@@ -198,10 +219,10 @@ async def backup(request: Request, _=Depends(ADMIN)) -> StreamingResponse:
         finally:
             await objects.close()
     except estate_backup.BackupError as exc:
-        shutil.rmtree(parent, True)
+        await _discard(parent)
         raise Problem(409, "no_backup", str(exc)) from None
     except Exception as exc:
-        shutil.rmtree(parent, True)
+        await _discard(parent)
         raise Problem(503, "unavailable", f"the backup could not be made: {type(exc).__name__}: {exc}",
                       headers={"Retry-After": "5"}) from None
     name = f"crewlet-backup-{cfg.node.id}-{made['estate']['seq']}.tar"
@@ -218,7 +239,7 @@ class Eviction(BaseModel):
     undo: bool = Field(False, description="Put the copy back in service instead")
 
 
-@router.post("/evict/{node}", responses=responses(404, 409, 422, 503),
+@router.post("/evict/{node}", responses=responses(400, 404, 409, 422, 503),
              summary="Take a node's copy of the estate out of service, or put it back (the eviction gate)")
 async def evict(request: Request, body: Eviction | None = None,
                 node: str = Path(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"),

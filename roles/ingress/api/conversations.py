@@ -467,10 +467,10 @@ async def _decider(f, conductor, approval: str, grant) -> str:
     ``api:<token name>``); a 403 when the company names who decides the seat's
     approvals (``people.<id>.decides.approvals``) and the token's person is
     not one of them."""
-    company = f.company
-    person = grant.person if company is not None and grant.person in company.people else None
+    company = f.need_company()  # never decided unchecked while the company is not known yet (a 503)
+    person = grant.person if grant.person in company.people else None
     approvers = []
-    if company is not None and company.people:
+    if company.people:
         row = (await _call(conductor.read("approval.get", {"id": approval}))).get("approval")
         if row is None:
             raise Problem(404, "not_found", f"no approval {approval}")

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from crewlet.company.model import SECRET_NAME_RE
+from crewlet.vault.store import CALLER_WAIT as WRITE_TIMEOUT
 from crewlet.vault.store import GRACE_MAX, VALUE_MAX
 from roles.ingress.auth import ADMIN
 from roles.ingress.front import front
@@ -67,16 +68,17 @@ async def list_secrets(request: Request, _=Depends(ADMIN)) -> Any:
     return await front(request).ask_node("secret", action="list")
 
 
-@router.put("/secrets/{name}", response_model=Set, responses=responses(409, 422, 503),
+@router.put("/secrets/{name}", response_model=Set, responses=responses(400, 409, 422, 503),
             summary="Set a new version of a secret, fleet-wide (admin)")
 async def set_secret(request: Request, body: NewVersion, name: str = _NAME, grant=Depends(ADMIN)) -> Any:
     """Sealed and stored; every node uses it within a second, with no restart
     (README: Secrets, rotated without a restart)."""
-    return await front(request).ask_node("secret", action="set", name=name, value=body.value, grace=body.grace,
-                                         by=f"api:{grant.name}")
+    return await front(request).ask_node("secret", WRITE_TIMEOUT, action="set", name=name, value=body.value,
+                                         grace=body.grace, by=f"api:{grant.name}")
 
 
-@router.delete("/secrets/{name}", response_model=Removed, responses=responses(404, 422, 503),
+@router.delete("/secrets/{name}", response_model=Removed, responses=responses(400, 404, 422, 503),
                summary="Remove a secret, every version (admin)")
 async def remove_secret(request: Request, name: str = _NAME, grant=Depends(ADMIN)) -> Any:
-    return await front(request).ask_node("secret", action="remove", name=name, by=f"api:{grant.name}")
+    return await front(request).ask_node("secret", WRITE_TIMEOUT, action="remove", name=name,
+                                         by=f"api:{grant.name}")

@@ -41,7 +41,7 @@ from crewlet import log
 from crewlet.company.model import Integration
 from crewlet.hooks.base import safe_id
 from crewlet.queue import notify
-from crewlet.vault import Vault, vault_keys
+from crewlet.vault import Vault
 from roles.workers.duties import Duty, going_on
 
 PAGE = 100              # deliveries a page (GitHub's most)
@@ -49,6 +49,7 @@ PAGES_MAX = 20          # pages a look reads at most: 2,000 deliveries
 REQUEST_TIMEOUT = 30.0  # seconds one GitHub request may take
 REDELIVERIES_MAX = 50   # redeliveries asked a look, per integration (GitHub rate-limits its API)
 IDLE = 30.0             # seconds between looks for a company with nothing to reconcile
+UNHEARD = 1.0           # seconds between looks for the company while none is known yet
 API_VERSION = "2022-11-28"
 
 
@@ -97,9 +98,13 @@ async def deliveries(session: aiohttp.ClientSession, spec, token: str, since: fl
             url = _next_link(r.headers.get("Link"))
         if not isinstance(page, list):
             raise ReconcileError(f"GET deliveries: not a list: {text[:300]}")
-        found += [d for d in page if isinstance(d, dict)]
-        if not page or min(_at(d.get("delivered_at")) for d in page if isinstance(d, dict)) < since:
+        rows = [d for d in page if isinstance(d, dict)]
+        found += rows
+        if not rows or min(_at(d.get("delivered_at")) for d in rows) < since:
             break
+        if url is not None and not url.startswith(spec.api_url.rstrip("/") + "/"):
+            raise ReconcileError(f"GET deliveries: the next page is elsewhere ({url[:200]}): "
+                                 "the token goes to the API it is for only")
     return [d for d in found if _at(d.get("delivered_at")) >= since]
 
 
@@ -121,7 +126,12 @@ def missed(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             by_guid.setdefault(d["guid"], []).append(d)
     return {guid: max(attempts, key=lambda d: _at(d.get("delivered_at")))
             for guid, attempts in by_guid.items()
-            if not any(200 <= int(d.get("status_code") or 0) < 300 for d in attempts)}
+            if not any(_succeeded(d) for d in attempts)}
+
+
+def _succeeded(delivery: dict[str, Any]) -> bool:
+    code = delivery.get("status_code")
+    return isinstance(code, int) and not isinstance(code, bool) and 200 <= code < 300
 
 
 async def stored(js, integration: str, guid: str) -> bool:
@@ -161,6 +171,8 @@ class Reconciler:
         found = await deliveries(self.session, spec, token, time.time() - spec.window)
         asked = []
         now = time.monotonic()
+        for key in [k for k, at in self.asked.items() if now - at > spec.window]:
+            del self.asked[key]  # older than anything a look sees
         for guid, newest in missed(found).items():
             if len(asked) >= REDELIVERIES_MAX:
                 break
@@ -178,7 +190,7 @@ class Reconciler:
 
 async def run(ctx) -> None:
     js = ctx.role.jetstream()
-    vault = Vault(js, vault_keys(ctx.config, "workers"), role="workers")
+    vault = Vault.of(js, ctx.config, "workers")
     following = asyncio.create_task(vault.run())
     try:
         async with aiohttp.ClientSession() as session:
@@ -189,16 +201,21 @@ async def run(ctx) -> None:
                 wanted = {name: i for name, i in (company.integrations if company else {}).items()
                           if i.reconcile is not None}
                 now = time.monotonic()
+                for name in [n for n in due if n not in wanted]:
+                    del due[name]  # gone from the company
                 for name, integration in wanted.items():
                     if now < due.get(name, 0.0):
                         continue
                     due[name] = now + integration.reconcile.every
                     try:
                         await reconciler.look(name, integration)
-                    except (ReconcileError, aiohttp.ClientError, TimeoutError) as exc:
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # GitHub, the broker, a malformed answer: the next look
                         log.event("reconcile_failed", "warning", integration=name,
                                   error=f"{type(exc).__name__}: {exc}")
-                nxt = min(due.values(), default=now + IDLE) if wanted else now + IDLE
+                # Not before the company is heard (a holder starts before its role has it): soon.
+                nxt = min(due.values(), default=now + (IDLE if company is not None else UNHEARD))
                 await asyncio.sleep(max(0.2, min(nxt - time.monotonic(), IDLE)))
     finally:
         following.cancel()

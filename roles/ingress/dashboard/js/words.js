@@ -29,6 +29,7 @@ export const CHILD_WORDS = {
 export const DUTY_WORDS = {
   fleet_shape: "checks that the fleet, as assembled, can do every job",
   mailbox_retirement: "removes mailboxes of seats the company dropped and trims worked mail",
+  reconcile: "asks GitHub to send again the webhook deliveries no node took",
 };
 export const CHILD_STATES = {
   running: ["ok", "Running", "running normally"],
