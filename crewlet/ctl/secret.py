@@ -20,7 +20,7 @@ import sys
 
 import click
 
-from crewlet.ctl import CALL_TIMEOUT, EXIT_USAGE, Ctl, fail
+from crewlet.ctl import EXIT_USAGE, Ctl, fail
 from crewlet.vault.store import CALLER_WAIT as WRITE_TIMEOUT
 from crewlet.ctl.render import secret_set_text, secrets_view
 from crewlet.ctl.status import show
@@ -90,7 +90,7 @@ def list_(ctl: Ctl, as_json: bool) -> None:
 
     Exits 0, 1 if crewletd refuses, 69 when no node answers.
     """
-    result = ctl.ask("secret", CALL_TIMEOUT, action="list")
+    result = ctl.ask("secret", WRITE_TIMEOUT, action="list")  # a read of every record, from the leader
     show(result, as_json, lambda: secrets_view(result))
 
 

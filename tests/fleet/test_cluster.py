@@ -197,10 +197,12 @@ def test_stateless_node_runs_a_leaf_and_reaches_the_members_jetstream_through_th
         return out.returncode == 0 and out
     out = wait_for(set_probe, 30, interval=0.5, what="the leaf's crewletd joined, the secret set")
     assert "version 1" in out.stdout, out
-    listed = subprocess.run([*CREWLETCTL, "-c", members[0].config_path, "secret", "list", "--json"],
-                            capture_output=True, text=True, timeout=30)
-    assert [(s["name"], s["version"], s["readable"]) for s in json.loads(listed.stdout)["secrets"]] == \
-        [("probe", 1, True)], listed
+    def listed_by_a_member():
+        out = subprocess.run([*CREWLETCTL, "-c", members[0].config_path, "secret", "list", "--json"],
+                             capture_output=True, text=True, timeout=60)
+        return out.returncode == 0 and json.loads(out.stdout)["secrets"]
+    listed = wait_for(listed_by_a_member, 60, interval=0.5, what="the secret listed by a member")
+    assert [(s["name"], s["version"], s["readable"]) for s in listed] == [("probe", 1, True)], listed
     wait_for(lambda: '"secret_changed"' in stateless.read_log() and '"secret":"probe"' in
              stateless.read_log().replace(" ", ""), 15, what="the leaf's seats holding the secret")
     assert "leaf-set-value-0123" not in stateless.read_log()
