@@ -117,6 +117,10 @@ def test_a_seat_on_a_leaf_writes_and_reads_files_through_the_domain(make_node, s
     done = ctl(members[0], "apply", path, timeout=120)
     assert done.returncode == 0, done.stderr
     wait_for(lambda: held(members[0]).get("scribe") == "ld", 90, interval=0.5, what="the scribe held by the leaf")
+    # The member that is asked has the company itself (its control plane follows on its own: a
+    # moment behind the leaf's, on a loaded machine).
+    wait_for(lambda: ((members[0].status() or {}).get("fleet") or {}).get("company"), 60, interval=0.5,
+             what="the company applied on the member asked")
     sent = ctl(members[0], "send", "scribe", "store written from a leaf", "--wait", "90", timeout=120)
     assert sent.returncode == 0 and "wrote site/leaf.txt" in sent.stdout, sent.stdout + sent.stderr
     there = f"http://{members[0].config['ingress']['listen']}"
