@@ -188,6 +188,7 @@ from crewlet.estate import log as estate_log
 from crewlet.estate import wire
 from crewlet.queue import jetstream as mail
 from crewlet.queue import notify, post
+from crewlet.skills import registry as skills_registry
 
 # The JetStream API verbs of each ability, ``{s}`` the stream's name.
 ABILITIES: dict[str, tuple[str, ...]] = {
@@ -250,6 +251,7 @@ NOTIFICATIONS = outbox.SUBJECT + ">"  # the notify tool, crewlet's notices (crew
 TURN_FEED = post.TURN_SUBJECT + ">"  # the live feed: crewlet.queue.post, the ingress projection
 RUN_EVENTS = runs.SUBJECT + ">"  # a conversation run's events (crewlet.conversations.runs)
 DRIVER_LEASES = conversation_lease.KEY_PREFIX + ">"  # conv.<id>: a run's driver
+SKILLS_CHANGED = skills_registry.CHANGED_SUBJECT  # a skill changed: every node's registry reads it again
 
 
 def grants(node: str) -> dict[str, Grant]:
@@ -258,7 +260,7 @@ def grants(node: str) -> dict[str, Grant]:
         "data_applier": Grant(
             # The log's own subject (every kind: ops it checked), and notices
             # (a copy out of service). Never a seats subject.
-            publish=(estate_log.SUBJECT, NOTIFICATIONS),
+            publish=(estate_log.SUBJECT, NOTIFICATIONS, SKILLS_CHANGED),
             streams={
                 # ensure_stream at every start: a data node may come up first.
                 estate_log.STREAM: ("look", "follow", "make"),
@@ -314,13 +316,15 @@ def grants(node: str) -> dict[str, Grant]:
             writes={buckets.LEASES.name: ("seat.*", f"life.{node}"), buckets.LEDGER.name: ANY,
                     buckets.BUDGETS.name: ANY, buckets.COOLDOWNS.name: ANY},
             files=True,                      # the file tools
-            # Mail wakes its seat; a conversation run's turn hears a request to stop it.
-            subscribe=(mail.SUBJECT + "*", RUN_EVENTS)),
+            # Mail wakes its seat; a conversation run's turn hears a request to stop it;
+            # the skills registry hears of a changed skill.
+            subscribe=(mail.SUBJECT + "*", RUN_EVENTS, SKILLS_CHANGED)),
         "ingress": Grant(
             publish=(
                 mail.SUBJECT + ">",        # mail from the API, a webhook, a requeue
                 notify.SUBJECT + ">",      # webhook deliveries, stored before they are answered
                 RUN_EVENTS,                # a run's start and interruption, by its driver
+                SKILLS_CHANGED,            # a skill written through the API
                 estate_ask("ingress", node)),  # the API's writes, a run driver's
             streams={
                 mail.STREAM: LOOK,          # mailbox state for the API and the dashboard

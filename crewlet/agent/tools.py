@@ -73,6 +73,9 @@ class ToolContext:
     call_key: str       # f"{trigger}.{round}.{index}": the same when a turn is redone
     services: Any
     deadline: float | None = None  # time.monotonic() by which the turn must be done
+    # The log seq a conversation run pinned its skills at (skill_read reads them as of
+    # it); None: the current skills (a mail's turn).
+    skills_as_of: int | None = None
 
     def time_left(self) -> float | None:
         """Seconds the turn has left (None: no deadline): what a tool may wait."""

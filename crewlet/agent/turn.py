@@ -45,6 +45,8 @@ from crewlet.agent.types import Message, Sink, ToolCall, Usage
 MAX_ROUNDS = 8
 # Characters of the final reply kept in the turn record.
 REPLY_KEPT = 2000
+# Characters of the ask kept in the turn record (its episode keeps as many).
+ASK_KEPT = 500
 
 
 class Fenced(Exception):
@@ -62,6 +64,11 @@ class TurnRecord:
     token: int
     deliveries: int
     sender: str | None = None     # the seat that sent the mail (Crewlet-From), if one did
+    # Who the turn worked with and what it was asked (its episode's, crewlet.estate.skills):
+    # seat:<name>, person:<id>, hook:<integration>, conversation:<id> or operator.
+    counterparty: str = "operator"
+    ask: str = ""                 # the mail's or the user's words, cut to ASK_KEPT, scrubbed
+    skills_seq: int | None = None  # a run's pin: the log seq its skills are read as of
     outcome: str = "running"      # done | failed | fenced | interrupted | skipped | deferred
     error: str | None = None
     rounds: int = 0
@@ -225,7 +232,7 @@ async def _call(record: TurnRecord, call: ToolCall, round_no: int, index: int, r
     else:
         ctx = ToolContext(seat=record.seat, trigger=record.trigger, token=record.token,
                           call_key=f"{record.trigger}.{round_no}.{index}", services=services,
-                          deadline=deadline)
+                          deadline=deadline, skills_as_of=record.skills_seq)
         result, error = await registry.call(ctx, call.name, call.args)
         result = redaction.scrub(result)
     record.tool_calls.append({"name": call.name, "error": error, "round": round_no})

@@ -765,6 +765,14 @@ class SecretsSection(_Section):
         return None if v is None else _read_with(credentials.read_fleet_secrets, v, info)
 
 
+class SkillsSection(_Section):
+    """The node's skill registry (crewlet.skills.registry): a cache of the
+    company's skills, told of each change by a broadcast, walked whole at
+    start and every ``walk_every`` seconds (what a missed broadcast waits for)."""
+
+    walk_every: float = Field(300.0, ge=1, le=DAY)
+
+
 class DebugSection(_Section):
     faults: list[Fault] = Field(default_factory=list)  # injected failures, for testing supervision
 
@@ -792,6 +800,7 @@ class NodeConfig(_Section):
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)  # tool calls waiting for a person
     sandbox: SandboxSection = Field(default_factory=SandboxSection)  # confinement of seats' tools and agents
     secrets: SecretsSection = Field(default_factory=SecretsSection)  # the key the fleet's secrets are sealed with
+    skills: SkillsSection = Field(default_factory=SkillsSection)  # the node's skill registry
     debug: DebugSection = Field(default_factory=DebugSection)  # fault injection
     # Filled by the loader via model_copy(update=...), never from the file: hence
     # excluded from dumps, and rejected as unknown keys if a file sets them.

@@ -52,9 +52,9 @@ import re
 import time
 from typing import Any
 
-from crewlet import log, outbox
+from crewlet import log, outbox, redaction
 from crewlet.agent.providers import ProviderError
-from crewlet.agent.turn import AwaitingApproval, Fenced, Hooks, TurnRecord, run_rounds
+from crewlet.agent.turn import ASK_KEPT, AwaitingApproval, Fenced, Hooks, TurnRecord, run_rounds
 from crewlet.agent.types import Message, ToolCall
 from crewlet.company.model import Seat
 from crewlet.conversations import runs
@@ -162,8 +162,11 @@ class RunTurn(Hooks):
 
     def __init__(self, *, estate, js, nc, node: str, seat: Seat, token: int, conversation: str, run: str,
                  event_ttl: float, approval_ttl: float, redo: bool = False, floor: int = 0, pin=None,
-                 notices_to: list[str] | tuple[str, ...] = ()):
+                 notices_to: list[str] | tuple[str, ...] = (), brief=None):
         self.estate = estate
+        # await brief(seat, counterparty, as_of) -> what the persona is given
+        # besides: the skills as of the run's pin, the recent episodes (TurnEngine.brief).
+        self.brief = brief
         self.js = js
         self.nc = nc
         self.node = node
@@ -205,7 +208,14 @@ class RunTurn(Hooks):
                 if pinned is not None:
                     self.seat, provider = pinned
             history, pending = await self._history(run)
-            await run_rounds(record, history=history, persona=self.seat.persona,
+            # The run's skills are those of the log as of its start, on any node.
+            pin = run.get("started_seq") or run.get("seq")
+            record.skills_seq = pin if isinstance(pin, int) else None
+            record.ask = redaction.scrub((run.get("input") or "")[:ASK_KEPT])
+            persona = self.seat.persona
+            if self.brief is not None:
+                persona += await self.brief(self.seat.name, record.counterparty, record.skills_seq)
+            await run_rounds(record, history=history, persona=persona,
                              provider=_Interruptible(provider, self), registry=registry, services=services,
                              fence=fence, deadline=deadline, sink=self.sink, hooks=self, pending=pending)
         except AwaitingApproval as wait:

@@ -82,9 +82,12 @@ from crewlet.estate.store import (APPLIED, Store, fenced_key, join, key_seq, pac
 #   6  file paths in one form, as page paths are (issue 24): no empty, '.'
 #      or '..' segment, none starting with '.', no '\', control or bidi
 #      character (an older applier kept "../../etc/passwd" as given)
+#   7  skills and episodes (DESIGN §15, crewlet.estate.skills): pages under
+#      skills/ are a skill's files, checked and kept by revision; a turn
+#      record makes its trigger's episode (an older applier wrote neither)
 # A copy applied under rules *newer* than these was written by a newer
 # crewlet: it is refused, never emptied (the applier says so).
-RULES = 6
+RULES = 7
 
 # What a refusal is, when a writer must tell one from another (the API's
 # status and problem code): kept in the outcome as ``code``. Refusals of the
@@ -407,6 +410,8 @@ def _page_check_version(page: dict[str, Any] | None, op: Op) -> None:
 
 def _page_write(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
     a = op.args
+    if a["path"].startswith(skills.PREFIX):
+        return skills.page_write(txn, dbs, op, seq)  # a file of a skill: a new revision
     key = a["path"].encode()
     old = _get(txn, dbs, "pages", key)
     _page_check_version(old, op)
@@ -421,6 +426,8 @@ def _page_write(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
 
 
 def _page_delete(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    if op.args["path"].startswith(skills.PREFIX):
+        return skills.page_delete(txn, dbs, op, seq)
     key = op.args["path"].encode()
     old = _get(txn, dbs, "pages", key)
     if old is None:
@@ -470,7 +477,8 @@ def _turn_record(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
     txn.put(seq_key(seq), pack(record), db=dbs["turns"])
     if op.seat is not None:  # indexed by the seat that issued it, whatever the record says
         txn.put(join("turn", "seat", op.seat, seq_key(seq)), seq_key(seq), db=dbs["index"])
-    return {"turn": seq}
+    episode = skills.episode_of_turn(txn, dbs, op, seq, record)
+    return {"turn": seq} if episode is None else {"turn": seq, "episode": seq}
 
 
 # LMDB's longest key: an index key longer than this was never written.
@@ -543,10 +551,12 @@ def _seat_of(op: Op) -> str:
 
 
 def _episode_add(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
+    # An episode written as such (a turn's come from its record: crewlet.estate.skills).
     seat = _seat_of(op)
-    row = {"seat": seat, "summary": op.args["summary"], "trigger": op.args.get("trigger"),
-           "outcome": op.args.get("outcome"), "seq": seq, "at": op.at}
-    txn.put(join(seat, seq_key(seq)), pack(row), db=dbs["episodes"])
+    row = {"seat": seat, "trigger": op.args.get("trigger"), "counterparty": "operator", "ask": "",
+           "tools": [], "outcome": op.args.get("outcome"), "summary": op.args["summary"], "seq": seq,
+           "at": op.at, "compacted": 0}
+    skills.episode_put(txn, dbs, row)
     return {"episode": row}
 
 
@@ -923,6 +933,8 @@ def _approval_decide(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
     txn.delete(join("appr", "status", "pending", seq8), db=dbs["index"])
     txn.put(join("appr", "status", "decided", seq8), key, db=dbs["index"])
     txn.put(key, pack(approval), db=dbs["approvals"])
+    if approval.get("kind") == "promotion":  # a draft skill's (crewlet.estate.skills)
+        return {"approval": _brief(approval), **skills.decided(txn, dbs, op, seq, approval)}
     return {"approval": _brief(approval)}
 
 
@@ -947,5 +959,16 @@ KIND_APPLY: dict[str, Callable[..., dict[str, Any]]] = {
     "approval.request": _approval_request,
     "approval.decide": _approval_decide,
 }
+
+# Skills and episodes have a module of their own; it uses this one's Refused
+# and helpers, so it is imported once they are defined.
+from crewlet.estate import skills  # noqa: E402
+
+KIND_APPLY.update({
+    "skill.write": skills.skill_write,
+    "skill.retire": skills.skill_retire,
+    "skill.draft": skills.skill_draft,
+    "episode.compact": skills.episode_compact,
+})
 
 assert set(KIND_APPLY) == set(KINDS), "every op kind has exactly one apply function"

@@ -182,6 +182,21 @@ RUN_MESSAGES_MAX = 1000
 NOTE_MAX = 2000
 ERROR_MAX = 2000
 DECIDER_MAX = 200
+# ---- skills and episodes (DESIGN §15)
+# A skill's name (the Agent Skills format's: crewlet.skills.format.NAME); the
+# files of one revision go in one op, so a skill is at most this big.
+SKILL_NAME = r"^[a-z0-9]+(-[a-z0-9]+)*$"
+SKILL_NAME_MAX = 64
+SKILL_FILES_MAX = 100
+SKILL_FILE_PATH_MAX = 180
+# A learning cluster's id (crewlet.learning.cluster): short and plain.
+CLUSTER_MAX = 100
+# An episode's counterparty: who the seat worked with — ``seat:<name>``,
+# ``person:<id>``, ``hook:<integration>``, ``conversation:<id>``,
+# ``schedule:<name>`` or ``operator`` (crewletctl, the API).
+COUNTERPARTY = r"^(operator|(seat|person|hook|conversation|schedule):[\x21-\x7e]{1,200})$"
+COUNTERPARTY_MAX = 220
+EPISODE_TEXT_MAX = 2000
 # The arguments of one op of these kinds, encoded: well under the broker's 1 MiB.
 ARGS_MAX_BYTES = RECORD_MAX_BYTES
 # A page of messages stops growing past this many encoded bytes (at least one
@@ -196,7 +211,7 @@ class OpError(ValueError):
 @dataclass(frozen=True)
 class Kind:
     name: str
-    area: str    # tracker | kb | files | turns | seat | conversations
+    area: str    # tracker | kb | files | turns | seat | conversations | skills
     retry: str   # move_on | once (module doc)
     schema: dict[str, Any]
 
@@ -214,6 +229,12 @@ def _str(lo: int = 1, hi: int | None = None, **extra: Any) -> dict[str, Any]:
 
 
 _NAME = _str(pattern=SEAT_NAME)  # a seat
+_SKILL = _str(1, SKILL_NAME_MAX, pattern=SKILL_NAME)
+_SKILL_FILES = {"type": "array", "minItems": 1, "maxItems": SKILL_FILES_MAX, "items": {
+    "type": "object", "required": ["path", "body"], "additionalProperties": False,
+    "properties": {"path": {"type": "string", "minLength": 1, "maxLength": SKILL_FILE_PATH_MAX},
+                   "body": {"type": "string", "maxLength": PAGE_BODY_MAX}}}}
+_COUNTERPARTY = _str(1, COUNTERPARTY_MAX, pattern=COUNTERPARTY)
 _LABELS = {"type": "array", "items": _str(1, 100), "maxItems": 50}
 # At most 2**53 - 1: exact in every JSON parser, and an int msgpack always encodes.
 _REV = {"type": "integer", "minimum": 1, "maximum": INT_MAX}
@@ -269,6 +290,21 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         ("before",), before={"type": "number", "minimum": 0, "maximum": AT_MAX},
         limit={"type": "integer", "minimum": 1, "maximum": TURN_TRIM_MAX},
         after={"type": "integer", "minimum": 0, "maximum": INT_MAX})),
+    # ---- skills (DESIGN §15): a revision is every file of the skill, checked
+    # as a whole (crewlet.skills.format.check) by every applier.
+    Kind("skill.write", "skills", "move_on", _obj(
+        ("name", "files"), name=_SKILL, files=_SKILL_FILES, note=_str(0, NOTE_MAX))),
+    Kind("skill.retire", "skills", "move_on", _obj(("name",), name=_SKILL, note=_str(0, NOTE_MAX))),
+    # Curation's draft of a cluster, and the promotion approval that waits on it.
+    Kind("skill.draft", "skills", "move_on", _obj(
+        ("name", "cluster", "seat", "episodes", "files", "approval", "expires_at"), name=_SKILL,
+        cluster=_str(1, CLUSTER_MAX, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"), seat=_NAME,
+        episodes={"type": "array", "items": _SEQ, "maxItems": 1000}, files=_SKILL_FILES,
+        approval=_ROW, expires_at=_AT)),
+    # A seat's episodes with one counterparty up to log seq ``through`` become one.
+    Kind("episode.compact", "seat", "move_on", _obj(
+        ("seat", "counterparty", "through", "summary"), seat=_NAME, counterparty=_COUNTERPARTY,
+        through=_SEQ, summary=_str(1, TASK_BODY_MAX))),
     # ---- conversations (module doc: who writes each)
     Kind("conversation.create", "conversations", "move_on", _obj(
         ("id", "seat"), id=_ROW, seat=_NAME,
@@ -311,6 +347,9 @@ OPERATOR_ONLY = {
     "conversation.create": "conversation.create is the API's, not a seat's",
     "run.create": "run.create is the API's or a run driver's, not a seat's",
     "conversation.rollback": "conversation.rollback is a run driver's, not a seat's",
+    "skill.retire": "skill.retire is a person's, not a seat's",
+    "skill.draft": "skill.draft is the learning passes', not a seat's",
+    "episode.compact": "episode.compact is the learning passes', not a seat's",
 }
 
 QUERIES: dict[str, dict[str, Any]] = {
@@ -328,7 +367,18 @@ QUERIES: dict[str, dict[str, Any]] = {
     "turn.list": _obj(seat=_NAME, limit=_LIMIT, before={"type": "integer", "minimum": 1},
                       since={"type": "number", "minimum": 0}),
     "diary.list": _obj(("seat",), seat=_NAME, limit=_LIMIT),
-    "episode.list": _obj(("seat",), seat=_NAME, limit=_LIMIT),
+    # newest ``limit``, oldest first; with a counterparty, that one's only
+    "episode.list": _obj(("seat",), seat=_NAME, counterparty=_COUNTERPARTY, limit=_LIMIT),
+    # every seat's episodes in key order (seat, seq): the learning passes' walk
+    "episode.scan": _obj(limit=_LIMIT, after={"type": "array", "minItems": 2, "maxItems": 2,
+                                              "prefixItems": [_NAME, _SEQ]}),
+    "episode.count": _obj(("seat",), seat=_NAME),
+    # skills as of a log seq (a run's pin) or now; of one seat's; curation's drafts
+    "skill.list": _obj(as_of=_SEQ, seat=_NAME, limit=_LIMIT, drafts={"type": "boolean"}),
+    "skill.read": _obj(("name",), name=_SKILL, file=_str(1, SKILL_FILE_PATH_MAX), as_of=_SEQ,
+                       draft={"type": "boolean"}),
+    "skill.revisions": _obj(("name",), name=_SKILL, limit=_LIMIT),
+    "skill.drafts": _obj(limit=_LIMIT, status={"enum": ["pending", "promoted", "rejected"]}),
     "op.outcome": _obj(("id",), id=_str(1, OP_ID_MAX)),
     "event.list": _obj(limit=_LIMIT, after={"type": "integer", "minimum": 0}),
     # ---- conversations. Each list answers ``next``: the resume point to pass

@@ -132,8 +132,13 @@ ASKS: dict[str, frozenset[str]] = {
         "task.create", "task.update", "task.comment", "page.write", "file.register", "file.delete",
         "conversation.create",
         # a conversation run's driver (crewlet.conversations.driver)
-        "run.create", "run.update", "conversation.rollback", "approval.decide"}),
-    WORKERS: frozenset({"turn.trim"}),   # the maintenance duty (roles.workers.duties.maintenance)
+        "run.create", "run.update", "conversation.rollback", "approval.decide",
+        # the skills API (roles.ingress.api.skills)
+        "skill.write", "skill.retire"}),
+    WORKERS: frozenset({
+        "turn.trim",                     # the maintenance duty (roles.workers.duties.maintenance)
+        # the learning passes (roles.workers.duties.learning)
+        "episode.compact", "skill.draft", "approval.decide"}),
     APPLIER: frozenset(),
 }
 

@@ -165,6 +165,11 @@ _open: dict[tuple[int, str], Store] = {}
 _open_lock = threading.Lock()
 
 
+def _skills():
+    from crewlet.estate import skills
+    return skills
+
+
 def open_env(path: str, *, readonly: bool = False) -> Store:
     """This process's handle on the copy at *path* (made on the first call).
 
@@ -456,9 +461,28 @@ class Reader:
     def _q_diary_list(self, txn, args):
         return {"entries": self._seat_rows(txn, "diary", args["seat"], args.get("limit", LIST_DEFAULT))}
 
+    # Skills and episodes: crewlet.estate.skills reads them (imported at the
+    # first read: it holds their apply functions too, which import this module).
     def _q_episode_list(self, txn, args):
-        return {"episodes": self._seat_rows(txn, "episodes", args["seat"],
-                                            args.get("limit", LIST_DEFAULT))}
+        return _skills().q_episode_list(txn, self.dbs, args)
+
+    def _q_episode_scan(self, txn, args):
+        return _skills().q_episode_scan(txn, self.dbs, args)
+
+    def _q_episode_count(self, txn, args):
+        return _skills().q_episode_count(txn, self.dbs, args)
+
+    def _q_skill_list(self, txn, args):
+        return _skills().q_skill_list(txn, self.dbs, args)
+
+    def _q_skill_read(self, txn, args):
+        return _skills().q_skill_read(txn, self.dbs, args)
+
+    def _q_skill_revisions(self, txn, args):
+        return _skills().q_skill_revisions(txn, self.dbs, args)
+
+    def _q_skill_drafts(self, txn, args):
+        return _skills().q_skill_drafts(txn, self.dbs, args)
 
     def _q_op_outcome(self, txn, args):
         return {"outcome": self._get(txn, "ops", args["id"].encode())}

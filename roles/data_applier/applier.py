@@ -122,6 +122,8 @@ from crewlet import log as events
 from crewlet.coord import buckets
 from crewlet.estate import apply, origins, store, wire
 from crewlet.estate import log as estate_log
+from crewlet.estate import skills as estate_skills
+from crewlet.skills import registry as skills_registry
 from crewlet.estate.ops import SEARCH_DEFAULT, Op, OpError, check_query
 from crewlet.estate.search import SearchIndex, SearchUnavailable, check_shards, index_path
 from crewlet.estate.view import STOPPED  # the reason, in the words the router and crewletctl show
@@ -495,6 +497,22 @@ class Applier:
         self.log_last = max(self.log_last or 0, applied)
         self._wake()
         self.changed.set()
+        await self._tell_skills(outcomes, applied)
+
+    async def _tell_skills(self, outcomes: list[tuple[str | None, dict[str, Any]]], applied: int) -> None:
+        """Broadcast the skills this batch changed (crewlet.skills.registry):
+        every node's registry reads them again. Every copy that applies the
+        change says so — a node hears it from whichever copy is first, and
+        reads it again once per copy at most."""
+        changed = sorted({name for _, o in outcomes if o.get("ok")
+                          for name in (o.get("result") or {}).get(estate_skills.CHANGED, ())})
+        if not changed:
+            return
+        try:
+            await self.nc.publish(skills_registry.CHANGED_SUBJECT,
+                                  json.dumps({"names": changed, "seq": applied}).encode())
+        except Exception as exc:  # the walks make it good: a missed broadcast is late, not lost
+            events.event("skills_broadcast_failed", "warning", error=f"{type(exc).__name__}: {exc}")
 
     def _apply_sync(self, entries: list[tuple[int, bytes, str]], verdicts: apply.Grants):
         outcomes = apply.apply_batch(self.store, entries, grants=verdicts, before_commit=self._computed)

@@ -35,6 +35,7 @@ from crewlet.estate.access import EstateAccess
 from crewlet.queue.jetstream import MAX_DELIVER, JetStreamMailboxes
 from crewlet.runtime import RoleContext
 from crewlet.sandbox import Sandbox
+from crewlet.skills.registry import Registry as SkillRegistry
 from crewlet.sandbox import log_state as log_sandbox
 from roles.seats.sweeper import SeatSweeper
 from roles.seats.turns import STATS_EVERY, TurnEngine
@@ -132,6 +133,8 @@ async def main(ctx: RoleContext) -> None:
     # copy first when it is a data node, else the data nodes over NATS.
     estate = EstateAccess(ctx.config, ctx.nats, js, ctx.zmq, holders=holders).start()
     vault = Vault.of(js, ctx.config, "seats")
+    # The node's cache of the company's skills: what a turn's prompt lists.
+    skills = SkillRegistry(estate.router, ctx.nats, walk_every=ctx.config.skills.walk_every)
     engine = TurnEngine(node=ctx.node_id, run_dir=ctx.run_dir, mark=mark, mailboxes=mailboxes,
                         ledger=Ledger(js, ttl=ledger_ttl(Retention().mail_days, fleet.ack_wait)),
                         budgets=Budgets(js),
@@ -141,7 +144,8 @@ async def main(ctx: RoleContext) -> None:
                         files=ctx.config.files, replicas=ctx.config.stream.replicas,
                         run_event_ttl=runs.event_ttl(ctx.config.conversations.retention,
                                                      ctx.config.conversations.max_run),
-                        approval_ttl=ctx.config.approvals.ttl, nc=ctx.nats, sandbox=box, vault=vault)
+                        approval_ttl=ctx.config.approvals.ttl, nc=ctx.nats, sandbox=box, vault=vault,
+                        skills=skills)
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
     holders.on_change = _wake_on_change(sweeper)
     sweeper.on_stop = engine.quiesce
@@ -152,6 +156,7 @@ async def main(ctx: RoleContext) -> None:
         engine.wake(msg.subject.rpartition(".")[2])
 
     wakes = await ctx.nats.subscribe("agents.inbox.*", cb=wake)
+    await skills.start()
     heap.take_over()  # no full collection in the middle of a thousand turns (crewlet.heap)
     heard = asyncio.Event()
     helpers = [asyncio.create_task(_follow(ctx, sweeper, engine, heard)),
@@ -184,6 +189,7 @@ async def main(ctx: RoleContext) -> None:
                 await sweeper.release_all()
                 await wakes.unsubscribe()
                 await engine.close()
+                await skills.close()
                 await _flush_spend(engine)
                 await estate.close()
         except TimeoutError:

@@ -95,6 +95,7 @@ import importlib
 import json
 import os
 import random
+import re
 import time
 import traceback
 import uuid
@@ -106,18 +107,22 @@ from crewlet import disk, log, outbox, redaction, sandbox
 from crewlet.bus import JETSTREAM_TIMEOUT, publish_until
 from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
 from crewlet.agent.estate_tools import estate_tools
+from crewlet.agent.skill_tools import skill_tools
 from crewlet.agent.tools import Registry, builtin_tools
-from crewlet.agent.turn import Fenced, TurnRecord, run_rounds
+from crewlet.agent.turn import ASK_KEPT, Fenced, TurnRecord, run_rounds
 from crewlet.company import Company, Seat
 from crewlet.company.model import effective_sandbox
 from crewlet.conversations import turn as conversation_turn
 from crewlet.conversations.turn import RunTurn
 from crewlet.coord.control_plane import ControlPlane, RevisionNotFound
 from crewlet.coord.counters import Budgets, Cooldowns, CounterError, Ledger
-from crewlet.estate.ops import make_op, op_id
+from crewlet.estate.ops import SEAT_NAME, OpError, make_op, op_id
+from crewlet.estate.router import EstateError
+from crewlet.skills.registry import Registry as SkillRegistry
 from crewlet.queue.base import Delivery, Mailbox, MailboxError, Mailboxes
 from crewlet.queue.jetstream import KEPT_TURNS
 from crewlet.queue.post import TURN_SUBJECT
+from crewlet.queue.notify import PERSON_HEADER
 from roles.seats.kept import KeptTurns
 from roles.seats.sweeper import SeatSweeper
 
@@ -154,6 +159,13 @@ MAILBOX_TROUBLE_PAUSE = 1.0
 # how many seats that only finished turns they carry (the most recent ones).
 STATS_EVERY = 1.0
 STATS_RECENT = 10
+# A turn's brief (TurnEngine.brief): the episodes with its counterparty it is
+# offered, the characters of each shown, and the seconds its reads may take
+# (a stateless node asks a data node: not worth holding the turn up long).
+EPISODES_OFFERED = 5
+EPISODE_SHOWN = 300
+BRIEF_TIMEOUT = 2.0
+_SEAT_NAME = re.compile(SEAT_NAME)
 # Seconds an old provider (the company changed it) is kept for the turns still using it.
 PROVIDER_RETIRE_AFTER = TURN_TIMEOUT + 10
 # Concurrent seat stops when the node stops or releases everything.
@@ -216,6 +228,8 @@ class Services:
     # The company's people by id (crewlet.company.model.Person): the notify tool
     # sends to a person's address when given their id.
     people: Mapping[str, Any] = field(default_factory=dict)
+    # The node's skill registry (crewlet.skills.registry): the skill_read tool's way in.
+    skills: Any = None
 
 
 class TurnEngine:
@@ -231,8 +245,12 @@ class TurnEngine:
                  max_concurrent: int, events_js, estate: "Router | None" = None,
                  space: disk.Watch | None = None, run_event_ttl: float = 4500.0,
                  approval_ttl: float = 86400.0, nc=None, files=None, replicas: int = 1,
-                 sandbox: "Sandbox | None" = None, vault: "Vault | None" = None):
+                 sandbox: "Sandbox | None" = None, vault: "Vault | None" = None,
+                 skills: "SkillRegistry | None" = None):
         self.node = node
+        # The node's skill registry: a turn's prompt lists its seat's skills
+        # from it, skill_read reads them through it (None: no skills, unit tests).
+        self.skills = skills
         self.vault = vault  # the fleet's secrets its providers read their keys from (crewlet.vault)
         # Where the seats' tools and agents run (crewlet.sandbox); None: unwrapped (unit tests).
         self.sandbox = sandbox
@@ -288,6 +306,7 @@ class TurnEngine:
         # suspects are redone one at a time (see "Poison mail").
         self.quarantine = asyncio.Lock()
         self.poisoned = 0  # deliveries dead-lettered as poison mail
+        self.brief_failures = 0  # turns whose skills or episodes could not be read (brief())
         # Background work that must finish before the role ends (servers stopping).
         self._pending: set[asyncio.Task] = set()
 
@@ -300,7 +319,7 @@ class TurnEngine:
         self.services = Services(self.mailboxes, frozenset(s.name for s in company.seats),
                                  self.estate, self.node, outbox=functools.partial(outbox.put, self.js),
                                  files=self.files, js=self.js, nc=self.nc, replicas=self.replicas,
-                                 people=company.people)
+                                 people=company.people, skills=self.skills)
         specs = {name: p.model_dump() for name, p in company.providers.items()}
         for name in list(self.providers):
             if specs.get(name) != self._provider_specs.get(name):
@@ -506,6 +525,29 @@ class TurnEngine:
             return f"seat budget of {cap} tokens spent"
         return None
 
+    async def brief(self, seat: str, counterparty: str, as_of: int | None = None) -> str:
+        """What a turn's system prompt adds to the seat's persona: the skills
+        that apply to it (as of a run's pin, else the registry's), and its
+        recent episodes with this counterparty. Memory is help, not a
+        condition of the turn: a read that fails leaves its part out (said
+        once in a while in the log)."""
+        parts: list[str] = []
+        try:
+            if self.skills is not None:
+                parts.append(self.skills.prompt(seat) if as_of is None
+                             else await self.skills.prompt_as_of(seat, as_of))
+            if self.estate is not None:
+                answer = await self.estate.read("episode.list", {"seat": seat, "counterparty": counterparty,
+                                                                 "limit": EPISODES_OFFERED},
+                                                timeout=BRIEF_TIMEOUT)
+                parts.append(episodes_text(counterparty, answer.get("episodes") or []))
+        except (EstateError, OpError, TimeoutError) as exc:
+            self.brief_failures += 1
+            if self.brief_failures % 100 == 1:
+                log.event("turn_brief_failed", "warning", seat=seat, failures=self.brief_failures,
+                          error=f"{type(exc).__name__}: {exc}")
+        return "".join(f"\n\n{p}" for p in parts if p)
+
     def inflight_path(self, seat: str) -> str:
         return os.path.join(self.inflight_dir, seat)
 
@@ -569,6 +611,42 @@ class TurnEngine:
                           error=f"{type(result).__name__}: {result}")
 
 
+def episodes_text(counterparty: str, episodes: list[dict[str, Any]]) -> str:
+    """The lines of a prompt that tell a seat its recent work with *counterparty*
+    (oldest first; '' when there is none)."""
+    if not episodes:
+        return ""
+    who = "the operator" if counterparty == "operator" else counterparty
+    lines = [f"Your recent work with {who} (oldest first):"]
+    for e in episodes:
+        when = time.strftime("%Y-%m-%d", time.gmtime(e.get("at") or 0))
+        if e.get("compacted"):
+            lines.append(f"- until {when}, {e['compacted']} earlier turns: {e.get('summary', '')[:EPISODE_SHOWN]}")
+            continue
+        tools = f"; you used {', '.join(e['tools'])}" if e.get("tools") else ""
+        lines.append(f"- {when}: asked \"{(e.get('ask') or '')[:EPISODE_SHOWN // 2]}\"{tools}; "
+                     f"{e.get('outcome')}: {(e.get('summary') or '')[:EPISODE_SHOWN]}")
+    return "\n".join(lines)
+
+
+def counterparty(headers: dict[str, str]) -> str:
+    """Who a mail's turn works with, as its episode names them
+    (crewlet.estate.skills): the person a webhook's sender is, the seat or
+    integration that sent it, a conversation's, or the operator."""
+    person = headers.get(PERSON_HEADER)
+    if person:
+        return f"person:{person}"
+    conversation = headers.get(conversation_turn.CONVERSATION_HEADER)
+    if conversation:
+        return f"conversation:{conversation}"
+    sender = headers.get("Crewlet-From") or ""
+    if sender.startswith(("hook:", "schedule:")):
+        return sender
+    if _SEAT_NAME.match(sender):
+        return f"seat:{sender}"
+    return "operator"  # crewletctl's, the API's (the people behind them are not told apart)
+
+
 async def _answer(ledger: asyncio.Future) -> dict[str, Any] | None:
     """What the ledger read *ledger* answered; None when it failed."""
     try:
@@ -600,7 +678,8 @@ class SeatWork:
         self.seat = seat
         self.token = token
         self.registry = Registry()
-        for tool in builtin_tools() + (estate_tools() if engine.estate is not None else []):
+        for tool in builtin_tools() + (estate_tools() if engine.estate is not None else []) \
+                + (skill_tools() if engine.skills is not None else []):
             self.registry.add(tool)
         self.servers: "SeatServers | None" = None
         self.mailbox: Mailbox = engine.mailboxes.attach(seat)
@@ -832,7 +911,8 @@ class SeatWork:
     async def _turn(self, delivery: Delivery) -> None:
         engine = self.engine
         record = TurnRecord(self.seat, delivery.trigger, engine.node, self.token, delivery.deliveries,
-                            sender=delivery.headers.get("Crewlet-From"))
+                            sender=delivery.headers.get("Crewlet-From"),
+                            counterparty=counterparty(delivery.headers))
         started = time.monotonic()
         # The crashes this delivery was in hand at, if it is the suspect taken
         # back after the last one; any other delivery starts a count of its own.
@@ -864,6 +944,8 @@ class SeatWork:
         try:
             seat_cfg, provider = self._seat_cfg(), self._provider()
             run = self._run_of(delivery, seat_cfg)
+            if run is None:
+                record.ask = redaction.scrub(delivery.data[:ASK_KEPT * 4].decode(errors="replace")[:ASK_KEPT])
             early = self._crashes == 0 and run is None and seat_cfg is not None and provider is not None
             if not early:
                 worked = await ledger
@@ -918,9 +1000,10 @@ class SeatWork:
                                 await run.work(record, provider=provider, registry=self.registry,
                                                services=engine.services, fence=fence, deadline=deadline)
                             else:
+                                persona = seat_cfg.persona + await engine.brief(self.seat, record.counterparty)
                                 await run_rounds(
                                     record, text=delivery.data.decode(errors="replace"),
-                                    persona=seat_cfg.persona, provider=provider, registry=self.registry,
+                                    persona=persona, provider=provider, registry=self.registry,
                                     services=engine.services, fence=fence, deadline=deadline,
                                     gate=unworked if early else None)
                                 if early:
@@ -1118,7 +1201,7 @@ class SeatWork:
                        token=self.token, conversation=conversation, run=run, event_ttl=engine.run_event_ttl,
                        approval_ttl=engine.approval_ttl, redo=delivery.deliveries > 1,
                        floor=int(floor) if floor.isdigit() and len(floor) < 20 else 0, pin=engine.pinned,
-                       notices_to=self._deciders())
+                       notices_to=self._deciders(), brief=engine.brief)
 
     def _deciders(self) -> list[str]:
         """Who is told by email that a call of this seat waits for a decision:

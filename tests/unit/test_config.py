@@ -143,6 +143,7 @@ sessions: {runner_concurrency: 3, sweep: 0.5}
 approvals: {ttl: 600}
 sandbox: {mode: required}
 secrets: {key_file: null}
+skills: {walk_every: 30}
 debug:
   faults:
     - {role: seats, kind: crash, code: 9}

@@ -67,6 +67,7 @@ BAD = [
     ("smtp.port", [0, 65_536, ".inf"]),
     ("smtp.timeout", [0.5, 301, ".inf", ".nan"]),
     ("smtp.retry_after", [0.01, 3601, ".inf"]),
+    ("skills.walk_every", [0, 86401, -1]),
     ("smtp.attempts", [0, 101, "1e23"]),
     ("files.max_bytes", [0, (1 << 40) + 1, "1e23", 1.5]),
     ("files.grace", [0.5, 30 * 86_400 + 1, ".inf", ".nan"]),
