@@ -44,7 +44,8 @@ FLEET_GROUP = "fleet"
 # Fleet files light enough — a few nodes on one test broker, no cluster or chaos of their
 # own, as heavy as an integration file with nodes — to run beside the fleet group, each
 # a group of its own, rather than in it: the fleet group is the suite's critical path.
-BESIDE_THE_FLEET = frozenset({"tests/fleet/test_vault_fleet.py", "tests/fleet/test_snapshot_fleet.py"})
+BESIDE_THE_FLEET = frozenset({"tests/fleet/test_vault_fleet.py", "tests/fleet/test_snapshot_fleet.py",
+                              "tests/fleet/test_skills_fleet.py"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks into the test ids

@@ -209,7 +209,7 @@ class RunTurn(Hooks):
                     self.seat, provider = pinned
             history, pending = await self._history(run)
             # The run's skills are those of the log as of its start, on any node.
-            pin = run.get("started_seq") or run.get("seq")
+            pin = run.get("skills") or run.get("started_seq") or run.get("seq")
             record.skills_seq = pin if isinstance(pin, int) else None
             record.ask = redaction.scrub((run.get("input") or "")[:ASK_KEPT])
             persona = self.seat.persona

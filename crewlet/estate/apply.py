@@ -708,6 +708,8 @@ def _start(txn, dbs, op: Op, seq: int, run: dict[str, Any], conv: dict[str, Any]
     if run["started_seq"] is None:
         run["started_seq"] = seq
         run["started_at"] = op.at
+    if run.get("skills") is None:
+        run["skills"] = seq
     _touch(run, op)
     _run_put(txn, dbs, run, was)
     was = conv["status"]
@@ -755,9 +757,16 @@ def _run_create(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
         if approval["status"] != "decided":
             raise Refused(f"approval {approval['id']} is not decided: nothing to resume yet",
                           PENDING_APPROVAL, approval=approval["id"])
+    # The skills the run reads are the log's as of its pin (crewlet.estate.skills):
+    # its start, or — resuming an approval — the pin of the run that asked for it.
+    pin = None
+    if fields["approval"] is not None:
+        asked = _get(txn, dbs, "runs", approval["run"].encode()) if approval.get("run") else None
+        pin = asked.get("skills") if asked is not None else None
     run = {"id": a["id"], "conversation": conv["id"], "seat": conv["seat"], "status": "queued",
            **{k: fields[k] for k in ("strategy", "on_disconnect", "revision", "input", "approval")},
            "node": None, "error": None, "rolled_back": False, "seq": seq, "started_seq": None,
+           "skills": pin,
            "created_at": op.at, "created_by": _by(op), "started_at": None, "ended_at": None,
            "updated_at": op.at, "updated_by": _by(op)}
     _run_put(txn, dbs, run, None)
