@@ -189,9 +189,9 @@ def main() -> None:
 
 # The command modules import the names above, so they come last.
 from crewlet.ctl import (apply, backup, dlq, drain, evict, fleet_secret, history, mcp, outbox,  # noqa: E402
-                         pages, restart, restore, schedules, search, seats, secret, send, status, stop, tasks,
-                         token, undrain)
+                         pages, restart, restore, schedules, search, seats, secret, send, skills, status, stop,
+                         tasks, token, undrain)
 
 for _module in (status, restart, stop, apply, history, schedules, send, seats, dlq, outbox, tasks, pages, search,
-                evict, drain, undrain, secret, mcp, token, fleet_secret, backup, restore):
+                skills, evict, drain, undrain, secret, mcp, token, fleet_secret, backup, restore):
     cli.add_command(getattr(_module, _module.__name__.rpartition(".")[2]))

@@ -39,10 +39,19 @@ def mcp(ctl: Ctl, token_file: str | None) -> None:
     """
     from crewlet.operator.server import serve_stdio
 
+    url, token = api_access(ctl, token_file, "crewletctl mcp")
+    asyncio.run(serve_stdio(url, token))
+
+
+def api_access(ctl: Ctl, token_file: str | None, what: str) -> tuple[str, str]:
+    """The node's API (its URL, no trailing ``/``) and the token to call it
+    with: the one in the file *token_file* when given, else
+    ``$CREWLET_API_TOKEN``, else the node's first-start admin token. Exits 69 when the node serves no API, 78 when
+    no token can be found; *what* names the command in the first."""
     api = (ctl.ask("status", CALL_TIMEOUT).get("node") or {}).get("api") or {}
     url = api.get("url")
     if not url:
-        fail("this node serves no API (it runs no ingress): run crewletctl mcp against a node that does",
+        fail(f"this node serves no API (it runs no ingress): run {what} against a node that does",
              EXIT_UNREACHABLE)
     token = os.environ.get(TOKEN_ENV)
     path = token_file or (None if token else api.get("token_file"))
@@ -55,4 +64,4 @@ def mcp(ctl: Ctl, token_file: str | None) -> None:
     if not token:
         fail(f"no API token: set ${TOKEN_ENV} or give --token-file (the node's tokens are configured, "
              "so it made no first-start token)", EXIT_CONFIG)
-    asyncio.run(serve_stdio(url.rstrip("/"), token))
+    return url.rstrip("/"), token

@@ -747,6 +747,14 @@ def turns_line(stats: dict[str, Any]) -> Text:
         line.append(f" · {stats['unsettled']} unsettled (ledger not written)", style="bold red")
     if stats.get("records_failed"):
         line.append(f" · {stats['records_failed']} records lost", style="bold red")
+    skills = stats.get("skills")
+    if isinstance(skills, dict):
+        # The node's skill registry: what its turns' prompts list from.
+        line.append(f" · {skills.get('skills') or 0} skills")
+        if not skills.get("walked_at"):
+            line.append(" (not walked yet)", style="yellow")
+    if stats.get("brief_failures"):
+        line.append(f" · {stats['brief_failures']} briefs without skills or episodes", style="yellow")
     running = sorted(name for name, s in seats.items() if s.get("running"))
     if running:
         line.append(" · running ")

@@ -49,8 +49,12 @@ origin             on the log                 writes it may ask for
                                               ``conversation.create``; a run's driver
                                               (:mod:`crewlet.conversations.driver`): ``run.create``,
                                               ``run.update``, ``conversation.rollback``,
-                                              ``approval.decide``
-``workers``        none                       the maintenance duty's ``turn.trim``
+                                              ``approval.decide``; the skills API
+                                              (:mod:`roles.ingress.api.skills`):
+                                              ``skill.write``, ``skill.retire``
+``workers``        none                       the maintenance duty's ``turn.trim``; the
+                                              learning passes' ``episode.compact``,
+                                              ``skill.draft``, ``approval.decide``
 =================  =========================  ====================================================
 
 Besides the kind:
@@ -133,7 +137,7 @@ ASKS: dict[str, frozenset[str]] = {
         "conversation.create",
         # a conversation run's driver (crewlet.conversations.driver)
         "run.create", "run.update", "conversation.rollback", "approval.decide",
-        # the skills API (roles.ingress.api.skills)
+        # the skills API (roles.ingress.api.skills); a promotion's approval.decide is above
         "skill.write", "skill.retire"}),
     WORKERS: frozenset({
         "turn.trim",                     # the maintenance duty (roles.workers.duties.maintenance)

@@ -166,7 +166,10 @@ _open_lock = threading.Lock()
 
 
 def _skills():
-    from crewlet.estate import skills
+    # apply first: it imports skills once the names skills takes from it are
+    # defined; skills imported first would find apply half made (crewletd's
+    # reads of its own copy import neither before).
+    from crewlet.estate import apply, skills  # noqa: F401
     return skills
 
 

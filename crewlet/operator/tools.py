@@ -57,6 +57,11 @@ ROUTES: dict[str, tuple[str, str, str]] = {
     "dead_letters": ("GET", "/v1/dlq", "Mail that spent its delivery budget, with why."),
     "dead_letter_requeue": ("POST", "/v1/dlq/{seq}/requeue", "Put a dead letter back in its seat's mailbox."),
     "schedules": ("GET", "/v1/schedules", "The company's schedules: when each fires next, what it last did."),
+    "skills_list": ("GET", "/v1/skills", "The company's skills (of a seat; as of a log seq)."),
+    "skill_get": ("GET", "/v1/skills/{name}", "One skill: its description, files and one file's body."),
+    "skill_revisions": ("GET", "/v1/skills/{name}/revisions", "A skill's revisions, newest first."),
+    "skill_drafts": ("GET", "/v1/skills/drafts", "Skills the learning passes drafted, waiting to be promoted."),
+    "skill_promote": ("POST", "/v1/skills/drafts/{name}/promote", "Promote a drafted skill: it becomes a skill."),
 }
 # The run_events tool: the run's stream, read to its end or for `wait` seconds.
 STREAM_PATH = "/v1/conversations/{conversation}/runs/{run}/stream"

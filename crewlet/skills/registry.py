@@ -166,6 +166,10 @@ class Registry:
             self.entries = entries
             self._prompts = {}
 
+    def status(self) -> dict[str, Any]:
+        """What crewletctl status shows of the registry."""
+        return {"skills": len(self.entries), "walked_at": self.walked_at, **self.stats}
+
     # -------------------------------------------------------------- reads
 
     def for_seat(self, seat: str) -> list[Entry]:

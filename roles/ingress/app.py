@@ -52,7 +52,7 @@ from crewlet.coord import drain
 from crewlet.tokens import Keyring
 from roles.ingress import auth, hardening
 from roles.ingress.api import (admin, company, conversations, dlq, estate, feed, files, fleet, hooks, schedules,
-                               seats, secrets)
+                               seats, secrets, skills)
 from roles.ingress import mcp
 from roles.ingress.front import Front
 from roles.ingress.problems import problem_response
@@ -60,7 +60,8 @@ from roles.ingress import problems
 
 DASHBOARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboard")
 ROUTERS = (fleet.router, seats.router, estate.router, files.router, dlq.router, company.router,
-           hooks.router, feed.router, schedules.router, conversations.router, secrets.router, admin.router)
+           hooks.router, feed.router, schedules.router, conversations.router, secrets.router, admin.router,
+           skills.router)
 
 
 class BodyLimit:

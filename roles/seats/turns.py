@@ -494,7 +494,9 @@ class TurnEngine:
                 "turns": self.turns, "held": len(self.work), "org_spent": self.budgets.spent("")[0],
                 "unsettled": self.unsettled, "records_failed": self.records_failed,
                 "record_batches": self.kept.batches, "records_kept": self.kept.records,
-                "poisoned": self.poisoned,
+                "poisoned": self.poisoned, "brief_failures": self.brief_failures,
+                # The node's skill registry: how many it holds, when it last walked.
+                "skills": self.skills.status() if self.skills is not None else None,
                 # What this process's own probe found: its tools run under it
                 # (crewletd's status shows this one once reported).
                 "sandbox": self.sandbox.describe() if self.sandbox is not None else None,

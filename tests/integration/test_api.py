@@ -284,7 +284,7 @@ def test_every_route_without_a_token_is_a_401_with_a_challenge(guarded, main):
 def test_a_read_token_cannot_write_and_a_write_token_cannot_apply_a_company(guarded):
     writes = [(m, t) for m, t in guarded.operations()
               if m in ("POST", "PUT", "PATCH") and not t.startswith("/v1/hooks/")]
-    assert len(writes) == 16, writes
+    assert len(writes) == 19, writes
     for method, template in writes:
         body = problem(guarded(method, fill(template), as_="read", json={}), 403, "forbidden")
         assert "reader" in body["detail"] and "this needs" in body["detail"], body
@@ -734,6 +734,11 @@ WRITES = {
     ("PUT", "/v1/secrets/{name}"): {"value": "from-the-token-test-0123", "grace": 0},
     ("POST", "/v1/admin/evict/{node}"): {"reason": "the token test"},
     ("DELETE", "/v1/secrets/{name}"): None,
+    ("PUT", "/v1/skills/{name}"): {"files": [{"path": "SKILL.md", "body": "---\nname: token-test-secret\n"
+                                              "description: The token test's.\n---\nNever in a log.\n"}]},
+    ("DELETE", "/v1/skills/{name}"): None,
+    ("POST", "/v1/skills/drafts/{name}/promote"): {"note": "the token test"},
+    ("POST", "/v1/skills/drafts/{name}/reject"): None,
 }
 
 

@@ -145,6 +145,15 @@ def test_with_no_node_a_good_command_line_exits_69(tmp_path):
     (["evict", "n1", "--undo", "--reason", "x"], "cannot be combined"),
     (["evict", "n1", "--reason", " "], "the reason is empty"),
     (["evict", "n1", "--reason"], "requires an argument"),
+    (["skills", "show"], "Missing argument 'NAME'"),
+    (["skills", "--as-of", "0"], "Invalid value for '--as-of'"),
+    (["skills", "show", "x", "--as-of", "soon"], "Invalid value for '--as-of'"),
+    (["skills", "revisions"], "Missing argument 'NAME'"),
+    (["skills", "push"], "Missing argument 'DIR...'"),
+    (["skills", "drafts", "--status", "nope"], "Invalid value for '--status'"),
+    (["skills", "drafts", "x", "--status", "pending"], "cannot be combined"),
+    (["skills", "promote"], "Missing argument 'NAME'"),
+    (["skills", "reject", "a", "b"], "unexpected extra argument"),
 ])
 def test_estate_usage_errors_exit_2_without_asking_a_node(tmp_path, args, says):
     result = run(tmp_path, *args)
@@ -154,12 +163,15 @@ def test_estate_usage_errors_exit_2_without_asking_a_node(tmp_path, args, says):
 
 
 def test_estate_help_needs_no_node(tmp_path):
-    for name in ("tasks", "pages", "search", "evict"):
+    for name in ("tasks", "pages", "search", "evict", "skills"):
         result = run(tmp_path, name, "--help")
         assert result.exit_code == 0 and "Usage: " in result.stdout, name
     assert "--undo" in run(tmp_path, "evict", "-h").stdout
+    for sub in ("list", "show", "revisions", "push", "retire", "drafts", "promote", "reject"):
+        result = run(tmp_path, "skills", sub, "--help")
+        assert result.exit_code == 0 and "--json" in result.stdout, sub
     listed = run(tmp_path, "--help").stdout
-    assert all(f"  {name} " in listed for name in ("tasks", "pages", "search", "evict"))
+    assert all(f"  {name} " in listed for name in ("tasks", "pages", "search", "evict", "skills"))
 
 
 @pytest.mark.parametrize("args, op, asked", [
@@ -177,6 +189,38 @@ def test_estate_help_needs_no_node(tmp_path):
     (["evict", "n2"], "evict", {"node": "n2", "undo": None}),
     (["evict", "n2", "--reason", "disk"], "evict", {"node": "n2", "reason": "disk"}),
     (["evict", "n2", "--undo"], "evict", {"node": "n2", "undo": True}),
+    (["skills"], "estate_read", {"query": "skill.list", "args": {"limit": 100}}),
+    (["skills", "--seat", "cto", "--as-of", "7", "--json"], "estate_read",
+     {"query": "skill.list", "args": {"limit": 100, "seat": "cto", "as_of": 7}}),
+    (["skills", "show", "pdf"], "estate_read", {"query": "skill.read", "args": {"name": "pdf"}}),
+    (["skills", "show", "pdf", "scripts/x.py", "--as-of", "3"], "estate_read",
+     {"query": "skill.read", "args": {"name": "pdf", "file": "scripts/x.py", "as_of": 3}}),
+    (["skills", "revisions", "pdf"], "estate_read", {"query": "skill.revisions", "args": {"name": "pdf", "limit": 100}}),
+    (["skills", "drafts", "--status", "pending"], "estate_read",
+     {"query": "skill.drafts", "args": {"limit": 100, "status": "pending"}}),
+    (["skills", "drafts", "pdf"], "estate_read", {"query": "skill.read", "args": {"name": "pdf", "draft": True}}),
+    # Writes go through the node's API: crewletctl asks where it is first.
+    (["skills", "retire", "pdf"], "status", {}),
+    (["skills", "promote", "pdf", "--note", "ok"], "status", {}),
 ])
 def test_good_estate_command_lines_go_on_to_ask_the_node(tmp_path, control, args, op, asked):
     asked_only(control, run(tmp_path, *args), op, **asked)
+
+
+def test_a_skill_push_refused_here_asks_no_node(tmp_path):
+    """Every skill pushed is checked first: each problem names the file and
+    the field, and nothing is sent (no node is asked: exit 2, not 69)."""
+    broken = tmp_path / "skills" / "broken"
+    (broken / "scripts").mkdir(parents=True)
+    (broken / "SKILL.md").write_text("---\nname: broken\ndescription: x\nmetadata: {version: 1.0}\n---\n")
+    (broken / "scripts" / "tool.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00")
+    (tmp_path / "empty").mkdir()
+    result = run(tmp_path, "skills", "push", str(tmp_path / "skills"), str(tmp_path / "empty"))
+    assert result.exit_code == 2, result.output
+    assert f"{broken}/scripts/tool.bin: not UTF-8 text" in result.stderr, result.stderr
+    assert f"{tmp_path / 'empty'}: holds no skill" in result.stderr, result.stderr
+    assert "no crewlet node reachable" not in result.stderr
+    broken.joinpath("scripts", "tool.bin").unlink()
+    result = run(tmp_path, "skills", "push", str(broken), "--json")
+    assert result.exit_code == 2 and "no crewlet node reachable" not in result.stderr, result.output
+    assert '"field": "metadata.version"' in result.stdout and f"{broken}/SKILL.md" in result.stdout

@@ -22,6 +22,8 @@
   ``POST /v1/approvals/{id}`` ``{decision: approve|deny, note}`` — the same
   decision again is answered the same, another one is a 409; the answer's
   ``resumed_by`` is the run that resumes the conversation (follow its stream).
+  An approval of kind ``promotion`` is a drafted skill's (of no conversation:
+  :mod:`roles.ingress.api.skills`), decided as :func:`promotion_decider` says.
 
 A stream sends a comment every :data:`HEARTBEAT` seconds of silence, and
 every :data:`STATUS_EVERY` seconds of silence looks at the run's status in
@@ -140,8 +142,11 @@ class RunPage(BaseModel):
 
 class Approval(_Open):
     id: str
-    conversation: str
-    run: str
+    kind: str = Field("tool", description="tool: a seat's tool call, in a conversation's run; "
+                                          "promotion: a drafted skill (GET /v1/skills/drafts), of no "
+                                          "conversation")
+    conversation: str | None = Field(None, description="The conversation whose run asked (null: a promotion)")
+    run: str | None = Field(None, description="The run that asked (null: a promotion)")
     tool: str
     status: Literal["pending", "decided"]
     resumed_by: str | None = Field(None, description="Deciding: the run that resumes the conversation "
@@ -461,20 +466,47 @@ async def get_approval(request: Request, approval: str = ApprovalPath, _=Depends
     return Approval(**row)
 
 
+def promotion_decider(company, grant) -> str:
+    """Who decides a skill's promotion (a draft's approval, kind ``promotion``)
+    with *grant*, as its record says it: when the company names people who
+    decide promotions (``people.<id>.decides.promotions``), only a token
+    belonging to one of them may (else a 403 naming who may, whatever the
+    token's scope); when it names nobody, an admin token. ``person:<id>``, or
+    ``api:<token name>`` for a token of nobody."""
+    person = grant.person if grant.person in company.people else None
+    promoters = [pid for pid, p in company.people.items() if p.decides.promotions]
+    if promoters:
+        if person not in promoters:
+            who = ("this token belongs to nobody (ingress.tokens[].person)" if grant.person is None
+                   else f"{grant.person} is not one of them")
+            raise Problem(403, "not_allowed", f"skill promotions are decided by {', '.join(promoters)}: {who}")
+    elif "admin" not in grant.scopes:
+        raise Problem(403, "not_allowed", f"skill promotions are decided by an admin token when nobody is "
+                                          f"named to (people.<id>.decides.promotions): token {grant.name} "
+                                          f"has {', '.join(sorted(grant.scopes)) or 'no scopes'}")
+    return f"person:{person}" if person else f"api:{grant.name}"
+
+
 async def _decider(f, conductor, approval: str, grant) -> str:
     """Who decides *approval* with *grant*, as its record says it (``person:<id>``
     for a token that belongs to one of the company's people, else
     ``api:<token name>``); a 403 when the company names who decides the seat's
     approvals (``people.<id>.decides.approvals``) and the token's person is
-    not one of them."""
+    not one of them. A promotion's approval is decided as
+    :func:`promotion_decider` says."""
     company = f.need_company()  # never decided unchecked while the company is not known yet (a 503)
     person = grant.person if grant.person in company.people else None
     approvers = []
-    if company.people:
+    # Which kind of approval it is, and whose seat: read unless nothing can depend on
+    # it (no people named, and an admin token, who may decide a promotion too).
+    if company.people or "admin" not in grant.scopes:
         row = (await _call(conductor.read("approval.get", {"id": approval}))).get("approval")
         if row is None:
             raise Problem(404, "not_found", f"no approval {approval}")
-        approvers = company.approvers(row.get("seat") or "")
+        if row.get("kind") == "promotion":
+            return promotion_decider(company, grant)
+        if company.people:
+            approvers = company.approvers(row.get("seat") or "")
         if approvers and person not in approvers:
             who = ("this token belongs to nobody (ingress.tokens[].person)" if grant.person is None
                    else f"{grant.person} is not one of them")
@@ -483,7 +515,8 @@ async def _decider(f, conductor, approval: str, grant) -> str:
     return f"person:{person}" if person else f"api:{grant.name}"
 
 
-@router.post("/approvals/{approval}", response_model=Approval, summary="Approve or deny a tool call",
+@router.post("/approvals/{approval}", response_model=Approval,
+             summary="Approve or deny a tool call, or a drafted skill's promotion",
              responses=responses(403, 404, 409))
 async def decide(request: Request, body: Decision, approval: str = ApprovalPath,
                  grant=Depends(WRITE)) -> Approval:
