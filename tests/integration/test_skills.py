@@ -23,7 +23,7 @@ from tests.conftest import wait_for
 from crewlet.estate import store
 from tests.estate import copy_of, publish_to, query
 from tests.integration.wire import Canned, WireServer, openai_reply
-from tests.seats import ctl_json, held, node_url, send_all_to, write_company
+from tests.seats import ctl_json, held, node_url, seats_stats, send_all_to, write_company
 
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
 COMPANY = """
@@ -83,6 +83,10 @@ def test_a_skill_reaches_the_next_turn_and_is_read_on_demand(make_node):
         wait_for(listed, 20, interval=0.1, what="the skill in the writer's next prompt")
         reached = time.monotonic() - written_at
         print(f"\nskill in the next turn's prompt {reached:.3f} s after it was written (seq {seq})")
+        # crewletctl status says how many the node's registry holds, and that it walked.
+        reg = wait_for(lambda: (seats_stats(node).get("skills") or {}).get("skills") == 1
+                       and seats_stats(node)["skills"], 10, what="the registry in the status")
+        assert reg["walked_at"] and reg["walks"] >= 1 and reg["broadcasts"] >= 1, reg
         # The tool reads its body whole, on demand.
         said = ctl_json(node, "send", "reader", "use release-notes", "--wait", "20")
         assert said["turn"]["outcome"] == "done", said
