@@ -497,7 +497,7 @@ def test_hardened_dashboard_no_csp_violation_never_framed_token_per_tab(make_nod
     assert page.evaluate("sessionStorage.getItem('crewlet.token')") == token_of(node)
     assert page.evaluate("localStorage.getItem('crewlet.token')") is None
     expect(page.locator("[data-testid^=seat-row-]")).to_have_count(30)
-    for tab in ("tasks", "pages", "files", "convs", "dlq"):
+    for tab in ("tasks", "pages", "skills", "files", "convs", "dlq"):
         page.get_by_test_id(f"tab-{tab}").click()
         expect(page.get_by_test_id(f"tab-{tab}")).to_have_attribute("aria-selected", "true")
     page.get_by_test_id("seat-row-ceo").locator("button").first.click()

@@ -3,6 +3,12 @@
  * `awaiting_approval`; the decision resumes the conversation as a new run
  * (`resumed_by` in the answer), on whichever node holds the seat.
  *
+ * A drafted skill's promotion is an approval too (kind "promotion", of no
+ * conversation nor run: its tool is skill.promote, its args name the draft,
+ * its cluster, its description and how many episodes it came from). Its card
+ * says so in words; deciding it is the same POST /v1/approvals/{id}, and the
+ * Skills tab (skills.js) hears of it ("approval-decided", "promotions").
+ *
  * The panel lists every pending one (read every APPROVALS_EVERY ms, and soon
  * after a conversation run's turn shows in the feed: they are not on the live
  * stream); the chat shows its conversation's inline. Both build the card with
@@ -14,7 +20,7 @@ import { emit, on } from "./bus.js";
 import { $, el, factList, reconcile, say, setText } from "./dom.js";
 import { setWaiting } from "./summary.js";
 import { ago, expiry, when } from "./time.js";
-import { RUN_TRIGGER, excerpt } from "./words.js";
+import { RUN_TRIGGER, excerpt, plural } from "./words.js";
 
 const APPROVALS_PAGE = 100;      // pending approvals read at once (oldest first)
 const APPROVALS_EVERY = 5000;    // ms between reads of the pending approvals
@@ -42,20 +48,22 @@ export function approvalCard(a, place, extra) {
   const titleId = `${id}-title`;
   const noteId = `${id}-note`;
   const argsId = `${id}-args`;
-  const args = a.args === undefined ? "(no arguments)" : JSON.stringify(a.args, null, 2);
+  const promotion = isPromotion(a);
+  const what = promotion ? `the promotion of drafted skill ${promotedName(a)}` : `${a.seat}'s call to ${a.tool}`;
   const approve = el("button", {
-    type: "button", class: "primary", "data-testid": "approve", "aria-label": `Approve ${a.seat}'s call to ${a.tool}`,
+    type: "button", class: "primary", "data-testid": "approve", "aria-label": `Approve ${what}`,
   }, "Approve");
   const deny = el("button", {
-    type: "button", class: "danger", "data-testid": "deny", "aria-label": `Deny ${a.seat}'s call to ${a.tool}`,
+    type: "button", class: "danger", "data-testid": "deny", "aria-label": `Deny ${what}`,
   }, "Deny");
   const note = el("input", {
     id: noteId, type: "text", maxlength: NOTE_MAX, autocomplete: "off", spellcheck: "true",
-    "data-testid": "approval-note", placeholder: "why not, if you deny it",
+    "data-testid": "approval-note", placeholder: promotion ? "why, for the record" : "why not, if you deny it",
   });
   const message = el("p", { class: "result", role: "status", "aria-live": "polite", "data-testid": "approval-message" });
   const actions = el("div", { class: "approval-actions" },
-    el("label", { for: noteId }, "Note ", el("span", { class: "muted small" }, "(optional; a denial's note is told to the seat)")),
+    el("label", { for: noteId }, "Note ", el("span", { class: "muted small" },
+      promotion ? "(optional; kept with the decision)" : "(optional; a denial's note is told to the seat)")),
     el("div", { class: "approval-buttons" }, note, approve, deny));
   const { facts, fact } = factList();
   if (extra) extra(fact);
@@ -63,20 +71,47 @@ export function approvalCard(a, place, extra) {
   const expires = expiry(a.expires_at);
   const item = el("li", {
     class: "approval", "data-testid": id, "data-approval": a.id, "data-seat": a.seat,
-    "data-tool": a.tool, "data-state": "pending", "aria-labelledby": titleId,
+    "data-tool": a.tool, "data-approval-kind": promotion ? "promotion" : "tool", "data-state": "pending",
+    "aria-labelledby": titleId,
   },
   el("div", { class: "approval-head" },
-    el("h3", { id: titleId },
+    el("h3", { id: titleId, "data-testid": "approval-title" }, promotion ? promotionTitle(a) : [
       el("span", { "data-testid": "approval-seat" }, a.seat), " wants to call ",
-      el("code", { class: "tool", "data-testid": "approval-tool" }, a.tool)),
+      el("code", { class: "tool", "data-testid": "approval-tool" }, a.tool)]),
     el("span", { class: "grow" }),
     expires),
   facts,
-  el("p", { class: "args-label", id: argsId }, "Its arguments, exactly as the call would run:"),
-  el("pre", { class: "args", "data-testid": "approval-args", tabindex: "0", "aria-labelledby": argsId }, args),
+  // A promotion's args are shown as facts (by the caller's *extra*): they are no call's arguments.
+  promotion ? null : [
+    el("p", { class: "args-label", id: argsId }, "Its arguments, exactly as the call would run:"),
+    el("pre", { class: "args", "data-testid": "approval-args", tabindex: "0", "aria-labelledby": argsId },
+      a.args === undefined ? "(no arguments)" : JSON.stringify(a.args, null, 2))],
   actions,
   message);
   return { item, approve, deny, note, message, actions, expires, busy: false };
+}
+
+/** A drafted skill's promotion (kind "promotion"), not a seat's tool call. */
+export function isPromotion(a) {
+  return Boolean(a) && a.kind === "promotion";
+}
+
+function promotionArgs(a) {
+  return a.args && typeof a.args === "object" ? a.args : {};
+}
+
+/** The skill a promotion would write (its draft's name). */
+export function promotedName(a) {
+  const args = promotionArgs(a);
+  return String(args.skill || args.draft || "?");
+}
+
+/** "Promote drafted skill NAME (from N episodes of seat SEAT)", as nodes. */
+function promotionTitle(a) {
+  const n = promotionArgs(a).episodes;
+  return ["Promote drafted skill ", el("code", { class: "tool", "data-testid": "approval-skill" }, promotedName(a)),
+    " (from ", typeof n === "number" ? plural(n, "episode", "episodes") : "episodes", " of seat ",
+    el("span", { "data-testid": "approval-seat" }, a.seat || "?"), ")"];
 }
 
 /** Send *decision* on approval *a* (its note from the card *p*), the card
@@ -116,6 +151,12 @@ export async function decide(a, p, decision) {
 
 /** What a decision's answer means, in words. */
 export function decidedText(a, decision, note) {
+  if (isPromotion(a)) {
+    const name = promotedName(a);
+    return decision === "approve"
+      ? `Promoted: drafted skill ${name} is now a skill; the seats it applies to see it from their next turn.`
+      : `Rejected: drafted skill ${name} stays a draft, rejected; no skill was written.`;
+  }
   return decision === "approve"
     ? `Approved: ${a.seat}'s call to ${a.tool} runs now, exactly as it was shown, and conversation ${a.conversation} goes on.`
     : `Denied: ${a.seat}'s call to ${a.tool} will not run. The seat is told` +
@@ -174,6 +215,8 @@ async function loadApprovals() {
     approvals.next = page.next;
     approvals.read = true;
     say(note, "", "");
+    // The drafted skills waiting: the Skills tab counts them, and reads its drafts again when they change.
+    emit("promotions", approvals.rows.filter(isPromotion));
   } catch (e) {
     if (e.status === 401) return;
     say(note, "bad", (approvals.read ? "The approvals could not be read again just now; this is the list as last read. "
@@ -206,7 +249,15 @@ function renderApprovals() {
 }
 
 function buildApproval(a) {
-  const p = approvalCard(a, "approval", (fact) => fact("Conversation", el("button", {
+  const p = approvalCard(a, "approval", isPromotion(a) ? (fact) => {
+    const args = a.args || {};
+    fact("Draft", el("button", {
+      type: "button", class: "link", "data-testid": "approval-draft", title: "Read the draft in the Skills tab",
+      onclick: () => emit("open-draft", String(args.draft || promotedName(a))),
+    }, String(args.draft || promotedName(a))));
+    if (args.description) fact("Description", el("span", { "data-testid": "approval-description" }, String(args.description)));
+    if (args.cluster) fact("Cluster", String(args.cluster));
+  } : (fact) => fact("Conversation", el("button", {
     type: "button", class: "link", "data-testid": "approval-conversation", title: "Talk in this conversation",
     onclick: () => emit("open-conversation", a.conversation),
   }, a.conversation), el("span", { class: "muted small" }, ` · run ${a.run}`)));
@@ -249,7 +300,8 @@ function settle(a, p, e) {
   p.expires.replaceWith(el("span", { class: "muted small", "data-testid": "approval-expires" }, "no longer waiting"));
   say(p.message, "bad", settledText(e));
   const dismiss = el("button", {
-    type: "button", class: "ghost", "data-testid": "dismiss", "aria-label": `Dismiss the approval of ${a.seat}'s call to ${a.tool}`,
+    type: "button", class: "ghost", "data-testid": "dismiss", "aria-label": isPromotion(a) ? `Dismiss the promotion of drafted skill ${promotedName(a)}`
+      : `Dismiss the approval of ${a.seat}'s call to ${a.tool}`,
   }, "Dismiss");
   dismiss.addEventListener("click", () => leave(p, () => {
     approvals.kept.delete(a.id);

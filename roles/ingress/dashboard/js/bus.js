@@ -1,7 +1,9 @@
 /* A few named happenings one part of the page tells the others about, so
  * panels do not import each other: "snapshot", "turn" (a live turn record),
  * "signed-out", "approval-decided" ({approval, answer}), "conversation"
- * (a conversation's row changed, as this page saw it). */
+ * (a conversation's row changed, as this page saw it), "promotions" (the
+ * pending promotions the Approvals panel read), "open-draft" (a drafted
+ * skill's name: read it in the Skills tab). */
 
 const listeners = new Map();
 

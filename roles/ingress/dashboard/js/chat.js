@@ -871,7 +871,8 @@ on("chat-lost", (view, why) => {
 });
 on("approval-decided", ({ approval, answer, note }) => {
   // Decided in the Approvals panel (or here): the conversation shown goes on.
-  if (approval.conversation === chat.id) resumed(approval, answer, note);
+  // (A skill's promotion is of no conversation: none goes on.)
+  if (approval.conversation && approval.conversation === chat.id) resumed(approval, answer, note);
 });
 on("turn", (d) => {
   // A run of the conversation shown ended that this page does not watch (a

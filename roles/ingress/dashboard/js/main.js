@@ -8,9 +8,11 @@
  *     most once a frame (render.js) by the cards that registered for it
  *     (summary.js, fleet.js, seats.js, feed.js);
  *   - the Browse tabs (tabs.js) read their lists when shown: dead letters,
- *     conversations and their chat, tasks, the knowledge base, files;
+ *     conversations and their chat, tasks, the knowledge base, skills and
+ *     their drafts, files;
  *   - pending approvals are read every few seconds (approvals.js);
- *   - mail, requeue, a decision and a chat's message are POSTs.
+ *   - mail, requeue, a decision, a chat's message and a draft's promotion
+ *     are POSTs; a skill's retirement a DELETE.
  *
  * Panels tell each other what happened through bus.js; a panel imports
  * another only for a part it shows inside itself (the conversations panel
@@ -32,6 +34,7 @@ import { wireMail } from "./mail.js";
 import { wirePages } from "./pages.js";
 import { on } from "./bus.js";
 import { wireSeats } from "./seats.js";
+import { wireSkills } from "./skills.js";
 import { showSignIn, start, wireSignIn } from "./signin.js";
 import { renderSummary } from "./summary.js";
 import { reloadCurrent, selectTab, wireTabs } from "./tabs.js";
@@ -57,6 +60,7 @@ function wire() {
   wireDeadLetters();
   wireTasks();
   wirePages();
+  wireSkills();
   wireFiles();
   wireMail();
   wireApprovals();

@@ -18,7 +18,7 @@ export function tile(id, kind, value, note) {
 export function setWaiting(n, more) {
   waiting = n;
   tile("approvals", n ? "warn" : "ok", `${n}${more ? "+" : ""}`,
-    n ? (n === 1 ? "tool call waits for you" : "tool calls wait for you") : "none waiting");
+    n ? (n === 1 ? "waits for your decision" : "wait for your decision") : "none waiting");
   document.title = pageTitle();
 }
 

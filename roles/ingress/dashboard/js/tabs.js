@@ -5,7 +5,7 @@
 
 import { $ } from "./dom.js";
 
-export const TABS = ["dlq", "convs", "tasks", "pages", "files"];
+export const TABS = ["dlq", "convs", "tasks", "pages", "skills", "files"];
 const hooks = {};   // tab -> {shown(fresh), refresh(), loaded()}
 const soft = {};    // tab -> the pending softRefresh's timer
 
