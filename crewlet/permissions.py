@@ -351,7 +351,8 @@ def grants(node: str) -> dict[str, Grant]:
         "workers": Grant(
             publish=(
                 mail.SUBJECT + ">",        # the scheduler's ticks
-                estate_ask("workers", node)),  # maintenance's turn.trim ops, through an applier
+                # turn.trim (maintenance), the learning passes' ops: through an applier
+                estate_ask("workers", node)),
             streams={
                 # The maintenance duty: a retired seat's mailbox is deleted
                 # and its mail purged, worked mail trimmed.
@@ -369,14 +370,16 @@ def grants(node: str) -> dict[str, Grant]:
                 outbox.STREAM: (*LOOK, "follow", "make"),
                 kv(buckets.CLAIMS): LOOK,
                 kv(buckets.RATE): LOOK,
-                kv(buckets.SECRETS): WATCH,  # the reconcile duty's GitHub token (crewlet.vault)
+                kv(buckets.SECRETS): WATCH,  # the reconcile duty's GitHub token, the learning duty's API keys
+                kv(buckets.COOLDOWNS): LOOK,  # the learning duty's provider calls: a cooling key waited for
             },
             files=True,                     # the collector removes what no file row names
             writes={buckets.OBJECTS.name: "collector",
                     buckets.LEASES.name: "duty.>",
                     buckets.STATUS.name: (fired.PREFIX + ">", duty_reports.PREFIX + ">"),
                     buckets.CLAIMS.name: outbox.CLAIM_PREFIX + ">",
-                    buckets.RATE.name: ANY}),
+                    buckets.RATE.name: ANY,
+                    buckets.COOLDOWNS.name: ANY}),  # a 429 the learning duty met cools the key fleet-wide
     }
 
 

@@ -1,4 +1,4 @@
-"""Tier B config: the company — seats, providers, schedules, budgets, retention, integrations.
+"""Tier B config: the company — seats, providers, schedules, budgets, retention, learning, integrations.
 
     from crewlet.company import load_company
     from crewlet.config import ConfigError
@@ -19,6 +19,8 @@ every check; ``etc/company.yaml`` is the annotated sample)::
     schedules: [{name: standup, seat: pm, cron: "0 9 * * 1-5", tz: Europe/Paris, message: "..."}]  # every XOR cron; catch_up
     budgets: {org: 500000, seats: {pm: 50000}}
     retention: {turns_days: 90, mail_days: 14, events_days: 7}
+    learning: {every: 600, compact_after: 604800, min_cluster: 3, auto_promote: false,
+               max_drafts_per_pass: 5}   # provider: one of providers (default: each seat's own)
     integrations:                          # inbound webhooks at /v1/hooks/<name> (crewlet.hooks)
       gh: {kind: github, secret_env: GITHUB_WEBHOOK_SECRET,   # github, slack or generic
            routes: [{event: issues, repository: acme/web, seat: pm}]}   # first match wins

@@ -34,6 +34,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
                       field_validator, model_validator)
 
 from crewlet.config.model import Email
+from crewlet.learning.cluster import MIN_CLUSTER
 from crewlet.queue.base import MAIL_MAX
 from crewlet.tokens import PERSON_RE
 from crewlet.schedules import CATCH_UP, DEFAULT_CATCH_UP, DEFAULT_TZ, Timing, check_cron, zone
@@ -629,6 +630,23 @@ class Notify(_Model):
     burst: int = Field(5, ge=1, le=1000)
 
 
+class Learning(_Model):
+    """The learning passes (the ``learning`` duty, DESIGN §15): old episodes
+    compacted, the recent ones clustered, a skill drafted per new cluster,
+    drafts promoted. A provider is asked to compact and to draft only; the
+    clustering asks none."""
+
+    every: int = Field(600, ge=1, le=7 * 86400)  # seconds between passes
+    # seconds after which an episode is compacted into its seat and counterparty's summary
+    compact_after: int = Field(7 * 86400, ge=1, le=RETENTION_DAYS_MAX * 86400)
+    min_cluster: int = Field(MIN_CLUSTER, ge=2, le=10_000)  # episodes a cluster needs to be drafted
+    # approve a draft whose cluster kept growing since it was drafted, without a person
+    auto_promote: bool = False
+    # the provider that compacts and drafts (one of providers); None: each seat's own
+    provider: ProviderName | None = None
+    max_drafts_per_pass: int = Field(5, ge=0, le=100)  # skills drafted a pass at most (0: none)
+
+
 def _people_problems(people: Mapping[str, Person], seats: set[str]) -> list[At]:
     """An id elsewhere is one person's (a delivery from it names one person),
     and an approval right names a seat there is (or a pattern)."""
@@ -658,6 +676,7 @@ class Company(_Model):
     retention: Retention = Field(default_factory=Retention)  # how long records are kept
     integrations: dict[IntegrationName, Integration] = Field(default_factory=dict)  # webhooks, by name
     notify: Notify = Field(default_factory=Notify)  # the email rate, fleet-wide
+    learning: Learning = Field(default_factory=Learning)  # the learning passes: compaction, skills
     # the identity map: people by id (a token's person, a notify recipient), their ids
     # elsewhere (webhook senders) and what they may decide (crewlet.people)
     people: dict[PersonId, Person] = Field(default_factory=dict)
@@ -683,6 +702,9 @@ class Company(_Model):
                      for name, integration in self.integrations.items()
                      for i, r in enumerate(integration.routes) if r.seat not in seats]
         problems += _people_problems(self.people, seats)
+        if self.learning.provider is not None and self.learning.provider not in self.providers:
+            problems.append(At("learning.provider",
+                               f"unknown provider {self.learning.provider!r}, known: {known}"))
         _raise_first(problems)
         return self
 

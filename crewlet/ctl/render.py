@@ -639,6 +639,36 @@ def files_line(report: dict[str, Any] | None, now: float) -> Text:
     return line
 
 
+# What the learning duty's report counts, as a line names it.
+LEARNING_WORDS = (("steps", "step", "steps"), ("provider_calls", "provider call", "provider calls"),
+                  ("ops", "op", "ops"), ("skipped", "skipped", "skipped"))
+
+
+def learning_line(report: dict[str, Any] | None, now: float) -> Text:
+    """'learning  passed 3m ago on n1 · 2 steps, 2 provider calls, 2 ops, 0 skipped · 14
+    clusters of 1,200 episodes, 1 new · in all 40 steps, …': the learning duty's last
+    pass (``status`` key ``duty.learning``); its errors in yellow."""
+    line = Text("learning  ", style="bold")
+    if not isinstance(report, dict):
+        return line.append("no pass reported yet", style="dim")
+    line.append(f"passed {ago_text(report.get('at'), now)} on {report.get('node') or UNKNOWN}")
+
+    def n(key: str, of: Any = report) -> int:
+        value = of.get(key) if isinstance(of, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    def counts(of: Any) -> str:
+        return ", ".join(f"{n(what, of):,} {one if n(what, of) == 1 else many}"
+                         for what, one, many in LEARNING_WORDS)
+    line.append(f" · {counts(report.get('counts'))}")
+    line.append(f" · {n('clusters'):,} cluster{'' if n('clusters') == 1 else 's'} of {n('episodes'):,} "
+                f"episodes, {n('new'):,} new")
+    line.append(f" · in all {counts(report.get('totals'))}", style="dim")
+    for error in report.get("errors") or []:
+        line.append(f" · {error}", style="yellow")
+    return line
+
+
 def streams_line(streams: list[dict[str, Any]] | None) -> Text:
     """'streams  consumers AGENTS 31/1000 · ESTATE 3/64 · KV_leases 4/256 …': every
     stream on the broker, its consumers against its limit; a stream near it
@@ -705,6 +735,7 @@ def fleet_view(fleet: dict[str, Any] | None, here_id: str | None, now: float) ->
                  *unplaceable_lines(fleet.get("unplaceable")), duties_line(fleet.get("duties") or []),
                  maintenance_line((fleet.get("reports") or {}).get("maintenance"), now),
                  files_line((fleet.get("reports") or {}).get("collector"), now),
+                 learning_line((fleet.get("reports") or {}).get("learning"), now),
                  streams_line(fleet.get("streams")))
 
 

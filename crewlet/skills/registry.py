@@ -41,6 +41,10 @@ from crewlet.skills import format as skill_format
 CHANGED_SUBJECT = "skills.changed"
 # Seconds between walks when the node's config says nothing (skills.walk_every).
 WALK_EVERY = 300.0
+# The boot walk, while no copy serves yet: tried again this often, and said
+# (skills_walk_failed) only once it has failed this long.
+BOOT_RETRY = 1.0
+BOOT_QUIET = 30.0
 # Seconds one read through the estate may take (a walk, a broadcast's re-read).
 READ_TIMEOUT = 10.0
 # Characters of a turn's system prompt the skills list may take.
@@ -98,17 +102,22 @@ class Registry:
             self._sub = None
 
     async def _walking(self) -> None:
-        if getattr(self.estate, "serving", None) is not None:
-            await self.estate.serving(60.0)
+        # At a node's start no copy may serve yet: the boot walk is tried again
+        # every BOOT_RETRY s, said only once it has failed for BOOT_QUIET s.
+        started = time.monotonic()
         while True:
             try:
                 await self.walk()
+                pause = self.walk_every
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.stats["walk_failures"] += 1
-                log.event("skills_walk_failed", "warning", error=f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(self.walk_every)
+                booting = self.walked_at is None and time.monotonic() - started < BOOT_QUIET
+                if not booting:
+                    log.event("skills_walk_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+                pause = min(self.walk_every, BOOT_RETRY) if self.walked_at is None else self.walk_every
+            await asyncio.sleep(pause)
 
     async def walk(self) -> None:
         """Read the whole list again (the boot and periodic walks)."""

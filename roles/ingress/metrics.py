@@ -13,8 +13,10 @@ Two kinds of figures:
   in service; what retention removed in all (``crewlet_retention_removed_total``,
   by ``what``: turns, mail, mailboxes — the ``maintenance`` duty's totals,
   carried from holder to holder — and events, each data node's own, by
-  ``node``). Nothing is kept twice, so a seat or node that went has no stale
-  series.
+  ``node``); what the learning passes did in all (``crewlet_learning_steps_total``,
+  ``_provider_calls_total``, ``_ops_total``, ``_skipped_total``, ``_tokens_total``: the
+  ``learning`` duty's totals, carried likewise). Nothing is kept twice, so a seat or node
+  that went has no stale series.
 
 ``/metrics`` takes a token with ``read`` unless ``ingress.metrics_open``.
 Each ingress process has its own registry (the suite runs several nodes in
@@ -31,6 +33,12 @@ from prometheus_client.registry import Collector
 
 # Turn durations, seconds: a scripted turn takes milliseconds, a model's minutes.
 TURN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+# The learning duty's totals /metrics shows, and what each says.
+LEARNING_COUNTS = (("steps", "Learning steps done: compactions, drafts and promotions written"),
+                   ("provider_calls", "Provider calls of the learning passes"),
+                   ("ops", "Estate ops the learning passes wrote"),
+                   ("skipped", "Learning steps skipped: landed before, or no provider for them"),
+                   ("tokens", "Tokens the learning passes' provider calls used"))
 API_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
@@ -134,6 +142,18 @@ class _Live(Collector):
                 in_service.add_metric([node["id"]], 1 if copy["in_service"] else 0)
         yield from (up, restarts, running, last_exit, applied, behind, in_service)
         yield self._retention()
+        yield from self._learning()
+
+    def _learning(self) -> Iterator[CounterMetricFamily]:
+        """What the learning passes did in all: the learning duty's totals
+        (roles/workers/duties/learning.py), carried from holder to holder."""
+        totals = (self.p.reports.get("learning") or {}).get("totals") or {}
+        for what, says in LEARNING_COUNTS:
+            n = totals.get(what)
+            if isinstance(n, int) and not isinstance(n, bool):
+                family = CounterMetricFamily(f"crewlet_learning_{what}", says)
+                family.add_metric([], n)
+                yield family
 
     def _retention(self) -> CounterMetricFamily:
         """What retention removed: the maintenance duty's totals (node ""), and

@@ -75,8 +75,8 @@ def test_a_single_node_holds_every_seat_and_every_duty(natsd, make_node):
     node = fleet_node(make_node, natsd, "solo").start()
     apply(node)  # the sample company, etc/company.yaml
     wait_for(lambda: len(seats_of(node)) == 30, 30, what="30 seats held")
-    duties = {"collector": "solo", "fleet_shape": "solo", "maintenance": "solo", "reconcile": "solo",
-              "scheduler": "solo"}
+    duties = {"collector": "solo", "fleet_shape": "solo", "learning": "solo", "maintenance": "solo",
+              "reconcile": "solo", "scheduler": "solo"}
     wait_for(lambda: {d["name"]: d["node"] for d in node.status()["fleet"]["duties"]} == duties,
              10, what="every duty held")
     (me,) = node.status()["fleet"]["nodes"]

@@ -248,6 +248,37 @@ def check_redaction(rep: dict[str, Any]) -> None:
     figure(cases, "words, 20 values known", "crewlet_ms")
 
 
+def check_learning_cluster(rep: dict[str, Any]) -> None:
+    sizes = figure(rep, "sizes")
+    assert sizes, rep
+    for row in sizes.values():
+        for key in ("cluster_s", "floor_s", "x", "clusters", "clustered", "topics", "topics_whole"):
+            figure(row, key)
+    for key in ("episodes", "all_pairs_s", "cluster_s", "differ"):
+        figure(rep, "all_pairs", key)
+
+
+def check_skills(rep: dict[str, Any]) -> None:
+    turns = figure(rep, "turns")
+    assert turns.get("error") is None, turns["error"]
+    for side in ("none", "with"):
+        figure(turns, side, "node_cpu_ms_per_turn")
+        figure(turns, side, "request_bytes")
+    figure(turns, "ratio_node_cpu")
+    fleet = figure(rep, "fleet")
+    assert fleet.get("error") is None, fleet["error"]
+    for node in ("f0", "f1", "f2"):   # two data nodes and a stateless one
+        median(fleet, "reached_ms", node)
+    median(fleet, "max_ms")
+    median(fleet, "bare_ms")
+    learning = figure(rep, "learning")
+    assert learning.get("error") is None, learning["error"]
+    for side in ("crewlet", "plain"):
+        figure(learning, side, "median_s")
+        figure(learning, side, "peak_bytes")
+    figure(learning, "ratio_time")
+
+
 def needs_bwrap() -> None:
     """As tests/integration/test_sandbox.py: skip without a working bubblewrap, unless
     CREWLET_TEST_SANDBOX=required."""
@@ -281,7 +312,9 @@ BENCHES: list[tuple[str, tuple[str, ...], Callable[[dict[str, Any]], None]]] = [
     ("conversations", (), check_conversations),
     ("slow_turns", (), check_slow_turns),
     ("broker_stop", (), check_broker_stop),
+    ("learning_cluster", (), check_learning_cluster),
     ("redaction", (), check_redaction),
+    ("skills", (), check_skills),
 ]
 
 

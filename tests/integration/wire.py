@@ -51,6 +51,7 @@ class Canned:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     events: list[Any] | None = None   # a stream: (event name or None, data), Event or CUT
+    delay: float = 0.0                # seconds before the answer (a slow model)
 
 
 class WireServer:
@@ -123,6 +124,8 @@ class WireServer:
                 raw = self.rfile.read(int(self.headers.get("content-length") or 0))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 canned = server._answer("POST", self.path, headers, raw)
+                if canned.delay:
+                    time.sleep(canned.delay)
                 if canned.events is not None:
                     return self._stream(canned.events)
                 data = b"" if canned.body is None else json.dumps(canned.body).encode()

@@ -47,7 +47,9 @@ def test_the_sample_company_loads_with_30_seats():
     assert all(s.placement.labels == {} for s in company.seats)
     assert len(company.schedules) == 1
     assert company.budgets.org and company.budgets.org > 0
-    rule = company.providers["scripted"].rules[1]
+    rules = company.providers["scripted"].rules
+    assert rules[0].match.startswith("^Summarise") and rules[1].match.startswith("^Draft a skill")  # learning
+    rule = rules[3]
     assert rule.match == r"(?i)\bask ([a-z0-9_-]+) (?:to )?(.+)"
     assert rule.tools[0].name == "send" and rule.tools[0].args == {"seat": r"\1", "text": r"\2"}
     # The ceo's own MCP server, shipped with crewlet as a console script.
@@ -61,6 +63,21 @@ def test_minimal_company_gets_the_defaults():
     assert company.budgets.org is None and company.budgets.seats == {}
     assert company.schedules == [] and company.integrations == {}
     assert company.seat("pm").placement.allows({"zone": "us"})
+    learning = company.learning
+    assert (learning.every, learning.compact_after, learning.min_cluster, learning.auto_promote,
+            learning.provider, learning.max_drafts_per_pass) == (600, 7 * 86400, 3, False, None, 5)
+
+
+def test_the_learning_section():
+    learning = parse(minimal(learning={"every": 60, "compact_after": 3600, "min_cluster": 5,
+                                       "auto_promote": True, "provider": "local",
+                                       "max_drafts_per_pass": 0})).learning
+    assert (learning.every, learning.min_cluster, learning.provider, learning.max_drafts_per_pass) == \
+        (60, 5, "local", 0)
+    for key, bad in (("every", 0), ("compact_after", 0), ("min_cluster", 1), ("max_drafts_per_pass", -1),
+                     ("max_drafts_per_pass", 101)):
+        assert error(minimal(learning={key: bad})).key == f"learning.{key}"
+    assert error(minimal(learning={"promote": True})).key == "learning.promote"
 
 
 @pytest.mark.parametrize("mutate, key, words", [
@@ -73,6 +90,8 @@ def test_minimal_company_gets_the_defaults():
     (lambda d: d.update(integrations={"gh": {"kind": "github", "secret_env": "GH_SECRET", "routes": [
         {"seat": "pm"}, {"event": "push", "seat": "ghost"}]}}),
      "integrations.gh.routes[1].seat", "unknown seat 'ghost'"),
+    (lambda d: d.update(learning={"provider": "gpt"}), "learning.provider",
+     "unknown provider 'gpt', known: local"),
 ])
 def test_each_cross_reference_error_names_its_key(mutate, key, words):
     data = minimal()

@@ -412,6 +412,20 @@ def test_the_files_line_says_what_the_collector_found_and_removed():
     assert "the rows were not read: nothing removed" in line and "NobodyAnswered" in line
 
 
+def test_the_learning_line_says_what_the_last_pass_did():
+    out = text(render.status_view(with_fleet(three_nodes()), NOW))
+    assert "no pass reported yet" in line_of(out, "learning")
+    report = {"node": "n2", "token": 3, "at": NOW - 180, "counts": {"steps": 2, "provider_calls": 1, "ops": 2,
+                                                                    "skipped": 0, "tokens": 310},
+              "totals": {"steps": 40, "provider_calls": 35, "ops": 41, "skipped": 3}, "episodes": 1200,
+              "clusters": 14, "new": 1, "errors": ["drafting x: provider p: HTTP 500"]}
+    line = line_of(text(render.status_view(with_fleet(three_nodes(reports={"learning": report})),
+                                           NOW), width=400), "learning")
+    assert "passed 3m00s ago on n2 · 2 steps, 1 provider call, 2 ops, 0 skipped" in line
+    assert "14 clusters of 1,200 episodes, 1 new" in line
+    assert "in all 40 steps, 35 provider calls, 41 ops, 3 skipped" in line and "HTTP 500" in line
+
+
 def test_normalize_fleet():
     assert render.normalize(sample())["fleet"] is None
     assert render.normalize(with_fleet(None))["fleet"] is None

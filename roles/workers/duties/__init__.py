@@ -43,8 +43,10 @@ def going_on() -> bool:
 
 
 def _registry() -> tuple[Duty, ...]:
-    from roles.workers.duties import collector, fleet_shape, maintenance, reconcile, scheduler, sender
-    return (collector.DUTY, fleet_shape.DUTY, maintenance.DUTY, reconcile.DUTY, scheduler.DUTY, sender.DUTY)
+    from roles.workers.duties import (collector, fleet_shape, learning, maintenance, reconcile, scheduler,
+                                      sender)
+    return (collector.DUTY, fleet_shape.DUTY, learning.DUTY, maintenance.DUTY, reconcile.DUTY, scheduler.DUTY,
+            sender.DUTY)
 
 
 DUTIES: tuple[Duty, ...] = _registry()
