@@ -138,15 +138,17 @@ NESTING_MAX = 64
 class _Checks:
     """What both loaders below add to YAML: duplicate keys are refused
     (plain YAML silently resolves them to the last one, hiding an edit that
-    seems to have no effect), and so is nesting deeper than NESTING_MAX."""
+    seems to have no effect), and so is nesting deeper than ``nesting``
+    (NESTING_MAX here; a subclass may bound it tighter)."""
 
     _depth = 0
+    nesting = NESTING_MAX
 
     def compose_node(self, parent, index):
         self._depth += 1
         try:
-            if self._depth > NESTING_MAX:
-                raise yaml.composer.ComposerError(None, None, f"nested deeper than {NESTING_MAX} levels",
+            if self._depth > self.nesting:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {self.nesting} levels",
                                                   self.peek_event().start_mark)
             return super().compose_node(parent, index)
         finally:
@@ -168,13 +170,14 @@ class _Checks:
         return super().construct_mapping(node, deep)
 
 
-class _Loader(_Checks, yaml.SafeLoader):
+class StrictLoader(_Checks, yaml.SafeLoader):
     """SafeLoader with the checks, in pure Python: nesting is also refused in
-    flow style as the scanner meets it."""
+    flow style as the scanner meets it. Public: a SKILL.md's front matter is
+    read with it too (crewlet.skills.format), deeper nesting refused there."""
 
     def fetch_flow_collection_start(self, TokenClass):
-        if self.flow_level >= NESTING_MAX:
-            raise yaml.scanner.ScannerError(None, None, f"nested deeper than {NESTING_MAX} levels",
+        if self.flow_level >= self.nesting:
+            raise yaml.scanner.ScannerError(None, None, f"nested deeper than {self.nesting} levels",
                                             self.get_mark())
         super().fetch_flow_collection_start(TokenClass)
 
@@ -182,7 +185,7 @@ class _Loader(_Checks, yaml.SafeLoader):
 if getattr(yaml, "__with_libyaml__", False):
     class _FastLoader(_Checks, yaml.composer.Composer, yaml.cyaml.CParser, yaml.constructor.SafeConstructor,
                       yaml.resolver.Resolver):
-        """The same document as :class:`_Loader`, scanned and parsed by libyaml
+        """The same document as :class:`StrictLoader`, scanned and parsed by libyaml
         (C) while composed — so nesting and aliases are checked and measured
         alike — and built in Python: ~10x faster than the pure-Python scanner,
         which a company of 10,000 seats (~25 MB) needs."""
@@ -294,7 +297,7 @@ def parse_yaml(text: str, source: str, limit: int = YAML_MAX_BYTES) -> object:
             if len(text) > YAML_MAX_BYTES:
                 raise
             # said again below, in the pure-Python parser's words
-    return _parse(_Loader, text, source)
+    return _parse(StrictLoader, text, source)
 
 
 def _parse(kind, text: str, source: str) -> object:

@@ -96,6 +96,7 @@ from typing import Any
 
 import yaml
 
+from crewlet.config.load import StrictLoader
 # The page rules and sizes are the estate's. (So crewlet.estate.ops imports
 # nothing of this module at its top: the applier, which imports both, does.)
 from crewlet.estate import ops
@@ -222,44 +223,11 @@ class Meta:
 # ---- SKILL.md
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader (plain data only) that refuses a key given twice (plain
-    YAML keeps the last, hiding an edit) and nesting past NESTING_MAX."""
+class _Loader(StrictLoader):
+    """The config's strict loader (a key given twice refused, plain data only),
+    nesting held to this module's NESTING_MAX."""
 
-    _depth = 0
-
-    def compose_node(self, parent, index):
-        self._depth += 1
-        try:
-            if self._depth > NESTING_MAX:
-                raise yaml.composer.ComposerError(None, None, f"nested deeper than {NESTING_MAX} levels",
-                                                  self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def fetch_flow_collection_start(self, TokenClass):
-        # "[[[[…": refused as the scanner meets it, before its look-ahead grows.
-        if self.flow_level >= NESTING_MAX:
-            raise yaml.scanner.ScannerError(None, None, f"nested deeper than {NESTING_MAX} levels",
-                                            self.get_mark())
-        super().fetch_flow_collection_start(TokenClass)
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *base` is ordinary YAML, and may be overridden
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                twice = key in seen
-                seen.add(key)
-            except TypeError:
-                continue  # unhashable: the base class refuses it
-            if twice:
-                raise yaml.constructor.ConstructorError(None, None, f"key {_show(key)} given twice",
-                                                        key_node.start_mark)
-        return super().construct_mapping(node, deep)
+    nesting = NESTING_MAX
 
 
 def _is_fence(line: str) -> bool:

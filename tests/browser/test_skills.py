@@ -34,6 +34,7 @@ import pytest
 
 from crewlet import tokens
 from crewlet.estate.ops import make_op
+from tests.integration.test_skills_api import COMPANY as API_COMPANY
 from tests.browser.conftest import call, dashboard, ready
 from tests.conftest import wait_for
 from tests.estate import publish_to
@@ -44,7 +45,8 @@ pytestmark = pytest.mark.browser
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
 ADMIN, ALICE, BOB = tokens.new_token(), tokens.new_token(), tokens.new_token()
 
-COMPANY = """
+# The same company as the API's test: a clerk, alice who decides promotions, bob who does not.
+COMPANY = API_COMPANY
 company: {name: Skills Desk}
 providers: {p: {kind: scripted, rules: [{match: '.*', reply: 'ok'}]}}
 seats:

@@ -160,7 +160,7 @@ NO_FRONT_MATTER = ("no front matter: SKILL.md begins with a '---' line, then YAM
      "front matter not closed: no '---' line after the first"),
     ("---\n- name\n- description\n---\n", None, "front matter must be a mapping of keys to values, got list"),
     ("---\nname: pdf-processing\nname: pdf\ndescription: d\n---\n", None,
-     "front matter: key 'name' given twice (line 3)"),
+     "front matter: duplicate key 'name' (line 3)"),
     ("---\nname: pdf-processing\ndescription: [[[[[[[[[[x]]]]]]]]]]\n---\n", None,
      "front matter: nested deeper than 8 levels (line 3)"),
     (skill_md(name="PDF_Processing"), "name",
@@ -442,7 +442,7 @@ def test_yaml_merge_keys_are_read_and_a_key_given_twice_is_refused():
     assert merged.metadata == {"author": "a", "version": "2"}
     with pytest.raises(SkillError) as info:
         parse(skill_md(extra="metadata:\n  crewlet-seats: writer\n  crewlet-seats: eng-*\n"))
-    assert str(info.value) == "SKILL.md: front matter: key 'crewlet-seats' given twice (line 6)"
+    assert str(info.value) == "SKILL.md: front matter: duplicate key 'crewlet-seats' (line 6)"
     # Only ASCII white space separates names: a no-break space is part of one.
     meta = parse(skill_md(extra="allowed-tools: Read\u00a0Grep  Bash\n"))
     assert meta.allowed_tools == ("Read\u00a0Grep", "Bash")
