@@ -84,7 +84,8 @@ from crewlet.estate.store import (APPLIED, Store, fenced_key, join, key_seq, pac
 #      character (an older applier kept "../../etc/passwd" as given)
 #   7  skills and episodes (DESIGN §15, crewlet.estate.skills): pages under
 #      skills/ are a skill's files, checked and kept by revision; a turn
-#      record makes its trigger's episode (an older applier wrote neither)
+#      record makes its trigger's episode (an older applier wrote neither);
+#      a page path's segment may start with '_' ("scripts/__init__.py")
 # A copy applied under rules *newer* than these was written by a newer
 # crewlet: it is refused, never emptied (the applier says so).
 RULES = 7

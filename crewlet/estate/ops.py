@@ -73,7 +73,8 @@ OP_ID_MAX = 200
 OP_ID = re.compile(rf"^[\x21-\x7e]{{1,{OP_ID_MAX}}}$")
 # A page path is refused unless it is already in its one normal form, never
 # rewritten into it: segments of a-z, 0-9, '_', '.', '-' joined by single
-# '/', each starting with a letter or digit — so no empty segment ("a//b"),
+# '/', each starting with a letter, a digit or '_' (a skill's resource may be
+# "scripts/__init__.py") — so no empty segment ("a//b"),
 # no "." or ".." ("eng/../../etc/passwd"), no leading or trailing '/', no
 # upper case. A path that names a page one way only needs no rule to say
 # which of two spellings is "the" page, on any copy or in any URL. (No
@@ -99,7 +100,7 @@ def path_pattern(first: str, rest: str) -> str:
     return rf"^{first}{rest}*(?:/{first}{rest}*)*$"
 
 
-PAGE_PATH = path_pattern("[a-z0-9]", "[a-z0-9_.-]")
+PAGE_PATH = path_pattern("[a-z0-9_]", "[a-z0-9_.-]")
 PAGE_PATH_MAX = 200
 _PAGE_PATH = re.compile(PAGE_PATH)
 # Control and bidi characters, as a character class's body.

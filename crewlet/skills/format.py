@@ -40,8 +40,8 @@ Files and pages
     Each file of a skill is one estate page, ``skills/<name>/<path in lower
     case>`` (a draft's: ``skills/drafts/<name>/…``; :func:`page_path`),
     whose title is the file's own path, case kept. So a path is segments of
-    ``A-Z a-z 0-9 _ . -`` joined by single ``/``, each starting with a letter
-    or a digit (a page path's rule, ``crewlet.estate.ops.PAGE_PATH``: no
+    ``A-Z a-z 0-9 _ . -`` joined by single ``/``, each starting with a letter,
+    a digit or ``_`` (a page path's rule, ``crewlet.estate.ops.PAGE_PATH``: no
     hidden files, no ``..``, no spaces), two paths may not differ only in
     case, and the page path is at most ``PAGE_PATH_MAX`` (200) characters.
     ``SKILL.md`` itself is matched exactly (``skill.md`` is not it). The name
@@ -127,7 +127,7 @@ SKILL_PAGE = SKILL_FILE.lower()
 # skills/drafts/<name>/… are the drafts' pages: a skill named "drafts" would write over them.
 RESERVED_NAMES = (DRAFTS,)
 # A file path's segment: a page path's segment (ops.PAGE_PATH) before lower-casing.
-SEGMENT = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+SEGMENT = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 PAGE_PATH_MAX = ops.PAGE_PATH_MAX
 # A page holds text: a file that is not UTF-8 (a PNG, a PDF) has no page to be.
 NOT_TEXT = "not UTF-8 text: crewlet keeps a skill's resources as text pages"
@@ -351,7 +351,7 @@ def _path_problem(name: str, path: str, draft: bool) -> str | None:
             return f"{_show(path)} has an empty segment ('//', or '/' at its start or end): {SEGMENT_RULE}"
         if not _SEGMENT.fullmatch(segment):
             why = ("starts with '.' (hidden files are no part of a skill)" if segment.startswith(".")
-                   else "does not start with a letter or digit" if not _SEGMENT.match(segment[0])
+                   else "does not start with a letter, a digit or '_'" if not _SEGMENT.match(segment[0])
                    else "has a character other than A-Z, a-z, 0-9, '_', '.', '-'")
             return f"segment {_show(segment)} {why}: {SEGMENT_RULE}"
     page = page_path(name, path, draft)

@@ -47,14 +47,6 @@ ADMIN, ALICE, BOB = tokens.new_token(), tokens.new_token(), tokens.new_token()
 
 # The same company as the API's test: a clerk, alice who decides promotions, bob who does not.
 COMPANY = API_COMPANY
-company: {name: Skills Desk}
-providers: {p: {kind: scripted, rules: [{match: '.*', reply: 'ok'}]}}
-seats:
-  - {name: clerk, persona: You file things., provider: p}
-people:
-  alice: {name: Alice Doe, decides: {promotions: true}}
-  bob: {name: Bob Roe, decides: {approvals: [clerk]}}
-"""
 
 # Markup, entities, indentation, trailing spaces, a tab and blank lines: all of it shown as written.
 SKILL_MD = """---

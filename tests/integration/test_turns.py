@@ -227,7 +227,9 @@ def test_an_ack_a_kill_cut_off_is_sent_again_by_the_next_seats_child(make_node):
     next incarnation sends the ack again, confirmed: the delivery is settled
     at once — not redelivered as a crash's would be (no skip, no crash
     counted), nor left to the 30-minute ack wait."""
-    node = make_node(fleet=FAST)
+    # Stopped (SIGSTOP) while the test plays the broker: on a loaded machine that
+    # outlasts the watchdog's default 10 + 5 s, which would end it as wedged first.
+    node = make_node(fleet=FAST, supervisor={"wedge_after": 60})
     node.start(args=("--company", write_company(node.dir, POISON_COMPANY)))
     wait_for(lambda: held(node).get("other") == "t1", 30, what="seat other held")
     seats = node.process_pids()["seats"]

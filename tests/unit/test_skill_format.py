@@ -268,7 +268,7 @@ def test_a_path_with_a_space_is_read_but_refused_by_check(tmp_path):
     ("/etc/passwd", "'/etc/passwd' has an empty segment"),
     ("../x.md", "segment '..' starts with '.'"),
     ("scripts/.env", "segment '.env' starts with '.'"),
-    ("scripts/__init__.py", "segment '__init__.py' does not start with a letter or digit"),
+    ("scripts/-x.py", "segment '-x.py' does not start with a letter, a digit or '_'"),
     ("notes\\a.md", "segment 'notes\\\\a.md' has a character other than"),
     ("résumé.md", "segment 'résumé.md' has a character other than"),
     ("a.md\n", "segment 'a.md\\n' has a character other than"),
