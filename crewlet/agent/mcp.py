@@ -332,16 +332,21 @@ class _Server:
 
     async def _bury(self) -> None:
         """SIGKILL the ended incarnation's process group and wait until none of
-        it runs. Once only: a pgid kept longer could name another group one day."""
+        it runs — nor anything it started in a session of its own (a confined
+        server runs in bubblewrap's new session and pid namespace, which the
+        kernel kills once bubblewrap is gone, in its own time: on a loaded
+        machine a few ms after). Once only: a pgid kept longer could name
+        another group one day."""
         pgid, self.pid = self.pid, None
         if pgid is None:
             return
+        tree = _descendants(pgid)
         try:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             return
         deadline = time.monotonic() + _BURY_WAIT
-        while _group_running(pgid):
+        while _group_running(pgid) or _any_running(tree):
             if time.monotonic() > deadline:
                 log.event("mcp_server_unkillable", "error", **self._fields(), pgid=pgid)
                 return
@@ -456,6 +461,26 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _descendants(pid: int) -> list[tuple[int, float]]:
+    """Every process *pid* started, and theirs: ``(pid, create time)``."""
+    try:
+        return [(p.pid, p.create_time()) for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _any_running(tree: list[tuple[int, float]]) -> bool:
+    """Does a process of *tree* still run (the same process: its create time)?"""
+    for pid, created in tree:
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    return False
 
 
 def _group_running(pgid: int) -> bool:

@@ -81,6 +81,12 @@ def triage(natsd, seat: str, numbers: range) -> None:
                  for i in numbers])
 
 
+def seats_held(n, seats=("pm", "qa")) -> None:
+    """Wait until *seats* are held somewhere: their mailboxes exist, so mail is kept
+    (an interest stream drops what is published before a mailbox covers it)."""
+    wait_for(lambda: set(seats) <= set(held(n)), 40, what=f"seats {', '.join(seats)} held")
+
+
 def report(natsd) -> dict:
     """The learning duty's last report, as the fleet's broker has it."""
     return read_nats(natsd.url, lambda nc, js: duty_reports.read(js, "learning")) or {}
@@ -117,6 +123,7 @@ def test_a_cluster_of_alike_turns_is_drafted_once_and_promoted_when_it_grows(nat
     the skill listed. /metrics and the report count it all."""
     n = node(make_node, natsd).start()
     assert ctl(n, "apply", company(n.dir, auto_promote=True)).returncode == 0
+    seats_held(n)
     n.wait_event("duty_started", 30, duty="learning")
     triage(natsd, "pm", range(3))
     wait_for(lambda: len([e for e in episodes(n, "pm") if e.get("tools")]) == 3, 30,
@@ -162,6 +169,7 @@ def test_old_episodes_become_one_summary_per_seat_and_counterparty(natsd, make_n
     provider is asked once per compaction."""
     n = node(make_node, natsd).start()
     assert ctl(n, "apply", company(n.dir, compact_after=2, drafts=0)).returncode == 0  # compaction alone
+    seats_held(n)
     triage(natsd, "pm", range(4))
     # The four may age across two passes: compacted 3, then 1 more with the first summary.
     (row,) = wait_for(lambda: (rows := episodes(n, "pm")) and [e.get("compacted") for e in rows] == [4]
@@ -186,6 +194,7 @@ def test_a_pass_run_again_by_another_node_repeats_nothing(natsd, make_node):
     asks no provider and writes no op; the totals go on from t1's."""
     a = node(make_node, natsd, "t1").start()
     assert ctl(a, "apply", company(a.dir)).returncode == 0
+    seats_held(a)
     a.wait_event("duty_started", 30, duty="learning")
     b = node(make_node, natsd, "t2").start()
     triage(natsd, "pm", range(3))
@@ -222,6 +231,7 @@ def test_the_learning_provider_drafts_and_prose_becomes_a_valid_skill(natsd, mak
     n = node(make_node, natsd).start()
     text = CURATED.format(compact_after=3600, drafts=5, auto_promote="false")
     assert ctl(n, "apply", write_company(n.dir, text)).returncode == 0
+    seats_held(n)
     triage(natsd, "pm", range(3))
     (draft,) = wait_for(lambda: drafts(n), 40, what="a draft")
     body = ask(n, "skill.read", {"name": draft["name"], "draft": True})["file"]["body"]
@@ -292,6 +302,7 @@ def test_a_holder_killed_mid_pass_leaves_the_rest_to_another_node_and_no_step_tw
         a = node(make_node, natsd, "t1").start()
         text = KINDS_COMPANY.format(url=srv.url, learner="slow")
         assert ctl(a, "apply", write_company(a.dir, text)).returncode == 0
+        seats_held(a)
         a.wait_event("duty_started", 30, duty="learning")
         b = node(make_node, natsd, "t2").start()
         for kind in WORK:
