@@ -106,7 +106,11 @@ def hold_approval_reads(page) -> list:
 def release(page, held: list) -> None:
     page.unroute_all()
     for route in held:
-        route.continue_()
+        try:
+            route.continue_()
+        except Exception as exc:  # playwright's Error: handled already (the page moved on) — nothing to release
+            if "already handled" not in str(exc):
+                raise
 
 
 def signed_in(page, node, token: str):
