@@ -44,19 +44,12 @@ FLEET_GROUP = "fleet"
 # Fleet files light enough — a few nodes on one test broker, no cluster or chaos of their
 # own, as heavy as an integration file with nodes — to run beside the fleet group, each
 # a group of its own, rather than in it: the fleet group is the suite's critical path.
-BESIDE_THE_FLEET = frozenset({
-    "tests/fleet/test_vault_fleet.py", "tests/fleet/test_snapshot_fleet.py", "tests/fleet/test_skills_fleet.py",
-    "tests/fleet/test_scheduler_fleet.py", "tests/fleet/test_sender_fleet.py", "tests/fleet/test_turns_fleet.py",
-    "tests/fleet/test_search_fleet.py", "tests/fleet/test_retention_fleet.py", "tests/fleet/test_files_slot.py"})
-# Workers for -n auto: one more than the CPUs, three at least. A test mostly waits —
-# on a lease's TTL, a sweep, a node's start — so a worker a core leaves the cores
-# idle much of the time, and with the fleet group on one worker the others carry
-# every other file: on two cores, two workers took 24 min, the fleet group alone 21.
-MIN_WORKERS = 3
-
-
-def pytest_xdist_auto_num_workers(config) -> int:
-    return max(MIN_WORKERS, (os.cpu_count() or 1) + 1)
+BESIDE_THE_FLEET = frozenset({"tests/fleet/test_vault_fleet.py", "tests/fleet/test_snapshot_fleet.py",
+                              "tests/fleet/test_skills_fleet.py"})
+# (Measured 2026-12-06: three workers on two cores — one more than the CPUs — with six
+# more light fleet files beside the group took the suite from 24.7 to 21.5 min, but the
+# machine so loaded made four tests fail in three runs for their timing, the chaos test's
+# settle among them. Two workers until the suite's work is cut instead.)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks into the test ids
