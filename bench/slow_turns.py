@@ -591,7 +591,8 @@ class SlowNode(CrewletNode):
     def __init__(self, base: str, binary: str, seats: list[str], args: argparse.Namespace, base_url: str):
         self.seats = seats
         Crewletd.__init__(self, base, {
-            "node": {"id": NODE_ID, "max_concurrent": args.max_concurrent},
+            "node": {"id": NODE_ID, "max_concurrent": args.max_concurrent,
+                     **({"seats_processes": args.seats_processes} if args.seats_processes else {})},
             "supervisor": {"shutdown_timeout": ROLE_SHUTDOWN, "broker_shutdown_timeout": ROLE_SHUTDOWN},
             "fleet": {"sweep": args.sweep, "heartbeat": args.heartbeat, "lease_ttl": args.lease_ttl},
         }, binary=binary)
@@ -974,6 +975,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="identical openai providers the seats are spread over (default 1)")
     ap.add_argument("--max-concurrent", type=int, default=MAX_CONCURRENT,
                     help=f"node.max_concurrent (default {MAX_CONCURRENT})")
+    ap.add_argument("--seats-processes", type=int,
+                    help="node.seats_processes: the seats pool's size (default: the node's, one a CPU)")
     ap.add_argument("--bare-stream", action="store_true", help="also a bare client asking for streams")
     ap.add_argument("--profile", type=float, help="s of py-spy on the seats process at the largest size "
                                                   "(default 20; quick 0: off)")

@@ -495,7 +495,9 @@ class CrewletNode(Crewletd):
 
     @classmethod
     def seats_stats(cls, st: dict[str, Any] | None) -> dict[str, Any]:
-        return cls.seats_child(st).get("stats") or {}
+        """The seats pool's stats taken together (crewletctl status's view)."""
+        from crewlet.ctl.render import seats_stats
+        return seats_stats((st or {}).get("children", [])) or {}
 
     @staticmethod
     def held(st: dict[str, Any] | None) -> int:

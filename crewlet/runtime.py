@@ -76,8 +76,12 @@ T = TypeVar("T")
 class RoleContext:
     """One role child's handles on its node. Made once per process."""
 
-    def __init__(self, role: str, config: NodeConfig, incarnation: int, boot: str):
+    def __init__(self, role: str, config: NodeConfig, incarnation: int, boot: str, member: int = 0):
         self.role = role
+        # Which member of its role's pool this process is (the seats pool,
+        # roles/seats/pool.py; 0 for every other role), and its child's name.
+        self.member = member
+        self.child = role if member == 0 else f"{role}.{member}"
         self.config = config
         # The node's boot instance (crewletd's): leases this node holds carry
         # it, so a restarted role adopts what its node already held.
@@ -157,7 +161,7 @@ class RoleContext:
 
     async def report(self, kind: str, **fields: Any) -> None:
         """Send one message on crewletd's health endpoint."""
-        await self._health.send(ipc.pack({"t": kind, "child": self.role, "pid": os.getpid(), **fields}))
+        await self._health.send(ipc.pack({"t": kind, "child": self.child, "pid": os.getpid(), **fields}))
 
     async def report_stats(self, compute: Callable[[], dict[str, Any]], every: float) -> None:
         """Tell crewletd this child's stats (``crewletctl status`` shows them)
@@ -257,13 +261,15 @@ def run_loop(main: Awaitable[T], *, leftovers: float) -> T:
             loop.close()
 
 
-def run_role(role: str, config: dict, incarnation: int = 0, boot: str = "") -> int:
-    """The zygote's target for every role child. Returns the exit code."""
+def run_role(role: str, config: dict, incarnation: int = 0, boot: str = "", member: int = 0) -> int:
+    """The zygote's target for every role child (*member*: which of its
+    role's pool, see :class:`RoleContext`). Returns the exit code."""
     cfg = NodeConfig.model_validate(config)
-    log.configure(node=cfg.node.id, role=role, level=cfg.log.level, fmt="json")
+    log.configure(node=cfg.node.id, role=role if member == 0 else f"{role}.{member}",
+                  level=cfg.log.level, fmt="json")
     module = importlib.import_module(f"roles.{role}")
     try:
-        return run_loop(_amain(role, cfg, incarnation, boot, module.main), leftovers=LEFTOVERS)
+        return run_loop(_amain(role, cfg, incarnation, boot, module.main, member), leftovers=LEFTOVERS)
     except SystemExit:
         raise
     except ConfigError as exc:
@@ -290,9 +296,9 @@ def config_problem(line: bytes) -> tuple[str | None, str] | None:
     return record.get("key"), str(record.get("problem"))
 
 
-async def _amain(role: str, cfg: NodeConfig, incarnation: int, boot: str, main) -> int:
+async def _amain(role: str, cfg: NodeConfig, incarnation: int, boot: str, main, member: int = 0) -> int:
     loop = asyncio.get_running_loop()
-    ctx = RoleContext(role, cfg, incarnation, boot)
+    ctx = RoleContext(role, cfg, incarnation, boot, member)
     watchdog = Watchdog(cfg.supervisor.wedge_after)
     watchdog.start()
     loop.add_signal_handler(signal.SIGTERM, ctx.stopping.set)
@@ -312,7 +318,7 @@ async def _amain(role: str, cfg: NodeConfig, incarnation: int, boot: str, main) 
     overdue = asyncio.create_task(_watch_stop(ctx), name="stop watch")
     try:
         # As the role's own broker user, allowed only what the role needs (crewlet.permissions).
-        ctx.nats = await bus.connect(cfg.stream, name=f"{cfg.node.id}/{role}", run_dir=cfg.run_dir,
+        ctx.nats = await bus.connect(cfg.stream, name=f"{cfg.node.id}/{ctx.child}", run_dir=cfg.run_dir,
                                      user=role, inbox=permissions.inbox(role, cfg.node.id))
         await main(ctx)
     finally:

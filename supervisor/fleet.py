@@ -55,7 +55,8 @@ from crewlet.conversations import runs
 from crewlet.coord import buckets, drain, duty_reports
 from crewlet.coord.control_plane import ControlPlane, ControlPlaneError, RevisionDamaged, RevisionNotFound
 from crewlet.coord.holders import Holders
-from crewlet.coord.lease import LeaseError, Leases
+from crewlet.coord import life
+from crewlet.coord.lease import Held, LeaseError, Leases
 from crewlet.coord.presence import DuplicateNode, Presence
 from crewlet import vault
 from crewlet.estate import log as estate_log
@@ -159,6 +160,9 @@ class Fleet:
         self.started_at = time.time()
         self.nc = None
         self.leases: Leases | None = None
+        # Set once the node stops (not a restart of this child): its teardown
+        # then also ends the seats' life, after every seats process stopped.
+        self.leaving = False
         self.presence: Presence | None = None
         self.control: ControlPlane | None = None
         self.company: dict[str, Any] | None = None
@@ -342,6 +346,7 @@ class Fleet:
         if self.estate is not None:
             await self.estate.close()
         if self.presence is not None and self.nc is not None and self.nc.is_connected:
+            await self._end_seats_life()
             try:
                 await self.presence.leave()
                 self.publish("fleet_left")
@@ -349,6 +354,24 @@ class Fleet:
                 log.event("fleet_leave_failed", "warning", error=str(exc))
         if self.nc is not None:
             await bus.close(self.nc)
+
+    async def _end_seats_life(self) -> None:
+        """End this boot's seats life, once the roles (every seats process)
+        have stopped: a pool's members leave it to the node (roles/seats/pool.py),
+        so every seat is free for the fleet in one write, as a lone seats
+        process's own stop makes it. Not ours (another boot's), or gone
+        already: nothing to do."""
+        if not self.leaving or "seats" not in self.cfg.node.roles or self.leases is None:
+            return  # a fleet child restarting: the seats processes may still run
+        key = life.key(self.cfg.node.id)
+        try:
+            owner = await self.leases.owner(key)
+            if owner is not None and owner.boot == self.boot:
+                await self.leases.release(Held(key, owner.token, owner.revision, renewed=0.0,
+                                               ttl=self.leases.ttl))
+                log.event("seats_life_ended", token=owner.token)
+        except LeaseError as exc:  # it lapses within a TTL
+            log.event("seats_life_end_failed", "warning", error=str(exc))
 
     # ---------------------------------------------------------------- drain
 

@@ -41,6 +41,7 @@ import crewlet
 from crewlet import bus, credentials, disk, ipc, log, redaction, runtime, sysd, tokens
 from crewlet.sandbox import Sandbox
 from crewlet.config import ConfigError, NodeConfig
+from crewlet.config.model import pool_member
 from crewlet.watchdog import Watchdog
 from roles import broker
 from roles.broker import routes as broker_routes
@@ -121,7 +122,8 @@ class Node:
             children = [
                 process_child(
                     self.host, name, target="crewlet.runtime:run_role",
-                    kwargs={"role": name, "config": dump, "boot": self.boot},
+                    kwargs={"role": pool_member(name)[0], "member": pool_member(name)[1],
+                            "config": dump, "boot": self.boot},
                     title=f"crewlet {cfg.node.id} {name}", ready_timeout=s.ready_timeout,
                     heartbeat_silence=s.wedge_after + s.heartbeat_grace,
                     pdeathsig=runtime.PARENT_GONE, shutdown=s.shutdown_timeout,
@@ -291,6 +293,8 @@ class Node:
             return
         self._stop_reason = reason
         self._stop.set()
+        if self.fleet is not None:
+            self.fleet.leaving = True  # the roles stop before it: it then ends the seats' life
 
     def _forward(self, sig: int) -> None:
         """As tini does: pass the signal on to every child's process group."""

@@ -317,7 +317,10 @@ def start_all(nodes: list["Node"], timeout: float = 60.0) -> list["Node"]:
 def node_config(dir: str, **overrides: Any) -> dict:
     """A fast single-node config in *dir*, on free loopback ports."""
     cfg: dict[str, Any] = {
-        "node": {"id": "t1"},
+        # One seats process, not one a CPU: a test's node stays small beside
+        # the others the suite runs at once; the pool's tests ask for more
+        # (tests/integration/test_seats_pool.py).
+        "node": {"id": "t1", "seats_processes": 1},
         "data_dir": os.path.join(dir, "data"),
         "stream": {"listen": f"127.0.0.1:{free_port()}"},
         "ingress": {"listen": f"127.0.0.1:{free_port()}"},

@@ -76,11 +76,10 @@ def held(node) -> dict[str, str]:
 
 
 def seats_stats(node) -> dict:
-    """The stats the node's seats child last reported ({} before any)."""
-    for child in (node.status() or {}).get("children", []):
-        if child["name"] == "seats":
-            return child.get("stats") or {}
-    return {}
+    """The stats the node's seats children last reported, the pool's whole
+    ({} before any): what crewletctl status shows."""
+    from crewlet.ctl.render import seats_stats as whole
+    return whole((node.status() or {}).get("children", [])) or {}
 
 
 def node_url(node) -> str:

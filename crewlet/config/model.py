@@ -43,6 +43,8 @@ RUN_DIR_SOCKETS = ("control", "health", "events", "estate", "applied")
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 # Child processes in start order, keyed by the role that runs them.
 CHILD_FOR_ROLE = {"data": "data_applier", "ingress": "ingress", "seats": "seats", "workers": "workers"}
+# Seats processes a node may be given: past this a pool is a typo, not a machine.
+MAX_SEATS_PROCESSES = 256
 
 Role = Literal["data", "ingress", "seats", "workers"]
 
@@ -113,6 +115,18 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True, allow_inf_nan=False)
 
 
+def pool_members(size: int) -> list[str]:
+    """The child names of a seats pool of *size*: the first member keeps the
+    role's own name, so a node of one seats process looks as it always did."""
+    return ["seats"] + [f"seats.{k}" for k in range(1, size)]
+
+
+def pool_member(child: str) -> tuple[str, int]:
+    """(role, member) of a role child's name: ``seats.2`` is ("seats", 2)."""
+    role, _, member = child.partition(".")
+    return role, int(member or 0)
+
+
 # Roles that read this node's own copy of the estate, so need the data role.
 NEEDS_DATA = ("ingress", "workers")
 
@@ -123,6 +137,10 @@ class NodeSection(_Section):
     labels: dict[str, str] = Field(default_factory=dict)  # free-form tags for placement and display
     # Agent turns this node runs at once: each is a live task with its memory; >10,000 is a typo.
     max_concurrent: int = Field(32, ge=1, le=10_000)
+    # Seats processes of the pool (roles/seats/pool.py): each holds a stable share of
+    # the node's seats and of its turn slots. None: one per CPU this node may run on,
+    # at most max_concurrent (a process with no turn slot would hold seats it cannot work).
+    seats_processes: int | None = Field(None, ge=1, le=MAX_SEATS_PROCESSES)
     # Bytes that must stay free on the filesystems of data_dir and the broker's store
     # (crewlet.disk): below it the node is not ready and refuses new mail, applies and
     # turns rather than fail mid-write. 1 MiB at least (a full disk always counts as
@@ -866,5 +884,19 @@ class NodeConfig(_Section):
         return os.path.join(self.data_dir, "run")
 
     def children(self) -> list[str]:
-        """Role children this node starts, in start order."""
-        return [child for role, child in CHILD_FOR_ROLE.items() if role in self.node.roles]
+        """Role children this node starts, in start order: the seats role is
+        its pool's members, ``seats`` then ``seats.1`` … (roles/seats/pool.py)."""
+        out = []
+        for role, child in CHILD_FOR_ROLE.items():
+            if role in self.node.roles:
+                out.extend(pool_members(self.seats_pool) if role == "seats" else [child])
+        return out
+
+    @property
+    def seats_pool(self) -> int:
+        """How many seats processes this node runs (``node.seats_processes``
+        resolved: one per CPU it may run on, at most ``max_concurrent``)."""
+        wanted = self.node.seats_processes
+        if wanted is None:
+            wanted = len(os.sched_getaffinity(0))
+        return max(1, min(wanted, self.node.max_concurrent))

@@ -749,9 +749,29 @@ def child_stats(children: list[dict[str, Any]], name: str) -> dict[str, Any] | N
     return None
 
 
+# Counts of a seats process's stats that add up over the node's pool.
+POOL_SUMS = ("running", "max_concurrent", "peak", "turns", "held", "unsettled", "records_failed",
+             "record_batches", "records_kept", "poisoned", "brief_failures")
+
+
 def seats_stats(children: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The turn engine's last report: the ``stats`` of the child named seats, if it sent one."""
-    return child_stats(children, "seats")
+    """The turn engine's last report, the node's whole: the ``stats`` of the
+    child named seats, or of every member of its seats pool (``seats``,
+    ``seats.1`` …: roles/seats/pool.py) taken together — counts added, each
+    seat's line kept (a seat is one member's), the first member's for the
+    rest (its skill registry, its sandbox probe); None before any sent one."""
+    reports = [c["stats"] for c in children
+               if str(c.get("name") or "").partition(".")[0] == "seats" and isinstance(c.get("stats"), dict)]
+    if len(reports) <= 1:
+        return reports[0] if reports else None
+    whole = dict(reports[0])
+    for key in POOL_SUMS:
+        whole[key] = sum(r.get(key) or 0 for r in reports)
+    # The org's spend as the member that heard of it last saw it.
+    whole["org_spent"] = max((r.get("org_spent") or 0 for r in reports), default=0)
+    whole["seats"] = {name: row for r in reports for name, row in (r.get("seats") or {}).items()}
+    whole["members"] = len(reports)
+    return whole
 
 
 def finished_at(turn: dict[str, Any]) -> float | None:

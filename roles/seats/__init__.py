@@ -7,9 +7,14 @@ fleet changes: a seat or node lease deleted or expired, or a node appearing — 
 the turn loop (:mod:`roles.seats.turns`), whose hooks start and stop a seat's
 work as its lease is claimed and released.
 
+A node runs a pool of these processes (``node.seats_processes``,
+:mod:`roles.seats.pool`): each holds a stable share of the node's seats and
+of its turn slots, under the node's one life.
+
 Every process a seat spawns (MCP servers, CLI agents) carries the mark
-``CREWLET_SPAWNED_BY=<node>/seats/<data dir hash>``; a new seats process first kills what an
-earlier one left behind (:func:`crewlet.agent.janitor.kill_marked`).
+``CREWLET_SPAWNED_BY=<node>/<child>/<data dir hash>`` (``seats``, ``seats.1`` …);
+a new seats process first kills what the member before it left behind
+(:func:`crewlet.agent.janitor.kill_marked`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from crewlet.runtime import RoleContext
 from crewlet.sandbox import Sandbox
 from crewlet.skills.registry import Registry as SkillRegistry
 from crewlet.sandbox import log_state as log_sandbox
+from roles.seats.pool import Pool
 from roles.seats.sweeper import SeatSweeper
 from roles.seats.turns import STATS_EVERY, TurnEngine
 
@@ -106,7 +112,8 @@ async def main(ctx: RoleContext) -> None:
     fleet = ctx.config.fleet
     # The data dir makes the mark this node's alone, even beside another node
     # that (wrongly) shares its id on the same machine.
-    mark = f"{ctx.node_id}/seats/{hashlib.sha1(ctx.run_dir.encode()).hexdigest()[:8]}"
+    mark = f"{ctx.node_id}/{ctx.child}/{hashlib.sha1(ctx.run_dir.encode()).hexdigest()[:8]}"
+    pool = Pool(ctx.member, ctx.config.seats_pool)
     os.environ["CREWLET_SPAWN_MARK"] = mark  # the cli provider marks its agents with it
     # Commands installed beside crewlet (crewlet-demo-mcp in a venv) resolve
     # even when that venv's bin dir is not on the PATH crewletd was started with.
@@ -126,7 +133,7 @@ async def main(ctx: RoleContext) -> None:
     sweeper = SeatSweeper(leases, holders, ctx.node_id, ctx.config.node.labels, boot=ctx.boot,
                           proc=f"{os.getpid()}.{uuid.uuid4().hex[:8]}", sweep=fleet.sweep,
                           heartbeat=fleet.heartbeat, grace=fleet.lease_ttl,
-                          spawns=fleet.claims_per_sweep, releases=fleet.releases_per_sweep)
+                          spawns=fleet.claims_per_sweep, releases=fleet.releases_per_sweep, pool=pool)
     mailboxes = JetStreamMailboxes(js, ctx.nats)
     mailboxes.notices_to = list(ctx.config.smtp.notices_to)
     # The seats' tools reach the estate through the router: this node's own
@@ -139,7 +146,7 @@ async def main(ctx: RoleContext) -> None:
                         ledger=Ledger(js, ttl=ledger_ttl(Retention().mail_days, fleet.ack_wait)),
                         budgets=Budgets(js),
                         cooldowns=Cooldowns(js), sweeper=sweeper,
-                        max_concurrent=ctx.config.node.max_concurrent, events_js=js,
+                        max_concurrent=pool.part(ctx.config.node.max_concurrent), events_js=js,
                         estate=estate.router, space=disk.Watch.of(ctx.config),
                         files=ctx.config.files, replicas=ctx.config.stream.replicas,
                         run_event_ttl=runs.event_ttl(ctx.config.conversations.retention,
@@ -166,7 +173,7 @@ async def main(ctx: RoleContext) -> None:
                asyncio.create_task(engine.cooldowns.run()),
                asyncio.create_task(vault.run(ctx.stopping.is_set)),
                asyncio.create_task(_report(ctx, engine))]
-    if "ingress" not in ctx.config.node.roles:
+    if "ingress" not in ctx.config.node.roles and pool.member == 0:
         helpers.append(asyncio.create_task(_deliver_notices(ctx, mailboxes, engine, heard)))
     for task in helpers:
         # These must run as long as the role does: one that fails ends the

@@ -42,6 +42,10 @@ Claiming and releasing call the hooks (``on_claim``, ``on_release``) that
 start and stop a seat's work — its MCP servers and mailbox in
 :mod:`roles.seats.turns`. On stop the work is handed back and the life is
 deleted: every seat is free for the fleet in one write.
+
+A node's seats may be worked by a pool of seats processes
+(:mod:`roles.seats.pool`): each runs this sweep over its own share of the
+seats, under the node's one life.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from crewlet.coord.lease import Held, LeaseError, Leases
 from crewlet.coord.life import Life
 from crewlet.coord.life import key as life_key
 from crewlet.coord.sweep import NodeView, SeatView, cost, plan
+from roles.seats.pool import Pool
 
 # on_claim(seat, held, fence): fence says a holder before us may still be writing.
 ClaimHook = Callable[[str, Held, bool], Awaitable[None]]
@@ -86,10 +91,13 @@ class SeatSweeper:
     def __init__(self, leases: Leases, holders: Holders, node_id: str, labels: dict[str, str], *,
                  boot: str, proc: str, sweep: float, heartbeat: float, grace: float, spawns: int,
                  releases: int, on_claim: ClaimHook = _log_claim,
-                 on_release: ReleaseHook = _log_release):
+                 on_release: ReleaseHook = _log_release, pool: Pool = Pool()):
         self.leases = leases
         self.holders = holders
-        self.life = Life(leases, node_id, proc)
+        # This process's place in the node's seats pool (roles/seats/pool.py):
+        # it holds, adopts and plans only the seats of its share.
+        self.pool = pool
+        self.life = Life(leases, node_id, pool.proc(proc))
         self.me = NodeView(node_id, dict(labels))
         self.boot = boot
         self.interval = sweep
@@ -97,8 +105,8 @@ class SeatSweeper:
         # How long a node whose presence is new counts as a seats-node before
         # its seats process has begun its life.
         self.grace = grace
-        self.spawns = spawns
-        self.releases = releases
+        self.spawns = pool.part(spawns)
+        self.releases = pool.part(releases)
         self.on_claim = on_claim
         self.on_release = on_release
         # Called once before every seat is released on stop.
@@ -144,9 +152,10 @@ class SeatSweeper:
         return held is not None and held.token == token and self.life.fresh()
 
     def set_company(self, company: dict[str, Any]) -> None:
+        # Only this member's share: the plan is made over it (roles/seats/pool.py).
         self.seats = [SeatView(s["name"], dict(s.get("placement", {}).get("labels", {})),
                                cost=len(s.get("mcp") or ()))
-                      for s in company.get("seats", [])]
+                      for s in company.get("seats", []) if self.pool.mine(s["name"])]
         self._costs = {s.name: s.cost for s in self.seats}
         self._company_changes += 1
         self.wake()
@@ -290,10 +299,17 @@ class SeatSweeper:
                     raise exc
             log.event("seats_handed_over", seats=len(going), cut_short=late and bool(going),
                       left=len(self.held))
-        if not self.held and self.life.held is not None:
+        if not self.held and self.life.held is not None and self._node_holds_none():
             await self.life.end()
             self.last_renew = None
             log.event("seats_drained")
+
+    def _node_holds_none(self) -> bool:
+        """Does no member of this node's pool hold a seat (by the watch)? The
+        life is the pool's: ending it while a sibling holds seats would free
+        them under a member that still works them."""
+        life = self.life.held
+        return self.pool.alone or life is None or not self.holders.bound_to(self.me.id, life.token)
 
     def _inputs(self, live: list[NodeView]) -> tuple:
         """Everything a sweep's walks and plan read, in a form compared whole:
@@ -354,8 +370,8 @@ class SeatSweeper:
         assert life is not None
         for key, owner in self.holders.bound_to(self.me.id, life.token).items():
             seat = key.removeprefix("seat.")
-            if seat in self.held:
-                continue
+            if seat in self.held or not self.pool.mine(seat):
+                continue  # ours already, or a sibling member's
             self.held[seat] = Held(key, owner.token, owner.revision, renewed=life.renewed,
                                    ttl=life.ttl)
             self._waiting[seat] = None
@@ -452,7 +468,9 @@ class SeatSweeper:
         """Give every seat up: first ``on_stop`` (the turns hand back what they
         hold, all at once), then the life, one delete for every seat. When
         the fleet's state cannot be written, the life lapses by itself
-        within a TTL."""
+        within a TTL. A member of a pool of several leaves the life alone
+        (roles/seats/pool.py: it is the pool's, and crewletd ends it at the
+        node's stop)."""
         if self.on_stop is not None:
             await self.on_stop()
         for seat in list(self.held):
@@ -461,6 +479,11 @@ class SeatSweeper:
                 self.started.discard(seat)
                 await self.on_release(seat, held)
         self._waiting.clear()
+        if not self.pool.alone:
+            # The pool's life outlives a member: alone this is a restart, whose
+            # successor adopts our share; at the node's stop crewletd ends it.
+            self.life.lose()
+            return
         try:
             await self.life.end()
         except LeaseError as exc:

@@ -53,7 +53,11 @@ def test_defaults_without_a_file(short_tmp):
     assert cfg.node.id == "node-0"
     assert cfg.warnings == [NODE0_WARNING]
     assert cfg.node.roles == ["data", "ingress", "seats", "workers"]
-    assert cfg.children() == ["data_applier", "ingress", "seats", "workers"]
+    # The seats pool: one seats process a CPU this process may run on.
+    cpus = len(os.sched_getaffinity(0))
+    assert cfg.node.seats_processes is None and cfg.seats_pool == cpus
+    assert cfg.children() == ["data_applier", "ingress", "seats",
+                              *(f"seats.{k}" for k in range(1, cpus)), "workers"]
     assert cfg.data_dir == os.path.join(short_tmp, "home/.local/share/crewlet")
     assert cfg.run_dir == os.path.join(cfg.data_dir, "run")
     assert cfg.stream.type == "embedded" and cfg.stream.listen == "127.0.0.1:4222"
@@ -103,6 +107,7 @@ node:
   roles: [workers, data]
   labels: {zone: eu-1, rack: 12}
   max_concurrent: 8
+  seats_processes: 3
   disk_floor: 1048576
 data_dir: /srv/crewlet
 stream:

@@ -37,6 +37,7 @@ SLOW_TO_SCAN = ("huge_int", "too_big")
 # (dotted key, values refused). The section the key is in is written around it.
 BAD = [
     ("node.max_concurrent", [0, 10_001, "1e23", ".inf", 1.5]),
+    ("node.seats_processes", [0, 257, ".inf", 1.5]),
     ("node.disk_floor", [0, 1_048_575, (1 << 40) + 1, "1e300", ".inf", ".nan"]),
     ("stream.replicas", [0, 6, ".nan"]),
     ("ingress.max_body", [1023, 64 * 1024 * 1024 + 1, ".inf"]),
