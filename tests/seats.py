@@ -25,7 +25,7 @@ SAMPLE = os.path.join(HERE, "..", "etc", "company.yaml")
 MCP_SERVER = os.path.join(HERE, "integration", "mcp_server.py")
 
 
-# A worker seat whose turn naps in its own MCP server, then sends "job N done" to a
+# Worker seats whose turns nap in its own MCP server, then sends "job N done" to a
 # sink nobody may hold: the sink's mailbox counts the turn's side effects.
 WORKER_COMPANY = """
 company: {{name: t}}
@@ -39,16 +39,17 @@ providers:
           - {{name: slow__nap, args: {{seconds: {nap}}}}}
           - {{name: send, args: {{seat: sink, text: 'job \\1 done'}}}}
 seats:
-  - name: w
-    persona: a worker
-    provider: p
-    mcp: [{{name: slow, command: {python}, args: [{server}]}}]
+{workers}
   - {{name: sink, persona: a sink, provider: p, placement: {{labels: {{zone: nowhere}}}}}}
 """
 
 
-def worker_company(nap: float) -> str:
-    return WORKER_COMPANY.format(nap=nap, python=sys.executable, server=MCP_SERVER)
+def worker_company(nap: float, workers: tuple[str, ...] = ("w",)) -> str:
+    """The worker company: *workers* seats (each with its slow MCP server) and the sink."""
+    lines = "\n".join(f"  - {{name: {w}, persona: a worker, provider: p, "
+                      f"mcp: [{{name: slow, command: {sys.executable}, args: [{MCP_SERVER}]}}]}}"
+                      for w in workers)
+    return WORKER_COMPANY.format(nap=nap, workers=lines)
 
 
 def ctl(node, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -11,43 +11,22 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
 import time
 
 from roles.seats.pool import member_of
 from tests.conftest import wait_for
-from tests.seats import (MCP_SERVER, ctl, ctl_json, held, ledger_keys, mail_of, read_nats, seats_stats,
-                         send_all, write_company)
-from tests.seats import node_url
+from tests.seats import (ctl, ctl_json, held, ledger_keys, mail_of, node_url, read_nats, seats_stats,
+                         send_all, worker_company, write_company)
 
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5, "claims_per_sweep": 8}
 POOL = {"id": "t1", "seats_processes": 2, "max_concurrent": 8}
 WORKERS = [f"w{i}" for i in range(6)]
 
-# Six worker seats whose turns nap in their own MCP server, then send "job N
-# done" to a sink nobody may hold: the sink's mailbox counts the side effects.
-COMPANY = """
-company: {{name: t}}
-providers:
-  p:
-    kind: scripted
-    rules:
-      - match: 'job (\\d+)'
-        reply: 'finished \\1'
-        tools:
-          - {{name: slow__nap, args: {{seconds: {nap}}}}}
-          - {{name: send, args: {{seat: sink, text: 'job \\1 done'}}}}
-seats:
-{workers}
-  - {{name: sink, persona: a sink, provider: p, placement: {{labels: {{zone: nowhere}}}}}}
-"""
-
 
 def company(nap: float) -> str:
-    workers = "\n".join(f"  - {{name: {w}, persona: a worker, provider: p, "
-                        f"mcp: [{{name: slow, command: {sys.executable}, args: [{MCP_SERVER}]}}]}}"
-                        for w in WORKERS)
-    return COMPANY.format(nap=nap, workers=workers)
+    """Six worker seats whose turns nap in their own MCP server, then send
+    "job N done" to a sink nobody may hold: the sink counts the side effects."""
+    return worker_company(nap, tuple(WORKERS))
 
 
 def members(node) -> dict[str, dict]:
