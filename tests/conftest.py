@@ -45,7 +45,7 @@ FLEET_GROUP = "fleet"
 # own, as heavy as an integration file with nodes — to run beside the fleet group, each
 # a group of its own, rather than in it: the fleet group is the suite's critical path.
 BESIDE_THE_FLEET = frozenset({"tests/fleet/test_vault_fleet.py", "tests/fleet/test_snapshot_fleet.py",
-                              "tests/fleet/test_skills_fleet.py"})
+                              "tests/fleet/test_skills_fleet.py", "tests/fleet/test_seats_pool_fleet.py"})
 # (Measured 2026-12-06: three workers on two cores — one more than the CPUs — with six
 # more light fleet files beside the group took the suite from 24.7 to 21.5 min, but the
 # machine so loaded made four tests fail in three runs for their timing, the chaos test's
