@@ -10,7 +10,9 @@ __version__ = "0.1.0"
 # 2: estate ops and requests name their origin (crewlet.estate.origins): an
 # applier of 1 reads none of the seats subjects, so while one is live the seats
 # of 2 ask an applier of 2 to log their fences and turn records (Router.to_log).
-PROTOCOL_VERSION = 2
+# 3: a seats process sends many turns' records in one ``turn.records`` op
+# (roles/seats/kept.py), which an applier of 2 refuses as an unknown kind.
+PROTOCOL_VERSION = 3
 # Tests only: what this process says its protocol is, in place of
 # PROTOCOL_VERSION — how a protocol bump's procedure (drain the whole fleet)
 # is tested without two versions of the code (tests/fleet/test_drain.py).

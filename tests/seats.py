@@ -17,7 +17,9 @@ import nats
 
 from crewlet.coord import buckets
 from crewlet.credentials import client_url as credentials_url
-from crewlet.queue.jetstream import KEPT_TURNS, JetStreamMailboxes
+from crewlet.estate import log as estate_log
+from crewlet.estate.ops import Op
+from crewlet.queue.jetstream import JetStreamMailboxes
 from tests.conftest import CREWLETCTL
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -134,8 +136,20 @@ async def _all(js, subject: str) -> list[bytes]:
 
 
 async def turn_records(nc, js) -> list[dict]:
-    """Every turn record custody has on EVENTS (in batches), oldest first."""
-    return [record for data in await _all(js, KEPT_TURNS) for record in json.loads(data)["records"]]
+    """Every turn record in the estate's log, oldest first: the records of
+    each ``turn.records`` op (roles/seats/kept.py) and each lone ``turn.record``."""
+    info = await js.stream_info(estate_log.STREAM)
+    out: list[dict] = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            op = Op.decode((await js.get_msg(estate_log.STREAM, seq)).data)
+        except Exception:  # deleted, or not an op: not a turn record
+            continue
+        if op.kind == "turn.records":
+            out += [entry["record"] for entry in op.args["records"]]
+        elif op.kind == "turn.record":
+            out.append(op.args["record"])
+    return out
 
 
 async def mail_of(seat: str, nc, js) -> list[str]:

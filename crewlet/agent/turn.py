@@ -55,8 +55,8 @@ class Fenced(Exception):
 
 @dataclass
 class TurnRecord:
-    """What one turn did; published on the live feed as ``feed.turn.<seat>``, kept
-    by custody (``EVENTS``, in batches) and in the estate's ``turns`` table."""
+    """What one turn did; published on the live feed as ``feed.turn.<seat>`` and
+    kept in the estate's ``turns`` table (many turns' in one ``turn.records`` op)."""
 
     seat: str
     trigger: str
@@ -102,7 +102,7 @@ def _set_error(record: TurnRecord, value: str | None) -> None:
 # and the credential shapes): it is built from an exception's text — a
 # provider's, the broker's, a tool's, roles/seats/turns.py's ``f"{type(exc)}:
 # {exc}"`` — which may quote a secret, and it leaves the process every way the
-# record does (the live feed, custody, the estate's row, the seat's stats, the
+# record does (the live feed, the estate's row, the seat's stats, the
 # ``turn`` log line). Once, on the rare record that has one; a property, not a
 # __setattr__, so the other fields' writes cost nothing more.
 TurnRecord.error = property(_get_error, _set_error)  # type: ignore[assignment]

@@ -62,7 +62,7 @@ from crewlet.estate import origins
 from crewlet.estate.ops import (EXPIRED, KINDS, OP_ID, RUN_ENDED, RUN_MESSAGES_MAX, TURN_TRIM_DEFAULT, Op,
                                 OpError)
 from crewlet.estate.store import (APPLIED, Store, fenced_key, join, key_seq, pack, place_key, seq_key,
-                                  unpack)
+                                  turn_place, unpack)
 
 
 # The rules ops are applied by. Bump it when an op this module accepted would
@@ -86,9 +86,14 @@ from crewlet.estate.store import (APPLIED, Store, fenced_key, join, key_seq, pac
 #      skills/ are a skill's files, checked and kept by revision; a turn
 #      record makes its trigger's episode (an older applier wrote neither);
 #      a page path's segment may start with '_' ("scripts/__init__.py")
+#   8  turn.records (many turns' records in one op, each fenced and kept under
+#      its own id; an older applier refused the kind), and every turn kept at
+#      its place (crewlet.estate.store.turn_place: seq x 1024 + position), which
+#      is its record's seq and its episode's, where an older applier kept it
+#      at the op's seq
 # A copy applied under rules *newer* than these was written by a newer
 # crewlet: it is refused, never emptied (the applier says so).
-RULES = 7
+RULES = 8
 
 # What a refusal is, when a writer must tell one from another (the API's
 # status and problem code): kept in the outcome as ``code``. Refusals of the
@@ -157,15 +162,26 @@ def raising(store: Store, entries: list[tuple[int, bytes]]) -> set[Fence]:
                 seat, token, node = d.get("seat"), d.get("token"), d.get("node")
             except Exception:
                 continue
-            if not (isinstance(seat, str) and isinstance(token, int) and isinstance(node, str)):
+            if not isinstance(node, str):
                 continue
             if subject and not _may_raise(subject[0], d.get("kind"), node):
                 continue  # passed over unapplied (_origin_refusal): its fence is nobody's to judge
-            if seat not in fences:
-                raw = txn.get(seat.encode(), db=store.dbs["fences"]) if 0 < len(seat) < 512 else None
-                fences[seat] = unpack(raw) if raw is not None else 0
-            if token > fences[seat]:
-                wanted.add((seat, token, node))
+            if d.get("kind") == "turn.records":
+                # The op is the node's; each record is its seat's, under its token.
+                args = d.get("args")
+                records = args.get("records") if isinstance(args, dict) else None
+                seated = [(r.get("seat"), r.get("token")) for r in records
+                          if isinstance(r, dict)] if isinstance(records, list) else []
+            else:
+                seated = [(seat, token)]
+            for seat, token in seated:
+                if not (isinstance(seat, str) and isinstance(token, int)):
+                    continue
+                if seat not in fences:
+                    raw = txn.get(seat.encode(), db=store.dbs["fences"]) if 0 < len(seat) < 512 else None
+                    fences[seat] = unpack(raw) if raw is not None else 0
+                if token > fences[seat]:
+                    wanted.add((seat, token, node))
     return wanted
 
 
@@ -261,13 +277,21 @@ def _apply_one(env, txn, dbs, seq: int, data: bytes, grants: Grants | None,
         if op_id is not None and txn.get(op_id.encode(), db=dbs["ops"]) is None:
             txn.put(op_id.encode(), pack(outcome), db=dbs["ops"])
         return op_id, outcome
+    return op.id, _apply_op(env, txn, dbs, seq, op, grants)
+
+
+def _apply_op(env, txn, dbs, seq: int, op: Op, grants: Grants | None,
+              position: int | None = None) -> Outcome:
+    """Steps 2-4 of the module doc and the kind's writes, for a checked *op*;
+    its outcome, kept under its id. *position*: a turn record carried by a
+    ``turn.records`` op at that position (its place, crewlet.estate.store)."""
     key = op.id.encode()
     first = txn.get(key, db=dbs["ops"])
     if first is None and op.token is not None:
         fenced = fenced_key(op.id, op.token)
         first = txn.get(fenced, db=dbs["ops"])
     if first is not None:
-        return op.id, {**unpack(first), "duplicate": True}
+        return {**unpack(first), "duplicate": True}
     try:
         _fence(txn, dbs, op, grants)
     except Refused as exc:
@@ -277,20 +301,27 @@ def _apply_one(env, txn, dbs, seq: int, data: bytes, grants: Grants | None,
         # for a forger's ungranted one).
         outcome = {"ok": False, "seq": seq, "error": str(exc)}
         txn.put(fenced, pack(outcome), db=dbs["ops"])
-        return op.id, outcome
+        return outcome
     try:
         # Each op in a transaction of its own inside the batch's: a refusal
         # or a bug half way leaves none of its rows behind (~2 µs an op).
         with env.begin(write=True, parent=txn) as child:
-            result = KIND_APPLY[op.kind](child, dbs, op, seq)
+            if op.kind == "turn.records":
+                result = _turn_records(env, child, dbs, op, seq, grants)
+            elif position is not None:
+                result = _turn_record(child, dbs, op, seq, position)
+            else:
+                result = KIND_APPLY[op.kind](child, dbs, op, seq)
         outcome = {"ok": True, "seq": seq, "result": result}
     except Refused as exc:
         outcome = exc.outcome(seq)
     except lmdb.BadValsizeError:
         # A key of this op is too long for LMDB (511 bytes): the same on every copy.
         outcome = {"ok": False, "seq": seq, "error": f"{op.kind}: a name or path is too long to keep"}
-    except lmdb.Error:
-        raise  # the node's own trouble (a full map, the disk): not the op's outcome
+    except (lmdb.Error, Unjudged):
+        # The node's own trouble (a full map, the disk), or a record of a
+        # turn.records op whose verdict is missing: not the op's outcome.
+        raise
     except Exception as exc:
         # A bug in an apply function. It is the same bug on every copy (the
         # code is deterministic), so refusing the op keeps the copies equal.
@@ -298,7 +329,7 @@ def _apply_one(env, txn, dbs, seq: int, data: bytes, grants: Grants | None,
                   error=f"{type(exc).__name__}: {exc}")
         outcome = {"ok": False, "seq": seq, "error": f"internal error applying {op.kind}: {exc}"}
     txn.put(key, pack(outcome), db=dbs["ops"])
-    return op.id, outcome
+    return outcome
 
 
 def _id_of(data: bytes) -> str | None:
@@ -473,13 +504,36 @@ def _file_delete(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------- a seat's rows
 
-def _turn_record(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
-    record = {**op.args["record"], "seq": seq}
-    txn.put(seq_key(seq), pack(record), db=dbs["turns"])
+def _turn_record(txn, dbs, op: Op, seq: int, position: int = 0) -> dict[str, Any]:
+    # Kept at its place (crewlet.estate.store.turn_place), which is its seq
+    # to readers: one op may carry many turns' records, each its own row.
+    place = turn_place(seq, position)
+    record = {**op.args["record"], "seq": place}
+    txn.put(seq_key(place), pack(record), db=dbs["turns"])
     if op.seat is not None:  # indexed by the seat that issued it, whatever the record says
-        txn.put(join("turn", "seat", op.seat, seq_key(seq)), seq_key(seq), db=dbs["index"])
-    episode = skills.episode_of_turn(txn, dbs, op, seq, record)
-    return {"turn": seq} if episode is None else {"turn": seq, "episode": seq}
+        txn.put(join("turn", "seat", op.seat, seq_key(place)), seq_key(place), db=dbs["index"])
+    episode = skills.episode_of_turn(txn, dbs, op, place, record)
+    return {"turn": place} if episode is None else {"turn": place, "episode": place}
+
+
+def _turn_records(env, txn, dbs, op: Op, seq: int, grants: Grants | None) -> dict[str, Any]:
+    """The records of many turns, each applied as the ``turn.record`` it
+    stands for — its own id (a record sent again, alone or in another batch,
+    lands once), its seat's fence and token, its own nested transaction (one
+    refused record leaves the others) — at the place of its position. The
+    outcome counts them: landed now, landed before (``again``), refused."""
+    landed = again = refused = 0
+    for position, entry in enumerate(op.args["records"]):
+        one = Op(id=entry["id"], kind="turn.record", args={"record": entry["record"]},
+                 seat=entry["seat"], token=entry["token"], node=op.node, at=op.at)
+        outcome = _apply_op(env, txn, dbs, seq, one, grants, position)
+        if outcome.get("duplicate"):
+            again += 1
+        elif outcome.get("ok"):
+            landed += 1
+        else:
+            refused += 1
+    return {"turns": landed, "again": again, "refused": refused}
 
 
 # LMDB's longest key: an index key longer than this was never written.
@@ -555,8 +609,8 @@ def _episode_add(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
     # An episode written as such (a turn's come from its record: crewlet.estate.skills).
     seat = _seat_of(op)
     row = {"seat": seat, "trigger": op.args.get("trigger"), "counterparty": "operator", "ask": "",
-           "tools": [], "outcome": op.args.get("outcome"), "summary": op.args["summary"], "seq": seq,
-           "at": op.at, "compacted": 0}
+           "tools": [], "outcome": op.args.get("outcome"), "summary": op.args["summary"],
+           "seq": turn_place(seq), "at": op.at, "compacted": 0}  # a place, as a turn's episode
     skills.episode_put(txn, dbs, row)
     return {"episode": row}
 
@@ -957,6 +1011,9 @@ KIND_APPLY: dict[str, Callable[..., dict[str, Any]]] = {
     "file.register": _file_register,
     "file.delete": _file_delete,
     "turn.record": _turn_record,
+    # Applied by _apply_op itself, which hands it the fleet's verdicts for
+    # each record's token (a kind's own function is given none).
+    "turn.records": _turn_records,
     "episode.add": _episode_add,
     "diary.write": _diary_write,
     "seat.fence": _seat_fence,

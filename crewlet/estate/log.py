@@ -93,6 +93,9 @@ MSG_ID = "Nats-Msg-Id"
 # presence) whose appliers read the seats' subjects; an older one follows
 # estate.ops alone.
 SEATS_READ_SINCE = 2
+# The first protocol version whose appliers apply ``turn.records`` (many
+# turns' records in one op); an older one refused the kind.
+RECORDS_READ_SINCE = 3
 # Seconds before a process asks again for a change to the stream the broker
 # refused or left unanswered (each try may cost a JetStream timeout).
 UPDATE_AGAIN_AFTER = 60.0
@@ -114,6 +117,11 @@ def reads_seats(protocol: Any) -> bool:
     node older than saying it) reads the seats' subjects."""
     return isinstance(protocol, int) and not isinstance(protocol, bool) \
         and protocol >= SEATS_READ_SINCE
+
+
+def reads_records(protocol: Any) -> bool:
+    """Whether an applier of *protocol* applies ``turn.records`` ops."""
+    return reads_seats(protocol) and protocol >= RECORDS_READ_SINCE
 
 
 def origin_of(subject: str | None) -> tuple[str, str | None] | None:

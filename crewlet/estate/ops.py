@@ -152,6 +152,14 @@ RECORD_MAX_BYTES = 512 * 1024
 # maintenance duty sends the next op while an outcome says ``more``.
 TURN_TRIM_MAX = 1000
 TURN_TRIM_DEFAULT = 500
+# Turn records one ``turn.records`` op carries, at most: the seats process
+# sends the records of turns ending together as one op (roles/seats/kept.py),
+# and a record's place among the turns is its op's seq times this plus its
+# position in the op (crewlet.estate.store.turn_place), so it bounds both.
+TURN_RECORDS_MAX = 1024
+# One ``turn.records`` op's records, encoded, at most: one log entry stays
+# well under the broker's 1 MiB payload, and one apply of it short.
+TURN_RECORDS_MAX_BYTES = 768 * 1024
 
 # ---- conversations (DESIGN §11)
 # The ids a writer makes for a conversation, a run, an approval, a message:
@@ -276,6 +284,16 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("file.delete", "files", "once", _obj(
         ("project", "path"), project=_str(pattern=PROJECT), path=_FILE, expect_version=_REV)),
     Kind("turn.record", "turns", "move_on", _obj(("record",), record={"type": "object"})),
+    # The records of many turns in one op (the seats' group commit,
+    # roles/seats/kept.py): each is a ``turn.record`` of its own seat, token
+    # and id — fenced, deduplicated and kept under that id as if it had come
+    # alone; the op itself is the node's and carries no seat.
+    Kind("turn.records", "turns", "move_on", _obj(
+        ("records",), records={"type": "array", "minItems": 1, "maxItems": TURN_RECORDS_MAX,
+                               "items": _obj(("id", "seat", "token", "record"),
+                                             id=_str(1, OP_ID_MAX, pattern=OP_ID.pattern),
+                                             seat=_NAME, token=_REV,
+                                             record={"type": "object"})})),
     Kind("episode.add", "seat", "move_on", _obj(
         ("seat", "summary"), seat=_NAME, summary=_str(1, TASK_BODY_MAX), trigger=_str(1, 300),
         outcome=_str(1, 50))),
@@ -286,7 +304,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("seat.fence", "seat", "move_on", _obj()),
     # Removes turn records that started before ``before`` (the maintenance
     # duty's retention, crewlet.estate.apply._turn_trim), looking at most at
-    # ``limit`` of them past log seq ``after``; the operator's, never a seat's.
+    # ``limit`` of them past the place ``after`` (a turn's seq); the operator's, never a seat's.
     Kind("turn.trim", "turns", "move_on", _obj(
         ("before",), before={"type": "number", "minimum": 0, "maximum": AT_MAX},
         limit={"type": "integer", "minimum": 1, "maximum": TURN_TRIM_MAX},
@@ -302,7 +320,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         cluster=_str(1, CLUSTER_MAX, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"), seat=_NAME,
         episodes={"type": "array", "items": _SEQ, "maxItems": 1000}, files=_SKILL_FILES,
         approval=_ROW, expires_at=_AT)),
-    # A seat's episodes with one counterparty up to log seq ``through`` become one.
+    # A seat's episodes with one counterparty up to ``through`` (an episode's seq: a place) become one.
     Kind("episode.compact", "seat", "move_on", _obj(
         ("seat", "counterparty", "through", "summary"), seat=_NAME, counterparty=_COUNTERPARTY,
         through=_SEQ, summary=_str(1, TASK_BODY_MAX))),
@@ -365,7 +383,8 @@ QUERIES: dict[str, dict[str, Any]] = {
                       after=_obj(("project", "path"), project=_str(pattern=PROJECT),
                                  path=_FILE)),
     # before: only records below that log seq (the next page); since: only turns started at or after
-    "turn.list": _obj(seat=_NAME, limit=_LIMIT, before={"type": "integer", "minimum": 1},
+    # before: a turn's seq, which is its place (crewlet.estate.store.turn_place)
+    "turn.list": _obj(seat=_NAME, limit=_LIMIT, before={"type": "integer", "minimum": 1, "maximum": INT_MAX},
                       since={"type": "number", "minimum": 0}),
     "diary.list": _obj(("seat",), seat=_NAME, limit=_LIMIT),
     # newest ``limit``, oldest first; with a counterparty, that one's only
@@ -494,6 +513,18 @@ class Op:
             size = len(msgpack.packb(self.args["record"], use_bin_type=True))
             if size > RECORD_MAX_BYTES:
                 raise OpError(f"turn.record: record is {size} bytes encoded, more than {RECORD_MAX_BYTES}")
+        elif self.kind == "turn.records":
+            if self.seat is not None:
+                raise OpError("turn.records is a node's: its records carry their seats and tokens")
+            size = len(msgpack.packb(self.args["records"], use_bin_type=True))
+            if size > TURN_RECORDS_MAX_BYTES:
+                raise OpError(f"turn.records: {size} bytes encoded, more than {TURN_RECORDS_MAX_BYTES}")
+            if size > RECORD_MAX_BYTES:  # only then may one record be past a lone one's bound
+                for i, entry in enumerate(self.args["records"]):
+                    one = len(msgpack.packb(entry["record"], use_bin_type=True))
+                    if one > RECORD_MAX_BYTES:
+                        raise OpError(f"turn.records: records[{i}] is {one} bytes encoded, "
+                                      f"more than {RECORD_MAX_BYTES}")
         if KINDS[self.kind].area == "conversations":
             problem = _conversation_problem(self)
             if problem:

@@ -36,7 +36,8 @@ origin             on the log                 writes it may ask for
                    (the requests it checked)
 ``seats``          ``estate.ops.seats.<n>``:  a seat's tools (:mod:`crewlet.agent.estate_tools`,
                    ``seat.fence``,            :mod:`crewlet.agent.file_tools`): ``task.create``,
-                   ``turn.record``            ``task.update``, ``task.comment``, ``page.write``,
+                   ``turn.record``,           ``task.update``, ``task.comment``, ``page.write``,
+                   ``turn.records``
                                               ``file.register``, ``diary.write``; a conversation
                                               run's turn (:mod:`crewlet.conversations.turn`):
                                               ``conversation.message``, ``approval.request``,
@@ -62,7 +63,9 @@ Besides the kind:
 * a ``seats`` op is a seat's: it carries its seat and fencing token (an op
   without one is the operator's, which no seat writes), so the fence and the
   fleet's verdict on the token (:mod:`roles.data_applier.grants`) hold it to a
-  lease; an ``ingress`` or ``workers`` op is the operator's and carries none
+  lease — but ``turn.records`` (:data:`NODE_KINDS`), the records of many
+  seats' turns, whose every record carries its seat and token and is held to
+  them alone; an ``ingress`` or ``workers`` op is the operator's and carries none
   (neither may write as a seat);
 * an op names the node that issued it (``node``, which rows record as
   ``operator@<node>``): it must be the node in the subject, which the broker
@@ -121,7 +124,7 @@ LEGACY = "legacy"
 # What each origin publishes on the log straight (its own subject); the
 # operator's and the appliers' subject, estate.ops, takes every kind.
 LOG_KINDS: dict[str, frozenset[str]] = {
-    SEATS: frozenset({"seat.fence", "turn.record"}),
+    SEATS: frozenset({"seat.fence", "turn.record", "turn.records"}),
 }
 
 # The kinds of the writes each origin asks an applier for (the operator: all).
@@ -177,9 +180,18 @@ def may_ask(origin: str) -> frozenset[str]:
     return ASKS[origin] | LOG_KINDS.get(origin, frozenset())
 
 
+# Kinds of a seated origin that are its node's, not one seat's: each record
+# of a turn.records op carries its own seat and token, and is held to them
+# one by one (crewlet.estate.apply._turn_records).
+NODE_KINDS = frozenset({"turn.records"})
+
+
 def _fits(origin: str, node: str | None, op: Op) -> str | None:
     """What is wrong with *op* from *origin* on *node*, besides its kind (None: nothing)."""
-    if SEATED[origin] and op.seat is None:
+    if op.kind in NODE_KINDS:
+        if not SEATED[origin]:
+            return f"{op.kind} is the seats' ({origin} writes as no seat)"
+    elif SEATED[origin] and op.seat is None:
         return f"a {origin} op is a seat's: it carries its seat and fencing token ({op.kind} carries none)"
     if not SEATED[origin] and op.seat is not None:
         return f"a {origin} op is the operator's: it writes as no seat ({op.kind} names seat {op.seat})"

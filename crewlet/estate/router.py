@@ -439,6 +439,17 @@ class Router:
                                    else max(deadline - time.monotonic(), 0.0))
         return outcome.get("seq")
 
+    def batches_records(self) -> bool:
+        """Whether this origin's turn records go to the log many in one
+        ``turn.records`` op (roles/seats/kept.py): it publishes them itself
+        and every live data node's presence says a protocol whose applier
+        applies that kind (:func:`crewlet.estate.log.reads_records`). Else
+        each goes as a ``turn.record`` op of its own, by :meth:`to_log`."""
+        if "turn.records" not in origins.LOG_KINDS.get(self.origin, ()) or not self.view.ready:
+            return False
+        nodes = self.view.data_nodes()
+        return bool(nodes) and all(estate_log.reads_records(s.protocol) for s in nodes)
+
     async def read(self, query: str, args: dict[str, Any], *,
                    timeout: float | None = None) -> dict[str, Any]:
         """The answer to read *query*. Raises OpError (bad query or args,

@@ -50,7 +50,9 @@ Keys, in the ``index`` table (``\\0``-separated; seq8: 8-byte big-endian):
 ``ep·count·<seat>·<cp>``           the interaction count, 8 bytes
 =================================  =============================================
 
-The episode rows themselves are the ``episodes`` table's (seat, seq8).
+The episode rows themselves are the ``episodes`` table's (seat, seq8). An
+episode's seq (seq8 in these keys) is a place (:func:`crewlet.estate.store.turn_place`):
+its turn's, or the op's that wrote it at position 0.
 
 This module's apply functions are :mod:`crewlet.estate.apply`'s (registered
 there); like every apply function they read only the op and the tables.
@@ -64,7 +66,7 @@ from typing import Any, Iterator
 
 from crewlet.estate.apply import CONFLICT, FORBIDDEN, NOT_FOUND, Refused, _by, _get
 from crewlet.estate.ops import COUNTERPARTY, EPISODE_TEXT_MAX, LIST_DEFAULT, Op
-from crewlet.estate.store import join, key_seq, pack, seq_key, unpack
+from crewlet.estate.store import join, key_seq, pack, seq_key, turn_place, unpack
 from crewlet.skills import format as skill_format
 
 PREFIX = "skills/"
@@ -398,7 +400,8 @@ def episode_compact(txn, dbs, op: Op, seq: int) -> dict[str, Any]:
         txn.delete(k, db=dbs["index"])
     row = {"seat": seat, "trigger": f"compacted:{through}", "counterparty": cp, "ask": "",
            "tools": [], "outcome": "compacted", "summary": a["summary"][:EPISODE_TEXT_MAX],
-           "seq": seq, "at": op.at, "compacted": folded}
+           # A place, as every episode's seq (crewlet.estate.store.turn_place).
+           "seq": turn_place(seq), "at": op.at, "compacted": folded}
     episode_put(txn, dbs, row)
     return {"episode": row, "removed": len(gone)}
 

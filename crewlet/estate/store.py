@@ -19,8 +19,8 @@ table             key → value                                  kind
 ``pages``         path → row                                   replicated
 ``pages_by_seq``  seq → path (every page write and delete)     replicated
 ``files``         project, path → row                          replicated
-``turns``         seq → turn record                            replicated
-``episodes``      seat, seq → row                              replicated
+``turns``         place → turn record                          replicated
+``episodes``      seat, place → row                            replicated
 ``diary``         seat, seq → row                              replicated
 ``diary_digest``  seat, text digest → seq                      replicated
 ``conversations`` conversation id → row                        replicated
@@ -52,6 +52,16 @@ each run's in log order — a late tool result of an interrupted run stays
 with its run, before the next run's — and one run's messages are one range
 of keys, which a rollback removes. The queries give a place as ``[run start
 seq, seq]``, the resume point of a page of messages.
+
+A turn's **place** (:func:`turn_place`) orders turns as the log does and
+names one turn among many an op may carry: the seq of the op that carried
+its record times :data:`TURN_PLACES`, plus the record's position in that op
+(0 for a lone ``turn.record``). It is the record's ``seq`` field, the
+``before`` of ``turn.list`` and the key of the ``turns`` table; an episode's
+``seq`` is a place too (a turn's, or the op's that wrote it at position 0),
+so episodes and the turns they came from sort alike. A place is never a
+floor: a floor is a log seq (a turn's log seq is its place //
+:data:`TURN_PLACES`).
 
 Turn records past the company's ``retention.turns_days`` are removed, with
 their index entries, by ``turn.trim`` ops (the maintenance duty's), so every
@@ -103,6 +113,17 @@ _U64 = struct.Struct(">Q")
 def copy_path(data_dir: str) -> str:
     """Where a node's copy lives: ``<data_dir>/estate``."""
     return os.path.join(data_dir, "estate")
+
+
+# Places per log seq (module doc): an op carries at most this many turn
+# records (crewlet.estate.ops.TURN_RECORDS_MAX); a place stays under 2**53
+# (exact as JSON) for log seqs below 2**43.
+TURN_PLACES = 1024
+
+
+def turn_place(seq: int, position: int = 0) -> int:
+    """The place of the turn record at *position* of the op at log seq *seq*."""
+    return seq * TURN_PLACES + position
 
 
 def seq_key(seq: int) -> bytes:

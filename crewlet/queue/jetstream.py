@@ -69,7 +69,8 @@ DLQ_STREAM = "DLQ"
 DLQ_SUBJECT = "dlq."                 # + seat
 EVENTS_STREAM = "EVENTS"
 # Turn records as custody keeps them: ``{"records": [record, ...]}``, a batch
-# of the records a seats process had to send at once (roles/seats/kept.py).
+# of the records a seats process of a version before 2026-12-06 had to send at
+# once. This version's go to the estate's log alone (roles/seats/kept.py).
 KEPT_TURNS = "events.turns"
 # The turn events' age limit when nobody names one (the company's
 # retention.events_days, whose default this is): custody keeps each event in

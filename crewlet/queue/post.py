@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from crewlet.coord.counters import Ledger
 
 # The live feed of turn records: every seat publishes each of its turns here
-# (roles.seats.turns), on core NATS only. Nothing stores them here: custody
-# keeps them from their batches on EVENTS (crewlet.queue.jetstream.KEPT_TURNS),
-# the estate's ``turns`` table from the log.
+# (roles.seats.turns), on core NATS only. Nothing stores them here: the
+# estate's ``turns`` table keeps them from the log (many turns' in one
+# ``turn.records`` op, roles/seats/kept.py), on every data node.
 TURN_SUBJECT = "feed.turn."
 FROM_HEADER = "Crewlet-From"
 

@@ -1,8 +1,11 @@
 """Custody of the turn events: each event of ``EVENTS`` kept by exactly one data node.
 
-Seats publish what happens in their turns on ``events.>`` (the ``EVENTS``
-stream, which crewletd's fleet makes with the mailboxes; custody waits for it
-to exist rather than making it). Every data node's applier attaches to one
+Seats of a version before 2026-12-06 published their turn records on
+``events.>`` (the ``EVENTS`` stream, which crewletd's fleet makes with the
+mailboxes; custody waits for it to exist rather than making it). Seats of
+this version send them to the estate's log alone (roles/seats/kept.py):
+every copy's ``turns`` table is their one stored copy, so they are not
+stored a second time here. Custody keeps whatever still arrives. Every data node's applier attaches to one
 durable pull consumer, the :data:`crewlet.groups.CUSTODY` group, so each
 event is handed to one of them, which keeps it in its copy's node-local
 ``events`` table and only then acks it. A node without data never attaches

@@ -1,27 +1,36 @@
-"""Turn records to custody, in batches: a group commit.
+"""Turn records to the estate, many turns' in one op: a group commit.
 
-Every turn's record is kept by exactly one data node (custody,
-roles/data_applier/custody.py), from ``EVENTS``. One stored message per turn
-was measured as a fifth of the broker's work and a third of the applier's at
-100 busy seats (bench/turns.py), so a seats process sends its records
-together, on :data:`~crewlet.queue.jetstream.KEPT_TURNS` as
-``{"records": [record, ...]}``:
+Every turn worked leaves a record in the estate's ``turns`` table on every
+data node (DESIGN §6). One log entry per turn was measured as a sixth of a
+turn's broker work and most of the applier's at 100 busy seats
+(bench/turns.py, bench/turn_floor.py), so a seats process sends the records
+of turns ending together as one ``turn.records`` op
+(:mod:`crewlet.estate.ops`), straight to the log on its node's subject:
 
 * the first record of a quiet moment goes out at once, alone;
-* records that come while a batch is being stored wait for it, and go out
-  together as the next batch, up to :data:`BATCH_BYTES`.
+* records that come while an op is being stored wait for it, and go out
+  together as the next op, up to :data:`BATCH_BYTES` and
+  :data:`~crewlet.estate.ops.TURN_RECORDS_MAX` records.
 
 No record waits on a timer, so a lone turn's record is as quick as before;
-many busy seats share one message. The live feed is not batched: each record
-also goes out on its own on core NATS (crewlet.queue.post.TURN_SUBJECT).
+many busy seats share one log entry. Each record in the op keeps its own op
+id, seat and fencing token: every applier holds it to its seat's fence and
+keeps its outcome under its id, so a record sent again — in another op, by
+this node or the seat's next holder (a trigger's ``done`` record after a
+redo) — lands once (:func:`crewlet.estate.apply._turn_records`).
 
-:meth:`KeptTurns.keep` returns once the batch holding the record is stored,
-so a turn is acked only after its record landed, as before; it raises what
-storing it raised, or :class:`TimeoutError` at the record's own deadline (a
-batch goes on trying until the latest deadline among its records). A batch
-is one message id through its retries (``publish_until``): stored once. A
-record sent again (a trigger's ``done`` record after a redo) may be kept
-twice by custody; the estate's ``turns`` table, keyed by op id, has it once.
+This is the record's one stored copy. It used to be stored twice more: on
+``EVENTS`` for custody (one data node's event log; now the ``turns`` table
+of every copy is that log) and as an op of its own per turn. The live feed
+is not batched and not stored: each record also goes out on its own on core
+NATS (:data:`crewlet.queue.post.TURN_SUBJECT`), heard by whoever listens now.
+
+:meth:`KeptTurns.keep` returns once the op holding the record is in the
+log, so a turn is acked only after its record landed, as before; it raises
+what storing it raised, or :class:`TimeoutError` at the record's own
+deadline (an op goes on trying until the latest deadline among its
+records). An op is one message id through its retries
+(:func:`crewlet.bus.publish_until`): stored once.
 """
 
 from __future__ import annotations
@@ -29,16 +38,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-import uuid
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
-# A batch's largest body: well under the broker's 1 MiB payload, and small
-# enough that one applier transaction of custody stays short.
+from crewlet.estate.ops import TURN_RECORDS_MAX
+
+# An op's records, encoded, at most: well under the op's own bound
+# (crewlet.estate.ops.TURN_RECORDS_MAX_BYTES) and the broker's 1 MiB payload,
+# and small enough that one apply of it on every copy stays short. A record
+# larger than this (up to a lone record's bound) goes in an op of its own.
 BATCH_BYTES = 256 * 1024
 
-# (the record's JSON, its deadline on the monotonic clock, who waits for it)
-_Waiting = tuple[bytes, float, asyncio.Future]
-Send = Callable[[bytes, str, float], Awaitable[None]]  # (body, msg id, deadline)
+# (the record as the op carries it, its encoded size, its deadline on the
+# monotonic clock, who waits for it)
+_Waiting = tuple[dict[str, Any], int, float, asyncio.Future]
+Send = Callable[[list[dict[str, Any]], float], Awaitable[None]]  # (records, deadline)
 
 
 def _settle(landed: asyncio.Future, error: BaseException | None) -> None:
@@ -54,10 +67,10 @@ def _settle(landed: asyncio.Future, error: BaseException | None) -> None:
 
 
 class KeptTurns:
-    """One seats process's records on their way to custody.
+    """One seats process's turn records on their way to the log.
 
-    Invariants: ``_waiting`` holds the records not yet in a batch, oldest
-    first; ``_sender`` is the task storing batches while there are any, else
+    Invariants: ``_waiting`` holds the records not yet in an op, oldest
+    first; ``_sender`` is the task storing ops while there are any, else
     None (so a record that finds it None starts one).
     """
 
@@ -65,14 +78,15 @@ class KeptTurns:
         self._send = send
         self._waiting: collections.deque[_Waiting] = collections.deque()
         self._sender: asyncio.Task | None = None
-        self.batches = 0   # batches stored
+        self.batches = 0   # ops stored
         self.records = 0   # records in them
 
-    async def keep(self, record: bytes, deadline: float) -> None:
-        """Store *record* (a turn record's JSON) in custody's stream, with the
-        records of other turns ending meanwhile; by *deadline* (monotonic)."""
+    async def keep(self, record: dict[str, Any], size: int, deadline: float) -> None:
+        """Store *record* (``{"id", "seat", "token", "record"}``, *size*
+        bytes encoded) in the log, with the records of other turns ending
+        meanwhile; by *deadline* (monotonic)."""
         landed = asyncio.get_running_loop().create_future()
-        self._waiting.append((record, deadline, landed))
+        self._waiting.append((record, size, deadline, landed))
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_batches())
         async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
@@ -97,13 +111,12 @@ class KeptTurns:
                 batch = self._next_batch()
                 error: BaseException | None = None
                 try:
-                    await self._send(b'{"records":[' + b",".join(r for r, _, _ in batch) + b"]}",
-                                     f"turns:{uuid.uuid4().hex}", max(d for _, d, _ in batch))
+                    await self._send([r for r, _, _, _ in batch], max(d for _, _, d, _ in batch))
                     self.batches += 1
                     self.records += len(batch)
                 except Exception as exc:  # said by each record's own turn
                     error = exc
-                for _, _, landed in batch:
+                for _, _, _, landed in batch:
                     _settle(landed, error)
                 batch = []
         finally:
@@ -112,17 +125,18 @@ class KeptTurns:
             self._fail([*batch, *self._waiting])
 
     def _fail(self, items) -> None:
-        for _, _, landed in items:
+        for _, _, _, landed in items:
             _settle(landed, ConnectionError("the seats process stopped sending turn records"))
         self._waiting.clear()
 
     def _next_batch(self) -> list[_Waiting]:
-        """The oldest waiting records whose bodies fit :data:`BATCH_BYTES`
-        (always at least one: a record is far smaller than a message may be)."""
+        """The oldest waiting records that fit :data:`BATCH_BYTES` and
+        :data:`~crewlet.estate.ops.TURN_RECORDS_MAX` (always at least one)."""
         batch = [self._waiting.popleft()]
-        size = len(batch[0][0])
-        while self._waiting and size + len(self._waiting[0][0]) + 1 <= BATCH_BYTES:
+        size = batch[0][1]
+        while (self._waiting and len(batch) < TURN_RECORDS_MAX
+               and size + self._waiting[0][1] <= BATCH_BYTES):
             item = self._waiting.popleft()
             batch.append(item)
-            size += len(item[0]) + 1
+            size += item[1]
         return batch

@@ -27,12 +27,13 @@ A turn, in order:
    **ack**, sent once and not waited on (the ledger answers for the trigger
    by then); a ledger entry that cannot be written leaves the delivery
    unacked (see ``SeatWork._settle``). The record goes on the live feed
-   (``feed.turn.<seat>``, core NATS), to custody on ``EVENTS`` in a batch
-   with the records of other turns ending meanwhile (one data node's event
-   log; roles/seats/kept.py) and, durably, as a ``turn.record`` op on the
-   estate's log (the ``turns`` table of every data node's copy; refused
-   there if the seat's fence moved on). A turn that ends any other way (failed, handed back,
-   skipped) is recorded after it settled.
+   (``feed.turn.<seat>``, core NATS, stored nowhere) and, durably, into the
+   estate's log in one ``turn.records`` op with the records of other turns
+   ending meanwhile (roles/seats/kept.py): the ``turns`` table of every data
+   node's copy, each record held to its seat's fence and kept once under its
+   own id. That table is the turns' one stored copy (custody's ``EVENTS``
+   batches are no more). A turn that ends any other way (failed, handed
+   back, skipped) is recorded after it settled.
 
 A seat's tools reach the estate (tracker, knowledge base, files) through the
 node's :class:`~crewlet.estate.router.Router`; on claiming a seat the node
@@ -104,7 +105,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from crewlet import disk, log, outbox, redaction, sandbox
-from crewlet.bus import JETSTREAM_TIMEOUT, publish_until
+from crewlet.bus import JETSTREAM_TIMEOUT
 from crewlet.agent.providers import CoolingDown, Provider, ProviderError, make_provider
 from crewlet.agent.estate_tools import estate_tools
 from crewlet.agent.skill_tools import skill_tools
@@ -120,7 +121,6 @@ from crewlet.estate.ops import SEAT_NAME, OpError, make_op, op_id
 from crewlet.estate.router import EstateError
 from crewlet.skills.registry import Registry as SkillRegistry
 from crewlet.queue.base import Delivery, Mailbox, MailboxError, Mailboxes
-from crewlet.queue.jetstream import KEPT_TURNS
 from crewlet.queue.post import TURN_SUBJECT
 from crewlet.queue.notify import PERSON_HEADER
 from roles.seats.kept import KeptTurns
@@ -289,7 +289,7 @@ class TurnEngine:
         # not land: each a failure an operator must see.
         self.unsettled = 0
         self.records_failed = 0
-        # Turn records to custody, batched while many turns end at once.
+        # Turn records to the log, many turns' in one op while many end at once.
         self.kept = KeptTurns(self._store_kept)
         self.company: Company | None = None
         self.revision: int | None = None  # the company revision in force here
@@ -553,28 +553,35 @@ class TurnEngine:
     def inflight_path(self, seat: str) -> str:
         return os.path.join(self.inflight_dir, seat)
 
+    @staticmethod
+    def _record_id(record: TurnRecord) -> str:
+        # One row per delivery worked, and one `done` row per trigger: a resend
+        # of either, by any node, alone or in another op, lands once.
+        which = "done" if record.outcome == "done" else str(record.deliveries)
+        return op_id(record.seat, "turn", record.trigger, which)
+
     async def _durable_record(self, record: TurnRecord, body: dict[str, Any], deadline: float,
                               token: int | None = None) -> None:
-        # One row per delivery worked, and one `done` row per trigger: a resend
-        # of either, by any node, lands once.
-        which = "done" if record.outcome == "done" else str(record.deliveries)
+        """The record as an op of its own (while a data node of the fleet
+        cannot read ``turn.records``: :meth:`Router.batches_records`)."""
         op = make_op("turn.record", {"record": body}, node=self.node, seat=record.seat,
-                     token=record.token if token is None else token,
-                     id=op_id(record.seat, "turn", record.trigger, which))
+                     token=record.token if token is None else token, id=self._record_id(record))
         await self.estate.to_log(self.js, op, timeout=JETSTREAM_TIMEOUT, deadline=deadline)
 
-    async def _store_kept(self, body: bytes, msg_id: str, deadline: float) -> None:
-        """A batch of turn records, stored on ``EVENTS`` for custody (roles/seats/kept.py)."""
-        await publish_until(self.js, KEPT_TURNS, body, msg_id=msg_id, deadline=deadline)
+    async def _store_kept(self, records: list[dict[str, Any]], deadline: float) -> None:
+        """The records of turns ending together, as one ``turn.records`` op
+        in the log (roles/seats/kept.py); its id is fresh, each record's is its own."""
+        op = make_op("turn.records", {"records": records}, node=self.node,
+                     id=f"turns:{uuid.uuid4().hex}")
+        await self.estate.to_log(self.js, op, timeout=JETSTREAM_TIMEOUT, deadline=deadline)
 
     async def record_done_again(self, seat: str, trigger: str, worked: dict[str, Any]) -> None:
         """Publish again the ``done`` record of a trigger the ledger says was
-        worked, from its ledger entry (*worked*): on the live feed, to custody
-        and as the durable row, under this seat's token. The row lands once
-        (its op id), so for the estate this is a no-op when the record landed
-        (the usual case); the feed's listeners and custody may see it twice
-        (roles/seats/kept.py). It is the record the turn's own process did
-        not live to publish otherwise."""
+        worked, from its ledger entry (*worked*): on the live feed and as the
+        durable row, under this seat's token. The row lands once (its id), so
+        for the estate this is a no-op when the record landed (the usual
+        case); the feed's listeners may hear it twice. It is the record the
+        turn's own process did not live to publish otherwise."""
         if worked.get("seat") != seat:
             return  # the ledger is by trigger: another seat's turn is that seat's to record
         try:
@@ -591,21 +598,30 @@ class TurnEngine:
 
     async def publish_record(self, record: TurnRecord, patience: float = SETTLE_PATIENCE,
                              token: int | None = None) -> None:
-        """The live feed, custody's copy and the durable row (under *token*,
-        else the record's), at once; custody's and the row each sent again
-        through a stream leader election for *patience* seconds. A record
+        """The live feed and the durable row (under *token*, else the
+        record's), at once; the row sent again through a stream leader
+        election for *patience* seconds, in one ``turn.records`` op with the
+        records of turns ending meanwhile (roles/seats/kept.py). A record
         that still did not land is counted (``records_failed`` in the stats)
         and said: the turn itself is settled by then, its ledger entry
-        written. The feed is core NATS, heard by whoever listens now.
+        written. The feed is core NATS, heard by whoever listens now; a
+        record with no trigger (a deferral) is news for it alone, not a turn
+        worked, and is not stored.
 
         A seat that is stopping gives its last record only a moment: its stop
         must end within the role's shutdown time, quorum or not."""
         body = record.as_dict()
         data = json.dumps(body).encode()
         deadline = time.monotonic() + patience
-        published = [self.nc.publish(TURN_SUBJECT + record.seat, data), self.kept.keep(data, deadline)]
-        if self.estate is not None and record.trigger:  # a deferral is news, not a turn worked
-            published.append(self._durable_record(record, body, deadline, token))
+        published = [self.nc.publish(TURN_SUBJECT + record.seat, data)]
+        if self.estate is not None and record.trigger:
+            token = record.token if token is None else token
+            if self.estate.batches_records():
+                entry = {"id": self._record_id(record), "seat": record.seat, "token": token,
+                         "record": body}
+                published.append(self.kept.keep(entry, len(data), deadline))
+            else:
+                published.append(self._durable_record(record, body, deadline, token))
         for result in await asyncio.gather(*published, return_exceptions=True):
             if isinstance(result, BaseException):
                 self.records_failed += 1

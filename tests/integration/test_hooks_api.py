@@ -39,9 +39,9 @@ from crewlet import groups, hooks
 from crewlet.coord import buckets
 from crewlet.queue import notify
 from crewlet.queue.base import TRIGGER_HEADER
-from crewlet.queue.jetstream import EVENTS_STREAM as EVENTS, KEPT_TURNS, STREAM as AGENTS, SUBJECT as INBOX
+from crewlet.queue.jetstream import STREAM as AGENTS, SUBJECT as INBOX
 from tests.conftest import Nodes, wait_for
-from tests.seats import SAMPLE, held, node_url, read_nats
+from tests.seats import SAMPLE, held, node_url, read_nats, turn_records
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -217,13 +217,9 @@ def notify_count(node) -> int:
     return read_nats(node_url(node), _notify_count)
 
 
-async def _turn_records(nc, js) -> list[dict]:
-    return [r for m in await _each(js, EVENTS, KEPT_TURNS) for r in json.loads(m.data)["records"]]
-
-
 def done_turns(node, delivery: str) -> list[dict]:
     """The done turn records whose trigger is *delivery*."""
-    return [r for r in read_nats(node_url(node), _turn_records)
+    return [r for r in read_nats(node_url(node), turn_records)
             if r.get("trigger") == delivery and r.get("outcome") == "done"]
 
 

@@ -363,11 +363,14 @@ def test_turn_trim_removes_old_records_a_bounded_number_at_a_time(copy):
     s = copy()
     run(s, *[_turn("cto" if i % 2 else "ceo", f"t{i}", 100.0 + i) for i in range(8)])  # seqs 1-8
     first, = run(s, op("turn.trim", {"before": 105.0, "limit": 3}, id="trim:0"))
-    assert first["ok"] and first["result"] == {"removed": 3, "passed": 0, "after": 3, "more": True,
-                                               "before": 105.0}
-    second, = run(s, op("turn.trim", {"before": 105.0, "limit": 3, "after": 3}, id="trim:1"))
+    # ``after`` is a place (a turn's seq): the log seq of its op x 1024 (store.turn_place).
+    assert first["ok"] and first["result"] == {"removed": 3, "passed": 0, "after": store.turn_place(3),
+                                               "more": True, "before": 105.0}
+    second, = run(s, op("turn.trim", {"before": 105.0, "limit": 3, "after": store.turn_place(3)},
+                        id="trim:1"))
     # t3 and t4 started before 105; t5 did not: the walk stops there.
-    assert second["result"] == {"removed": 2, "passed": 0, "after": 5, "more": False, "before": 105.0}
+    assert second["result"] == {"removed": 2, "passed": 0, "after": store.turn_place(5), "more": False,
+                                "before": 105.0}
     kept = [t["trigger"] for t in q(s, "turn.list")["turns"]]
     assert kept == ["t7", "t6", "t5"]
     assert [t["trigger"] for t in q(s, "turn.list", seat="cto")["turns"]] == ["t7", "t5"]
@@ -389,12 +392,13 @@ def test_turn_trim_passes_over_a_record_without_a_time_and_waits_behind_a_young_
         _turn("cto", "young", 200.0),                                  # 3
         _turn("cto", "long", 90.0))                                    # 4: started early, logged late
     out, = run(s, op("turn.trim", {"before": 150.0}))
-    assert out["result"] == {"removed": 1, "passed": 1, "after": 2, "more": False, "before": 150.0}
+    assert out["result"] == {"removed": 1, "passed": 1, "after": store.turn_place(2), "more": False,
+                             "before": 150.0}
     assert [t["trigger"] for t in q(s, "turn.list")["turns"]] == ["long", "young", "timeless"]
     out, = run(s, op("turn.trim", {"before": 250.0}))
     assert out["result"]["removed"] == 2
     assert [t["trigger"] for t in q(s, "turn.list")["turns"]] == ["timeless"]
-    assert _index(s) == [store.join("turn", "seat", "cto", store.seq_key(1))]
+    assert _index(s) == [store.join("turn", "seat", "cto", store.seq_key(store.turn_place(1)))]
 
 
 def test_a_trim_sent_twice_lands_once_and_copies_agree(copy):
@@ -426,3 +430,92 @@ def test_a_trim_sent_twice_lands_once_and_copies_agree(copy):
 def test_turn_trim_checks_its_arguments_and_is_no_seats(args, seat, why):
     with pytest.raises(OpError, match=why):
         make_op("turn.trim", args, node="n1", seat=seat, token=1 if seat else None)
+
+
+# -------------------------------------------------------------- turn.records
+
+def _records(*entries, id=None, node="n1"):
+    """A turn.records op of (seat, token, trigger, which) entries."""
+    return op("turn.records", {"records": [
+        {"id": ops.op_id(seat, "turn", trigger, which), "seat": seat, "token": token,
+         "record": {"seat": seat, "trigger": trigger, "outcome": "done" if which == "done" else "failed",
+                    "started_at": 100.0}}
+        for seat, token, trigger, which in entries]}, id=id, node=node)
+
+
+def test_one_op_carries_many_turns_records_each_landing_once_at_its_own_place(copy):
+    """Each record of a turn.records op is its own row at its own place
+    (seq x 1024 + position), indexed under its seat, with its trigger's
+    episode; its outcome is kept under its own id, so the same record sent
+    again — in another op, or alone as a turn.record — lands once."""
+    s = copy()
+    out, = run(s, _records(("cto", 1, "t1", "done"), ("ceo", 1, "t2", "done"), ("cto", 1, "t3", "1")))
+    assert out["ok"] and out["result"] == {"turns": 3, "again": 0, "refused": 0}
+    turns = q(s, "turn.list")["turns"]
+    assert [(t["trigger"], t["seq"]) for t in turns] == [
+        ("t3", store.turn_place(1, 2)), ("t2", store.turn_place(1, 1)), ("t1", store.turn_place(1, 0))]
+    assert [t["trigger"] for t in q(s, "turn.list", seat="cto")["turns"]] == ["t3", "t1"]
+    # Paging by seq (the API's cursor) walks the records of one op one by one.
+    assert [t["trigger"] for t in q(s, "turn.list", before=store.turn_place(1, 1))["turns"]] == ["t1"]
+    assert q(s, "op.outcome", id=ops.op_id("ceo", "turn", "t2", "done"))["outcome"]["ok"]
+    episodes = q(s, "episode.list", seat="cto", counterparty="operator")["episodes"]
+    assert sorted(e["trigger"] for e in episodes) == ["t1", "t3"]
+    # t1 again (a redone turn's done record) beside a new one; then t2 alone, as an older node sends it.
+    again, = run(s, _records(("cto", 1, "t1", "done"), ("cto", 1, "t4", "done")))
+    assert again["result"] == {"turns": 1, "again": 1, "refused": 0}
+    alone, = run(s, op("turn.record", {"record": {"seat": "ceo", "trigger": "t2", "outcome": "done"}},
+                       seat="ceo", token=1, id=ops.op_id("ceo", "turn", "t2", "done")))
+    assert alone["duplicate"]
+    assert sorted(t["trigger"] for t in q(s, "turn.list")["turns"]) == ["t1", "t2", "t3", "t4"]
+
+
+def test_a_records_op_sent_twice_lands_once_and_a_stale_record_is_refused_alone(copy):
+    """The op's own id dedupes it whole; inside it, a record under a token
+    below its seat's fence is refused (kept under its id and token) while
+    the others land; the seat's next owner redoing it lands."""
+    s = copy()
+    run(s, op("seat.fence", {}, seat="cto", token=5))
+    batch = _records(("cto", 4, "old", "done"), ("ceo", 1, "fine", "done"), id="turns:1")
+    first, second = run(s, batch, batch)
+    assert first["result"] == {"turns": 1, "again": 0, "refused": 1}
+    assert second["duplicate"] and second["result"] == first["result"]
+    assert [t["trigger"] for t in q(s, "turn.list")["turns"]] == ["fine"]
+    redo, = run(s, _records(("cto", 5, "old", "done")))
+    assert redo["result"] == {"turns": 1, "again": 0, "refused": 0}
+    assert sorted(t["trigger"] for t in q(s, "turn.list")["turns"]) == ["fine", "old"]
+
+
+def test_a_records_op_raises_fences_only_with_the_fleets_verdicts(copy):
+    """A record whose token would raise its seat's fence needs the verdict on
+    it like any seat's op (apply.raising names it): ungranted, the record is
+    refused and the fence stays; without the verdict the batch is not applied."""
+    s = copy()
+    batch = _records(("cto", 7, "t1", "done"), ("ceo", 2, "t2", "done"))
+    entries = [(1, batch.encode(), "estate.ops.seats.n1")]
+    assert apply.raising(s, entries) == {("cto", 7, "n1"), ("ceo", 2, "n1")}
+    with pytest.raises(apply.Unjudged):
+        apply.apply_batch(s, entries, grants={("cto", 7, "n1"): None})
+    (_, out), = apply.apply_batch(s, entries, grants={("cto", 7, "n1"): None,
+                                                      ("ceo", 2, "n1"): "not a lease of ceo"})
+    assert out["result"] == {"turns": 1, "again": 0, "refused": 1}
+    assert [t["trigger"] for t in q(s, "turn.list")["turns"]] == ["t1"]
+
+
+def test_a_records_op_is_the_seats_of_its_own_node_and_checked_whole(copy):
+    """On the seats' subject a records op must name the subject's node; a bad
+    record refuses the op before it is sent, and on every copy."""
+    s = copy()
+    other = _records(("cto", 1, "t1", "done"), node="n2")
+    (_, out), = apply.apply_batch(s, [(1, other.encode(), "estate.ops.seats.n1")])
+    assert out["code"] == apply.WRONG_ORIGIN and q(s, "turn.list")["turns"] == []
+    with pytest.raises(OpError):
+        _records(("cto", 0, "t1", "done"))                      # a token is >= 1
+    with pytest.raises(OpError):
+        op("turn.records", {"records": []})                     # at least one
+    with pytest.raises(OpError):
+        op("turn.records", {"records": [{"id": "x", "seat": "cto", "token": 1, "record": {}}]},
+           seat="cto", token=1)                                 # the node's, not a seat's
+    bad = ops.Op(id="turns:bad", kind="turn.records", node="n1", seat=None, token=None, at=1.0,
+                 args={"records": [{"id": "x y", "seat": "cto", "token": 1, "record": {}}]})
+    out, = run(s, bad)
+    assert not out["ok"] and "bad op" in out["error"] and q(s, "turn.list")["turns"] == []

@@ -65,7 +65,7 @@ def test_the_table_is_what_each_role_s_code_writes(role):
 
 def test_the_seats_publish_to_the_log_only_their_fence_and_turn_records():
     direct = set().union(*(_kinds_named(f) for f in _files("roles/seats")))
-    assert direct == set(origins.LOG_KINDS["seats"]) == {"seat.fence", "turn.record"}
+    assert direct == set(origins.LOG_KINDS["seats"]) == {"seat.fence", "turn.record", "turn.records"}
     assert not origins.LOG_KINDS["seats"] & origins.ASKS["seats"]
     # ... and may ask an applier for them (the way while an older applier
     # cannot read their subject): no kind besides.
