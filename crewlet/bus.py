@@ -3,6 +3,13 @@
 KV and streams ride the same connection on purpose: two connections to one
 broker fail independently, and a node alive on one and deaf on the other is
 the worst state to be in. Every state change of the connection is logged.
+
+nats-py (2.16) gives every ordered consumer — each KV watch, the applier's
+log reader, a run's events — a task that wakes every 0.25 s to see whether a
+flow-control reply is due: four wakeups a second per watch, ~20 in every
+process of a node, idle or not. Importing this module makes that task sleep
+until the broker asks for flow control, and poll only until it is answered
+(:func:`_flow_control_on_demand`): the replies go out exactly as before.
 """
 
 from __future__ import annotations
@@ -18,6 +25,61 @@ from nats.js.api import StreamConfig
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
 
 from crewlet import credentials, log
+
+# Seconds between looks while a flow-control reply waits for its message to
+# be delivered (nats-py's own interval).
+FLOW_CONTROL_CHECK = 0.25
+
+
+def _flow_control_on_demand() -> None:
+    """Replace nats-py's ordered consumers' flow-control poll (every 0.25 s,
+    for ever) with one that waits for the broker's flow-control request and
+    polls only while its reply is due. Left as it is if nats-py's internals
+    are not the ones this was written against."""
+    jsi = getattr(JetStreamContext, "_JSI", None)
+    schedule = getattr(jsi, "schedule_flow_control_response", None)
+    if jsi is None or schedule is None or not hasattr(jsi, "check_flow_control_response"):
+        return
+    if getattr(schedule, "on_demand", False):
+        return  # patched already
+
+    def schedule_flow_control_response(self, reply: str) -> None:
+        schedule(self, reply)
+        wake = self.__dict__.get("_fc_wake")
+        if wake is not None:
+            wake.set()
+
+    async def check_flow_control_response(self) -> None:
+        # nats-py's loop, minus its sleep while no reply is due.
+        wake = self._fc_wake = asyncio.Event()
+        while True:
+            try:
+                if self._conn.is_closed:
+                    break
+                if self._fcr is None:
+                    await wake.wait()
+                    wake.clear()
+                    continue
+                if (self._fciseq - self._psub._pending_queue.qsize()) >= self._fcd:
+                    fc_reply = self._fcr
+                    try:
+                        if fc_reply:
+                            await self._conn.publish(fc_reply)
+                    except Exception:
+                        pass
+                    self._fcr = None
+                    self._fcd = 0
+                    continue
+                await asyncio.sleep(FLOW_CONTROL_CHECK)
+            except asyncio.CancelledError:
+                break
+
+    schedule_flow_control_response.on_demand = True
+    jsi.schedule_flow_control_response = schedule_flow_control_response
+    jsi.check_flow_control_response = check_flow_control_response
+
+
+_flow_control_on_demand()
 
 
 def servers_of(stream) -> list[str]:

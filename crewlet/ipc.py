@@ -15,12 +15,16 @@ estate    data_applier  ROUTER    this node's estate reads and writes
 applied   data_applier  PUB       the log sequence applied so far
 ========  ============  ========  =================================================
 
+A child that asks crewletd often keeps one socket for it (:class:`Caller`):
+a socket and a connection made per ask cost both processes more than the ask.
+
 A ZeroMQ context never survives a fork: every process makes its own, after it
 is forked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -130,3 +134,39 @@ async def acall(ctx: zmq.asyncio.Context, run_dir: str, op: str, timeout: float 
         raise NodeUnreachable(f"crewletd did not answer {op!r} within {timeout:g}s")
     finally:
         sock.close()
+
+
+class Caller:
+    """One DEALER to crewletd's ``control`` kept for a child's repeated asks
+    (ingress's projection asks for the node's children every second), rather
+    than a socket and a connection per ask as :func:`acall` makes. Asks go one
+    at a time; a reply that comes after its ask gave up is passed over by its
+    id. ZeroMQ connects it again by itself when crewletd restarts."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, run_dir: str):
+        self.ctx, self.run_dir = ctx, run_dir
+        self._sock: zmq.asyncio.Socket | None = None
+        self._lock = asyncio.Lock()
+
+    async def call(self, op: str, timeout: float = 2.0, **args: Any) -> dict[str, Any]:
+        """As :func:`acall`: the reply, or :class:`NodeUnreachable` after *timeout*."""
+        async with self._lock:
+            if self._sock is None:
+                self._sock = self.ctx.socket(zmq.DEALER)
+                self._sock.setsockopt(zmq.LINGER, 0)
+                self._sock.connect(endpoint(self.run_dir, "control"))
+            msg = request_message(op, timeout, **args)
+            deadline = time.monotonic() + timeout
+            await self._sock.send_multipart([b"", pack(msg)])
+            while (left := deadline - time.monotonic()) > 0:
+                if not await self._sock.poll(int(left * 1000) + 1):
+                    break
+                reply = unpack((await self._sock.recv_multipart())[-1])
+                if reply.get("id") == msg["id"]:
+                    return reply
+            raise NodeUnreachable(f"crewletd did not answer {op!r} within {timeout:g}s")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -4,13 +4,16 @@ Every process of a node logs through :func:`event`: one line per event with the
 time, level, node, role, pid and an event name, plus the event's own fields.
 
 Children always write JSON lines to their stdout, which is a pipe crewletd reads
-(:func:`forward`); crewletd is the one place that decides how lines look on the
+(:func:`forward_lines`); crewletd is the one place that decides how lines look on the
 terminal — JSON when its stdout is not a TTY, a readable line when it is. A line
 a child printed that is not one of ours (a stray ``print``, a traceback, the
 broker's own log) is wrapped as a ``child_output`` event tagged with the child's
-role and pid, so nothing a child says is lost or left unattributed.
+role and pid, so nothing a child says is lost or left unattributed. crewletd
+reads a busy child's lines in batches, each batch one write of its own output
+(:mod:`supervisor.process`): a line a turn costs it a few writes a second, not
+one a turn.
 
-No known secret passes :func:`forward` (DESIGN §14, :mod:`crewlet.redaction`):
+No known secret passes :func:`forward_lines` (DESIGN §14, :mod:`crewlet.redaction`):
 every forwarded line has the secret values crewletd knows replaced (a cost of
 one attribute read while none is known, a few µs a line when some are), and a
 line that is not one of ours is scrubbed of credential shapes too.
@@ -88,37 +91,54 @@ def event(name: str, level: str = "info", **fields: Any) -> None:
 
 def emit(record: dict[str, Any]) -> None:
     """Write an already-built record in this process's format."""
-    line = render_text(record) if _state.text else render_json(record)
+    _write(render_text(record) if _state.text else render_json(record))
+
+
+def _write(text: str) -> None:
+    """Write *text* (one line or several, without the last newline), flushed."""
     with _state.lock:
         try:
-            _state.stream.write(line + "\n")
+            _state.stream.write(text + "\n")
             _state.stream.flush()
         except (BrokenPipeError, ValueError):
             pass  # stdout closed under us: nothing better to do with a log line
 
 
 def forward(line: bytes, *, role: str, pid: int | None) -> None:
-    """Re-emit one line a child wrote, in this process's format.
+    """Re-emit one line a child wrote, in this process's format (see
+    :func:`forward_lines`)."""
+    forward_lines([line], role=role, pid=pid)
+
+
+def forward_lines(lines: list[bytes], *, role: str, pid: int | None) -> None:
+    """Re-emit lines a child wrote, in this process's format, with one write.
 
     Our own JSON records pass through unchanged but for the known secret
-    values in them; anything else becomes a ``child_output`` event tagged
-    with the child's role and pid, scrubbed of credential shapes too.
+    values in them (as the child wrote them when this process writes JSON
+    too: not decoded and encoded again); anything else becomes a
+    ``child_output`` event tagged with the child's role and pid, scrubbed of
+    credential shapes too.
     """
+    out = [text for text in (_forwarded(line, role, pid) for line in lines) if text]
+    if out:
+        _write("\n".join(out))
+
+
+def _forwarded(line: bytes, role: str, pid: int | None) -> str | None:
+    """One line a child wrote, as this process writes it; None for an empty one."""
     text = redaction.scrub_known(line.decode("utf-8", "replace").rstrip("\r\n"))
     if not text:
-        return
-    record: dict[str, Any] | None = None
+        return None
     if text.startswith("{"):
         try:
             parsed = json.loads(text)
         except ValueError:
             parsed = None
         if isinstance(parsed, dict) and "event" in parsed and "ts" in parsed:
-            record = parsed
-    if record is None:
-        record = {"ts": round(time.time(), 3), "level": "info", "node": _state.node,
-                  "role": role, "pid": pid, "event": "child_output", "line": redaction.scrub_shapes(text)}
-    emit(record)
+            return render_text(parsed) if _state.text else text
+    return (render_text if _state.text else render_json)(
+        {"ts": round(time.time(), 3), "level": "info", "node": _state.node, "role": role, "pid": pid,
+         "event": "child_output", "line": redaction.scrub_shapes(text)})
 
 
 def render_json(record: dict[str, Any]) -> str:

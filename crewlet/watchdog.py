@@ -32,7 +32,10 @@ class Watchdog:
 
     def __init__(self, wedge_after: float):
         self.wedge_after = wedge_after
-        self.tick = min(0.5, wedge_after / 10)
+        # A tick is a wakeup of the loop and of the thread, in every process of
+        # the node, idle or not: a second at most (a wedge is seen within
+        # wedge_after plus a tick; 10 s plus 1 by default).
+        self.tick = min(1.0, wedge_after / 10)
         self._last = time.monotonic()
         self._stop = threading.Event()
         self._handle: asyncio.TimerHandle | None = None

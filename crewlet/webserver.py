@@ -3,6 +3,11 @@ role's signals left to the role.
 
 Used by ingress (the HTTP API) and the seats' tool bridge
 (:mod:`crewlet.agent.bridge`).
+
+uvicorn's own main loop wakes ten times a second to see whether it should
+stop, and refreshes its ``date`` header on every tenth: ten wakeups a second
+of an idle process. Here it wakes once a second (the header's resolution is a
+second anyway), and at once when told to stop (``should_exit`` set).
 """
 
 from __future__ import annotations
@@ -13,13 +18,45 @@ import contextlib
 import uvicorn
 
 
+# Seconds between the server's ticks: its date header, its request limit.
+TICK = 1.0
+# uvicorn's on_tick does its once-a-second work on every tenth tick.
+_UVICORN_TICKS_A_SECOND = 10
+
+
 class Server(uvicorn.Server):
     """uvicorn's server, minus its signal handling (the role runtime owns
-    signals), telling us when it listens (:attr:`listening`)."""
+    signals), telling us when it listens (:attr:`listening`), ticking once a
+    second rather than ten times."""
 
     def __init__(self, config: uvicorn.Config) -> None:
+        self._exit = asyncio.Event()
         super().__init__(config)
         self.listening = asyncio.Event()
+
+    @property
+    def should_exit(self) -> bool:
+        return self._exit.is_set()
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        # Set by whoever stops the server; wakes the main loop at once.
+        if value:
+            self._exit.set()
+        else:
+            self._exit.clear()
+
+    async def main_loop(self) -> None:
+        counter = 0
+        while not await self.on_tick(counter):
+            # Each pass is a second of uvicorn's: its once-a-second work runs every pass.
+            counter = (counter + _UVICORN_TICKS_A_SECOND) % 864000
+            if not self._exit.is_set():
+                try:
+                    async with asyncio.timeout(TICK):
+                        await self._exit.wait()
+                except TimeoutError:
+                    pass
 
     def capture_signals(self):
         return contextlib.nullcontext()

@@ -11,7 +11,14 @@ start forks the child from the zygote and returns only once the child is
 report, like the broker) the spec's own readiness probe passed. A child that
 exits first, or is not ready within ``ready_timeout``, fails to start.
 
-A child's output is read line by line and re-emitted tagged with its name.
+A child's output is re-emitted line by line, tagged with its name. It is
+read in batches: a line after a quiet spell is read at once, and then the
+pipe is left alone for :data:`FORWARD_EVERY` seconds while what the child
+writes meanwhile waits in it (the pipe made :data:`PIPE_BYTES` large, so a
+busy child does not block on its output), to be forwarded with one write. A
+child logging a line per turn so costs crewletd a few wakeups a second
+rather than one a turn, and an idle child none; a line waits at most
+:data:`FORWARD_EVERY` to be seen.
 A spec's ``diagnose`` reads each line for a configuration problem the child
 states before it fails (the broker's "address already in use", a role's
 ``config_error`` event): a child that then exits non-zero is taken to have
@@ -31,6 +38,7 @@ started outlives it and the group id cannot have been reused.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 from typing import Any, Awaitable, Callable
@@ -47,10 +55,22 @@ from supervisor.zygote import ForkFailed, Zygote, ZygoteGone
 ReadyProbe = Callable[[int], Awaitable[None]]
 # One line of a child's output -> the configuration problem it states, else None.
 Diagnose = Callable[[bytes], "str | None"]
-# Reads of a dead child's pipe before its exit is decided: enough for a full
-# pipe (64 KiB on Linux), bounded should a grandchild keep writing into it.
-_DRAIN_READS = 16
 _READ_SIZE = 65536
+# fcntl's F_SETPIPE_SZ (Linux; Python names it from 3.10 on some builds only).
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+# Seconds a child's pipe is left alone after a read (see the module docstring):
+# what it writes meanwhile is read and forwarded together.
+FORWARD_EVERY = 0.25
+# The capacity asked for a child's output pipe (Linux's default is 64 KiB; an
+# unprivileged process may have up to /proc/sys/fs/pipe-max-size, 1 MiB by
+# default): what a child logs in FORWARD_EVERY must fit, or it blocks on a write.
+PIPE_BYTES = 1 << 20
+# Reads of one batch at most: a child writing faster than we read still lets
+# our loop turn.
+_BATCH_READS = 16
+# Reads of a dead child's pipe before its exit is decided: enough for a full
+# pipe (PIPE_BYTES), bounded should a grandchild keep writing into it.
+_DRAIN_READS = PIPE_BYTES // _READ_SIZE
 
 
 class ProcessHost:
@@ -161,7 +181,12 @@ class ProcessHost:
 
 
 class _Output:
-    """One child's output pipe, read as the loop finds it readable."""
+    """One child's output pipe, read in batches as the loop finds it readable
+    (see the module docstring).
+
+    Invariant: while not closed, either the loop watches ``fd`` or ``_rest``
+    is the timer that watches it again.
+    """
 
     def __init__(self, fd: int, role: str, pid: int, diagnose: Diagnose | None):
         self.fd, self.role, self.pid = fd, role, pid
@@ -169,12 +194,31 @@ class _Output:
         self.problem: str | None = None
         self.closed = False
         self._buf = bytearray()
+        self._rest: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         os.set_blocking(fd, False)
-        self._loop.add_reader(fd, self.read)
+        try:
+            fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # over this system's limit: the default size, and a child may wait on a full pipe
+        self._loop.add_reader(fd, self._readable)
+
+    def _readable(self) -> None:
+        """Forward what is in the pipe now, then leave it for FORWARD_EVERY."""
+        for _ in range(_BATCH_READS):
+            if not self.read():
+                break
+        if not self.closed:
+            self._loop.remove_reader(self.fd)
+            self._rest = self._loop.call_later(FORWARD_EVERY, self._watch)
+
+    def _watch(self) -> None:
+        self._rest = None
+        if not self.closed:
+            self._loop.add_reader(self.fd, self._readable)
 
     def read(self) -> bool:
-        """Read what is in the pipe now; False when nothing was (or it closed)."""
+        """Read what is in the pipe now (one read); False when nothing was (or it closed)."""
         if self.closed:
             return False
         try:
@@ -185,22 +229,30 @@ class _Output:
             chunk = b""
         if chunk:
             self._buf.extend(chunk)
-            *lines, rest = bytes(self._buf).split(b"\n")
-            self._buf[:] = rest
-            for line in lines:
-                self._line(line)
+            end = self._buf.rfind(b"\n")
+            if end >= 0:
+                lines = bytes(self._buf[:end]).split(b"\n")
+                del self._buf[:end + 1]
+                self._lines(lines)
             return True
         if self._buf:
-            self._line(bytes(self._buf))
+            self._lines([bytes(self._buf)])
+            self._buf.clear()
         self.closed = True
+        if self._rest is not None:
+            self._rest.cancel()
+            self._rest = None
         self._loop.remove_reader(self.fd)
         os.close(self.fd)
         return False
 
-    def _line(self, line: bytes) -> None:
-        log.forward(line, role=self.role, pid=self.pid)
-        if self.diagnose is not None and self.problem is None:
-            self.problem = self.diagnose(line)
+    def _lines(self, lines: list[bytes]) -> None:
+        log.forward_lines(lines, role=self.role, pid=self.pid)
+        if self.diagnose is not None:
+            for line in lines:
+                if self.problem is not None:
+                    break
+                self.problem = self.diagnose(line)
 
 
 class ProcessRunning:

@@ -63,6 +63,11 @@ LOCAL_STALE = 5.0
 # A read waiting for its floor re-reads LMDB's applied at least this often,
 # in case an ``applied`` message was lost (a SUB may miss any message).
 FLOOR_POLL = 0.1
+# Seconds between reads of the applier's messages while no request of this
+# process waits on them: the applier publishes after every commit (tens a
+# second on a busy node), and every process of the node that keeps a LocalCopy
+# woke for each; now it reads them together (the newest is what counts).
+HEAR_EVERY = 1.0
 # (Waits here use asyncio.timeout, not wait_for: Python 3.11's wait_for loses
 # a cancellation that arrives just as the awaited thing completes.)
 # A write's reply may come this long after the wait the applier was given
@@ -90,6 +95,8 @@ class LocalCopy:
         self._heard_at: float | None = None         # monotonic time it came
         self._made_at = time.monotonic()            # a copy not heard yet is not stopped before `stale`
         self._tick = asyncio.Event()                # set (and replaced) on each message
+        self._waiting = 0                           # waits that want each message as it comes
+        self._wanted = asyncio.Event()              # set while _waiting
         self._pending: dict[str, asyncio.Future] = {}
         self._sub: zmq.asyncio.Socket | None = None
         self._dealer: zmq.asyncio.Socket | None = None
@@ -107,6 +114,7 @@ class LocalCopy:
             return self
         self._sub = self.zctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, 100_000)  # a second of messages waits unread
         self._sub.setsockopt(zmq.SUBSCRIBE, APPLIED_TOPIC)
         self._sub.connect(ipc.endpoint(self.run_dir, "applied"))
         self._dealer = self.zctx.socket(zmq.DEALER)
@@ -138,10 +146,30 @@ class LocalCopy:
         self._index_ino = None
 
     async def _listen(self) -> None:
-        """Follow the applier's ``applied`` messages."""
+        """Follow the applier's ``applied`` messages: each as it comes while a
+        wait wants them, else those waiting every HEAR_EVERY s."""
         assert self._sub is not None
         while True:
-            self._hear(await self._sub.recv_multipart())
+            if self._waiting:
+                self._hear(await self._sub.recv_multipart())
+                continue
+            self._hear_waiting()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HEAR_EVERY):
+                    await self._wanted.wait()
+
+    @contextlib.contextmanager
+    def _wanting(self):
+        """While in it, each ``applied`` message is heard as it comes."""
+        self._waiting += 1
+        self._wanted.set()
+        self._hear_waiting()
+        try:
+            yield
+        finally:
+            self._waiting -= 1
+            if not self._waiting:
+                self._wanted.clear()
 
     def _hear(self, frames: list[bytes]) -> None:
         try:
@@ -271,7 +299,7 @@ class LocalCopy:
         silence means what it says. At once once anything was heard."""
         left = self._made_at + self.stale - time.monotonic()
         if self._heard is None and left > 0:
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(TimeoutError), self._wanting():
                 async with asyncio.timeout(left):
                     while self._heard is None:
                         await self._tick.wait()
@@ -343,6 +371,12 @@ class LocalCopy:
 
     async def _reach(self, floor: int, reached, until: float) -> bool:
         """Wait until ``reached()`` is at least *floor*, or *until* (monotonic)."""
+        if reached() >= floor:
+            return True
+        with self._wanting():
+            return await self._reach_wanting(floor, reached, until)
+
+    async def _reach_wanting(self, floor: int, reached, until: float) -> bool:
         while True:
             if reached() >= floor:
                 return True

@@ -16,7 +16,8 @@ turns       ``feed.turn.>``: every turn record as the        a subscription:
 mailboxes,  the ``AGENTS`` consumers and ``DLQ`` subjects,   a busy seat's:
 dead        sampled: a seat whose turn was seen at the next  every :data:`SAMPLE`
 letters     sample, all of them in a listing paced by its    s; the rest: that
-            cost (:data:`LIST_REST`)                         or slower
+            cost (:data:`LIST_REST`), or when the busy ones  or slower
+            are many (:data:`LOOKUPS_PER_PAGE`)
 reports     each duty's last pass (``status`` ``duty.*``)    sampled every
                                                              :data:`SAMPLE` s
 children    this node's from crewletd (``control``           every second;
@@ -63,6 +64,10 @@ SAMPLE = 2.0
 LIST_REST = 100
 # Mailboxes of busy seats looked at one by one in a sample at most.
 TOUCHED_MAX = 256
+# Busy seats' mailboxes worth one page of a listing: with more of them than
+# this per page a listing takes, a sample lists them all instead of asking one
+# by one (100 busy seats of 100: one request every SAMPLE s, not 100).
+LOOKUPS_PER_PAGE = 8
 # Seconds between asks of crewletd for this node's children.
 CHILDREN_EVERY = 1.0
 # Turn records kept: the newest overall, and the newest per seat.
@@ -109,6 +114,7 @@ class Projection:
         self.sampled_at: float | None = None
         self._touched: set[str] = set()  # seats whose turns were seen since the last sample
         self._boxes = JetStreamMailboxes(js, nc, timeout=SAMPLE_TIMEOUT)
+        self._control = ipc.Caller(zctx, run_dir)  # one socket for the asks every CHILDREN_EVERY
         self._seen_turns: collections.OrderedDict[tuple, None] = collections.OrderedDict()
         self._shown: dict[str, dict[str, Any]] = {}      # node key -> the row the feed last told
         self.on_turn: Callable[[dict[str, Any]], None] = lambda record: None  # each new record seen live
@@ -126,6 +132,7 @@ class Projection:
                 group.create_task(self._follow_copies(), name="projection copies")
                 group.create_task(self._sample_reports(), name="projection reports")
         finally:
+            self._control.close()
             try:
                 await sub.unsubscribe()
             except Exception:
@@ -208,16 +215,22 @@ class Projection:
         :data:`SAMPLE` s or more the whole listing. A listing costs the broker
         a consumer's state per seat (40 pages at 10,000 seats), so the next
         one waits :data:`LIST_REST` times what this one took: with many idle
-        seats, their rows are a little older and the broker is left alone."""
+        seats, their rows are a little older and the broker is left alone.
+        When the busy seats are more than :data:`LOOKUPS_PER_PAGE` a page of
+        the listing, the sample is a listing: fewer requests than looking at
+        them one by one (so a sample costs a few requests, however many
+        turns ended since the last)."""
         failing = False
         next_listing = 0.0  # monotonic
+        pages = 1           # the last listing's pages
         await self.company_heard.wait()  # before: no stream to list
         while True:
             try:
-                if time.monotonic() >= next_listing:
+                if time.monotonic() >= next_listing or len(self._touched) > LOOKUPS_PER_PAGE * pages:
                     began = time.monotonic()
                     self._touched.clear()
                     pending = await self._consumers()
+                    pages = max(1, -(-len(pending) // LIST_PAGE))
                     next_listing = time.monotonic() + max(SAMPLE, (time.monotonic() - began) * LIST_REST)
                 else:
                     pending = await self._touched_consumers()
@@ -295,7 +308,7 @@ class Projection:
     async def _follow_children(self) -> None:
         while True:
             try:
-                reply = await ipc.acall(self.zctx, self.run_dir, "children", timeout=2.0)
+                reply = await self._control.call("children", timeout=2.0)
                 kids = reply["result"]["children"]  # crewletd's brief rows, as presences carry them
             except Exception:
                 kids = None

@@ -8,6 +8,10 @@ if asked, and then waits for a signal:
   past its stop budget does);
 * SIGUSR1: exit 0 on its own — a *normal* exit the supervisor did not ask for;
 * SIGUSR2: exit ``usr2_code`` (3) — an abnormal exit.
+
+With ``lines``, it writes that many JSON log lines to its output in one burst
+once ready (``kid_line`` events numbered from 0), then, after ``quiet`` s, one
+more (``kid_late``): what crewletd forwards of a busy and of a quiet child.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import zmq
 def serve(run_dir: str, name: str, ready_after: float = 0.0, report_ready: bool = True,
           ignore_term: bool = False, heartbeat: float | None = None, beats: int = -1, usr2_code: int = 3,
           fail_from: int = -1, overdue: list[str] | None = None,
-          incarnation: int = 0) -> int:
+          lines: int = 0, quiet: float = 1.0, incarnation: int = 0) -> int:
     if 0 <= fail_from <= incarnation:
         return 5  # from this incarnation on, die before ever being ready
     ctx = zmq.Context()
@@ -44,6 +48,11 @@ def serve(run_dir: str, name: str, ready_after: float = 0.0, report_ready: bool 
         time.sleep(ready_after)
     if report_ready:
         say("ready")
+    if lines:
+        for n in range(lines):
+            os.write(1, b'{"ts":%.3f,"level":"info","event":"kid_line","n":%d}\n' % (time.time(), n))
+        time.sleep(quiet)
+        os.write(1, b'{"ts":%.3f,"level":"info","event":"kid_late"}\n' % time.time())
     while not exit_code:
         if termed and overdue is not None:
             say("stop_overdue", tasks=overdue)

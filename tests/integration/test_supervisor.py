@@ -8,6 +8,8 @@ from a real zygote (preloading ``tests.integration.kids``) and report on a real
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import os
 import signal
 import time
@@ -16,8 +18,9 @@ import psutil
 import pytest
 import zmq.asyncio
 
+from crewlet import log
 from supervisor import spec as S
-from supervisor.process import ProcessHost, process_child
+from supervisor.process import FORWARD_EVERY, ProcessHost, process_child
 from supervisor.spec import StartFailed, SupFlags
 from supervisor.supervisor import Supervisor, nested
 from supervisor.zygote import Zygote
@@ -448,3 +451,31 @@ def test_cancelling_a_start_stops_the_child_being_started(short_tmp):
         assert (await sup.exited).reason == "stopped while starting"
         assert [c["state"] for c in sup.children()] == ["stopped", "stopped"]
     run(short_tmp, scenario)
+
+
+# ---------------------------------------------------------------- output
+
+def test_a_childs_output_is_forwarded_whole_in_order_and_soon(short_tmp):
+    # 20,000 lines (~1.3 MB) in one burst: more than the pipe holds while it is
+    # left alone between batches. Every line arrives, in order; a line after a
+    # quiet spell arrives at once (within a batch's rest), not a period later.
+    out = io.StringIO()
+    log.configure(node="t", role="crewletd", fmt="json", stream=out)
+    lines = 20_000
+
+    def forwarded(event: str) -> list[dict]:
+        return [r for r in map(json.loads, out.getvalue().splitlines()) if r.get("event") == event]
+
+    async def scenario(h: Harness):
+        sup = h.sup("s", [h.kid("a", kid={"lines": lines, "quiet": 1.0})])
+        await sup.start()
+        await until(lambda: len(forwarded("kid_line")) == lines, 20, "every line forwarded")
+        assert [r["n"] for r in forwarded("kid_line")] == list(range(lines))
+        late = await until(lambda: forwarded("kid_late"), 5, "the late line forwarded")
+        seen = time.time()
+        assert seen - late[0]["ts"] < FORWARD_EVERY + 0.5
+        await sup.stop()
+    try:
+        run(short_tmp, scenario)
+    finally:
+        log.configure(node=None, role="crewlet", fmt="json")
