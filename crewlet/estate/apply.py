@@ -186,9 +186,7 @@ def raising(store: Store, entries: list[tuple[int, bytes]]) -> set[Fence]:
 
 
 def apply_batch(store: Store, entries: list[tuple[int, bytes]], *,
-                grants: Grants | None = None,
-                before_commit: Callable[[list[tuple[str | None, Outcome]]], None] | None = None,
-                ) -> list[tuple[str | None, Outcome]]:
+                grants: Grants | None = None) -> list[tuple[str | None, Outcome]]:
     """Apply log entries in order in one transaction; ``[(op id, outcome)]``
     for the entries applied now (those at or below ``applied`` are skipped).
 
@@ -196,10 +194,6 @@ def apply_batch(store: Store, entries: list[tuple[int, bytes]], *,
     (:func:`raising`); a missing one raises :class:`Unjudged` and nothing is
     committed. None: every token is taken as granted (a copy that is told
     of no leases: the unit tests of what a fence does).
-
-    *before_commit* is handed the outcomes once they are computed, before the
-    commit (and its fsync): an outcome is the log's, not the commit's — a
-    batch that fails to commit is applied again to the same outcomes.
 
     Raises what LMDB raised for a reason of this node's own (a full map, a
     disk error): nothing of the batch is committed, and the applier tries
@@ -219,8 +213,6 @@ def apply_batch(store: Store, entries: list[tuple[int, bytes]], *,
                 out.append(_apply_one(store.env, txn, dbs, seq, data, grants, op))
             applied = seq
         txn.put(APPLIED, seq_key(applied), db=dbs["meta"])
-        if before_commit is not None and out:
-            before_commit(out)
     return out
 
 

@@ -24,7 +24,10 @@ process:
 waits for the copy to reach the request's floor: woken by the ``applied``
 messages, and re-reading LMDB's own ``applied`` (which is the truth; a PUB
 message may be lost) at least every :data:`FLOOR_POLL` seconds. A search
-waits for the index to reach the floor, since it is the index that answers.
+waits for the index to reflect the floor
+(:meth:`crewlet.estate.search.SearchIndex.reflects`), since it is the index
+that answers; the applier publishes ``applied`` for a commit that changed
+pages only once the index has caught up with it.
 
 The search index is a file the applier may replace: it drops and rebuilds
 one SQLite cannot read (:mod:`crewlet.estate.search`). A reader holding the
@@ -215,11 +218,12 @@ class LocalCopy:
         return self.reason() is None
 
     def reason(self) -> str | None:
-        """Why this copy is out of service; None when it is in service."""
+        """Why this copy is out of service; None when it is in service. The
+        messages waiting unread are read first (they are read together, not
+        as they come: _listen): the newest is what counts."""
+        self._hear_waiting()
         if self._is_stale():
-            self._hear_waiting()
-            if self._is_stale():
-                return STOPPED
+            return STOPPED
         if not self._heard.get("in_service"):
             return self._heard.get("reason") or "out of service"
         return None
@@ -340,7 +344,9 @@ class LocalCopy:
         if search:
 
             def reached() -> int:  # through _search_index each time: the file may be rebuilt
-                return self._search_index().indexed()
+                # Not indexed(): the applier catches up only after commits that
+                # changed pages, so the index is current beyond its mark.
+                return self._search_index().reflects(self._open())
             try:
                 reached()
             except SearchUnavailable as exc:

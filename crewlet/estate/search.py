@@ -34,6 +34,14 @@ indexed seq becomes the copy's ``applied`` seq read in the same LMDB
 transaction, not just the last page seq: the index then says "current as of
 applied", which is what a reader holding a floor needs to know.
 
+The applier catches up only after a commit that changed a page (most ops are
+tracker and turn writes: a catch-up with nothing to index was still a SQLite
+write, 0.1-0.5 ms on every commit). So ``indexed`` may stay behind the copy
+while pages do not change, and a reader asks :meth:`SearchIndex.reflects`: the
+index reflects the copy up to its ``applied`` whenever ``indexed`` has
+reached the copy's last page change (the last key of ``pages_by_seq``, which
+only grows), else up to ``indexed``.
+
 Crash safety
 ------------
 One catch-up is one SQLite transaction holding both the index changes and
@@ -55,7 +63,9 @@ Readers
 Other processes open the file with ``readonly=True`` (URI ``mode=ro``) and
 see every committed catch-up. A reader finding no file, no tables yet, or an
 unreadable file raises :class:`SearchUnavailable`, which callers report as
-"could not be searched" — never as "nothing matched".
+"could not be searched" — never as "nothing matched". A reader holding a
+floor (its own page write's seq) searches once :meth:`SearchIndex.reflects`
+the copy has reached it.
 
 Queries
 -------
@@ -298,6 +308,17 @@ class SearchIndex:
         with self._lock:
             return self._read(_indexed)
 
+    def reflects(self, env) -> int:
+        """The log seq up to which this index reflects the copy *env* (a store
+        or an ``lmdb.Environment``): what a reader holding a floor compares
+        with it (the module doc, "Derived from LMDB"). The copy is read
+        first: a page change it has not committed yet is after the seq
+        returned, and ``indexed`` read after it only grows (or is reset to
+        0 by a rebuild, which answers low, never high)."""
+        applied, last_change = _page_marks(*_tables(env))
+        indexed = self.indexed()
+        return max(indexed, applied) if indexed >= last_change else indexed
+
     def count(self) -> int:
         """How many pages the index holds (kept with every change: not counted)."""
         with self._lock:
@@ -504,6 +525,25 @@ def _tables(env) -> tuple[lmdb.Environment, tuple[Any, Any, Any] | None]:
         return lmdb_env, tuple(lmdb_env.open_db(name.encode(), create=False) for name in names)
     except lmdb.NotFoundError:
         return lmdb_env, None
+
+
+def _page_marks(env: lmdb.Environment, dbs) -> tuple[int, int]:
+    """The copy's applied seq and the seq of its last page change (0: none),
+    read in one LMDB snapshot."""
+    if dbs is None:
+        return 0, 0
+    _pages, by_seq, meta = dbs
+    with env.begin() as txn:
+        raw = txn.get(APPLIED, db=meta)
+        cursor = txn.cursor(db=by_seq)
+        last = key_seq(cursor.key()) if cursor.last() else 0
+    return (key_seq(raw) if raw is not None else 0), last
+
+
+def last_page_change(env) -> int:
+    """The seq of the copy's last page write or delete (0: none): the
+    applier catches the index up only when a commit moved it."""
+    return _page_marks(*_tables(env))[1]
 
 
 def _changes(env: lmdb.Environment, dbs, after: int, limit: int | None) -> _Change:

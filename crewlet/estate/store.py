@@ -155,8 +155,18 @@ def fenced_key(op_id: str, token: int) -> bytes:
     return op_id.encode() + SEP + str(token).encode()
 
 
+# One Packer per thread, reused: msgpack.packb makes a Packer for every call,
+# a third of packing a row, and the applier packs every row and outcome (a
+# Packer is not thread-safe; the writer thread and readers pack apart).
+_packers = threading.local()
+
+
 def pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(value)
 
 
 def unpack(data: bytes) -> Any:

@@ -22,12 +22,28 @@ consumer** from ``applied + 1``: ephemeral, flow-controlled, nobody's group
 not let it change is followed as it is) — each entry is applied with the
 subject it was found on, and one whose origin may not publish it there
 (:mod:`crewlet.estate.origins`) is passed over (``estate_op_refused``, the
-``refused`` stat; :mod:`crewlet.estate.apply`). Whatever has arrived, up to
-:data:`BATCH_MAX` entries, is applied in one LMDB transaction
-(:func:`crewlet.estate.apply.apply_batch`, which commits ``applied`` with the
-rows), the search index catches up, and then the requests waiting for that
-seq are woken. Writes to LMDB run on one worker thread, so a large batch does
-not stall the event loop (and with it the child's heartbeats).
+``refused`` stat; :mod:`crewlet.estate.apply`). Writes to LMDB run on one
+worker thread (all but a lone short run, below), so a large batch does not
+stall the event loop (and with it the child's heartbeats).
+
+**Group commit.** The log loop checks what arrived (in order, the verdicts
+below) and hands it to the writer thread's queue without waiting for
+commits; the writer takes everything that waits, up to :data:`BATCH_MAX`
+entries, into one LMDB transaction (:func:`crewlet.estate.apply.apply_batch`,
+which commits ``applied`` with the rows), and after each commit looks at the
+queue again itself: ops that arrived during a commit's ``fsync`` join the
+next transaction without a trip back to the event loop, so a busy log costs
+one ``fsync`` for many ops (:attr:`Applier.commits` counts them). A short
+run (:data:`INLINE_MAX`) arriving while the writer thread has nothing to do
+is committed on the loop itself (:meth:`Applier._commit_here`): a lone
+write's two thread hand-offs cost as much as its apply. Only a
+commit that changed a page (the copy's last ``pages_by_seq`` key moved) is
+followed by a search-index catch-up, on the writer thread, before the commit
+is told. Then the loop hears of it (:meth:`Applier._committed`): the copy's
+``applied`` moves, the writes waiting for these outcomes are answered and
+the reads waiting for that floor run — nothing is answered before it is
+committed. A failed transaction commits nothing; what was handed over is
+dropped and followed again from ``applied + 1``.
 
 A token that would raise a seat's fence is applied only with the verdict on
 it, read from (or judged into) the ``grants`` bucket first
@@ -75,10 +91,11 @@ outcome and publishes nothing. Otherwise the op is published under its id:
 answered or the wait ends; a ``once`` kind is published once and its answer
 awaited for the whole wait — only a publish nobody could have stored
 (no stream listening) is tried again. Then the answer waits for this copy to
-apply the op's seq (a duplicate's answer names the first seq) and is the
-outcome kept in ``ops``. A publish never answered, or a seq not applied
-within the wait, is ``unvouched`` (with the seq when it is known): the op may
-be in the log, and another node may be asked under the same id.
+commit the op's seq (a duplicate's answer names the first seq) and is the
+outcome kept in ``ops``, handed over by that commit. A publish never
+answered, or a seq not applied within the wait, is ``unvouched`` (with the
+seq when it is known): the op may be in the log, and another node may be
+asked under the same id.
 
 *Read*: waits for ``applied >= floor`` up to the wait (else ``behind``), then
 runs the query: ``page.search`` on the search index, every other query on the
@@ -106,7 +123,9 @@ import asyncio
 import heapq
 import itertools
 import json
+import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -125,7 +144,7 @@ from crewlet.estate import log as estate_log
 from crewlet.estate import skills as estate_skills
 from crewlet.skills import registry as skills_registry
 from crewlet.estate.ops import SEARCH_DEFAULT, Op, OpError, check_query
-from crewlet.estate.search import SearchIndex, SearchUnavailable, check_shards, index_path
+from crewlet.estate.search import SearchIndex, SearchUnavailable, check_shards, index_path, last_page_change
 from crewlet.estate.view import STOPPED  # the reason, in the words the router and crewletctl show
 from crewlet.queue.jetstream import ack_meta
 from roles.data_applier import grants
@@ -136,6 +155,18 @@ from roles.data_applier.custody import Custody
 # Entries applied in one LMDB transaction: one fsync for all of them, and a
 # bound on how long the worker thread holds the write lock (~0.1 s measured).
 BATCH_MAX = 1000
+# Entries the log loop may hand the writer ahead of its commits: past this it
+# waits (what waits beyond stays in the subscription's own bounded queue).
+QUEUED_MAX = 4 * BATCH_MAX
+# Seconds the writer thread goes on committing what keeps arriving before it
+# lets its other writes (custody's) have a turn.
+DRAIN_FOR = 0.25
+# A run of at most this many entries, arriving while the writer thread has
+# nothing to do, is committed on the loop itself: the two thread hand-offs
+# (there and back, each a thread's wake-up and the GIL) were a third of a
+# lone write's time beside its fsync, and the loop had nothing else to do
+# meanwhile. A burst comes in longer runs, and goes to the thread.
+INLINE_MAX = 16
 # Page changes indexed per search-index transaction when catching up.
 INDEX_SLICE = 5000
 # The ordered consumer's idle heartbeat: nats-py re-creates it after two
@@ -242,14 +273,33 @@ class Applier:
         # Set once the index has caught up with the copy as it was found (a
         # child killed between a commit and its catch-up; an index rebuilt).
         self._index_ready = asyncio.Event()
+        # The seq the index last caught up to (the writer thread's): a commit
+        # that moved the copy's last page change past it catches up again
+        # (-1: the last catch-up failed, so the next commit tries).
+        self._indexed_to = -1
         self.applied = self.store.applied()
+        # Group commit: runs of log entries the log loop checked (in order,
+        # verdicts had), waiting for the writer thread, which takes all that
+        # wait into its next transaction (_drain).
+        self._queue: deque[tuple[list[tuple[int, bytes, str]], apply.Grants]] = deque()
+        self._queued = 0                       # entries in _queue
+        self._queue_lock = threading.Lock()    # _queue, _queued, _draining, _write_error, _closing
+        self._draining = False                 # a drain is on the writer thread, or queued to it
+        self._write_error: BaseException | None = None  # the writer's failure, for the log loop
+        self._closing = False
+        self._handed = self.applied            # the last seq handed to the writer
+        self._room = asyncio.Event()           # set when the writer took entries (or failed)
+        self._jobs = 0                         # write() calls on the writer thread, not done
+        # Transactions committed by the log loop's writer (group commit: a
+        # busy log commits fewer than it applies ops).
+        self.commits = 0
         self.log_first: int | None = None
         self.log_last: int | None = None
         self._log_missing = False
         self._out: dict[str, str] = {}
         self._waiters: list[tuple[int, int, asyncio.Future]] = []
-        # op id -> the writes waiting for its outcome, told as soon as it is
-        # computed (before the batch's commit: see _write).
+        # op id -> the writes waiting for its outcome, told as soon as the
+        # transaction that applied it is committed (_committed).
         self._outcomes: dict[str, list[asyncio.Future]] = {}
         self._loop = asyncio.get_running_loop()
         self._tick = itertools.count()
@@ -283,6 +333,7 @@ class Applier:
                                       "resubscribed": 0, "refused": 0, "asks_refused": 0}
         self._rate = (time.monotonic(), 0)
         self.ops_per_s = 0.0
+        self._telling: set[asyncio.Task] = set()  # skills broadcasts on their way
 
     # ------------------------------------------------------------ service
 
@@ -349,13 +400,24 @@ class Applier:
         await self._unsubscribe()
         self._wake(all_=True)
         await self.write_status()
+        with self._queue_lock:
+            # What was handed over and not committed is in the log: the next
+            # start applies it from the copy's applied + 1.
+            self._closing = True
+            self._queue.clear()
+            self._queued = 0
         await asyncio.get_running_loop().run_in_executor(None, self._writer.shutdown)
         self.index.close()
         store.close_env(self.store)
 
     async def write(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run *fn* on the writer thread (every LMDB write goes through here)."""
-        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+        """Run *fn* on the writer thread (every LMDB write but the log loop's
+        short runs goes through here: :meth:`_hand_over`)."""
+        self._jobs += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+        finally:
+            self._jobs -= 1
 
     # ------------------------------------------------------------ the log
 
@@ -392,6 +454,9 @@ class Applier:
     async def _follow(self) -> None:
         """Check the copy against the log, then apply it from applied + 1 until
         something calls for a fresh subscription."""
+        # What an earlier follow handed the writer is committed (or dropped,
+        # if the writer failed) before the copy is held against the log.
+        await self._writer_settled()
         info = await estate_log.ensure_stream(self.js, self.replicas)
         self._bounds(info.state.first_seq, info.state.last_seq, self.applied)
         await self._check_log_identity(info)
@@ -400,6 +465,7 @@ class Applier:
             await asyncio.sleep(STATUS_EVERY)  # the status loop keeps looking
             return
         start = self.applied + 1
+        self._handed = self.applied
         # Every subject the log has (each origin's, crewlet.estate.origins): a
         # copy applies or passes over every entry, by the subject it is on.
         # The stream's, not the ones it should have: one it lacks (an account
@@ -416,13 +482,16 @@ class Applier:
         fresh = True
         progress = time.monotonic()
         while not self.stopping:
+            self._raise_write_error()
             try:
                 first = await self._sub.next_msg(timeout=STALL_CHECK)
             except nats.errors.TimeoutError:
                 if self._log_missing:
                     # Deleted under us: ensure it again (and hold the copy against it).
                     raise _Restart() from None
-                if (self.log_last or 0) > self.applied and time.monotonic() - progress > STALL_AFTER:
+                if self._queued:
+                    progress = time.monotonic()  # the writer is behind, not the log
+                elif (self.log_last or 0) > self.applied and time.monotonic() - progress > STALL_AFTER:
                     events.event("estate_log_stalled", "warning", applied=self.applied,
                                  log_last=self.log_last)
                     raise _Restart() from None
@@ -435,17 +504,17 @@ class Applier:
             while time.monotonic() < self._lag_until and not self.stopping:
                 await asyncio.sleep(0.1)  # a fault holds the copy back (debug.faults kind lag)
             if entries:
-                await self._apply(entries)
+                await self._hand_over(entries)
                 progress = time.monotonic()
             if gap:
                 raise _Restart()
 
     async def _in_order(self, batch: list, fresh: bool) -> tuple[list[tuple[int, bytes, str]], bool]:
-        """The entries of *batch* that follow applied without a gap, each
-        ``(seq, data, subject)``, and whether a gap was found (the rest of the
-        batch is then dropped)."""
+        """The entries of *batch* that follow what was handed to the writer
+        without a gap, each ``(seq, data, subject)``, and whether a gap was
+        found (the rest of the batch is then dropped)."""
         entries: list[tuple[int, bytes, str]] = []
-        expected = self.applied + 1
+        expected = self._handed + 1
         for msg in batch:
             seq = stream_seq(msg)
             if seq < expected:
@@ -465,66 +534,191 @@ class Applier:
             expected = seq + 1
         return entries, False
 
-    async def _apply(self, entries: list[tuple[int, bytes, str]]) -> None:
-        # The verdicts on the tokens that would raise a seat's fence, read
-        # (or judged) before the write: the same for every copy (grants.py).
-        # Unanswered, this raises and the batch is applied again later.
+    async def _hand_over(self, entries: list[tuple[int, bytes, str]]) -> None:
+        """Hand *entries* (in order, next after what was handed before) to the
+        writer thread, with the verdicts on the tokens among them that would
+        raise a seat's fence, read (or judged) first: the same for every copy
+        (grants.py). Unanswered, this raises, and the log is followed again
+        from applied + 1."""
         self._check_space()
         if "disk" in self._out:
             raise _NoSpace()
+        # Against the committed fences: entries handed over and not yet
+        # committed only raise them, so this asks for a superset.
         fences = apply.raising(self.store, entries)
         if fences and self._grants is None:
             self._grants = await grants.open_bucket(self.js, self.replicas)
         verdicts = await grants.verdicts(self.js, self._grants, fences)
+        while self._queued >= QUEUED_MAX and not self.stopping:
+            self._room.clear()
+            self._raise_write_error()
+            await wait_event(self._room, STALL_CHECK)
+        self._raise_write_error()
+        if len(entries) <= INLINE_MAX and not self._draining and not self._jobs:
+            self._handed = entries[-1][0]
+            self._commit_here(entries, verdicts)
+            return
+        with self._queue_lock:
+            self._queue.append((entries, verdicts))
+            self._queued += len(entries)
+            start = not self._draining
+            self._draining = True
+        self._handed = entries[-1][0]
+        if start:
+            self._writer.submit(self._drain)
+
+    def _commit_here(self, entries: list[tuple[int, bytes, str]], verdicts: apply.Grants) -> None:
+        """Apply and commit a short run on the loop (:data:`INLINE_MAX`), the
+        writer thread idle. A commit that changed a page has the index catch
+        up on the thread (SQLite may take a while over a long page), and is
+        told once that is done; runs handed over meanwhile queue behind it."""
         try:
-            outcomes, applied = await self.write(self._apply_sync, entries, verdicts)
-        except lmdb.Error as exc:
-            why = write_failed(self.copy_path, exc, self.space)
-            if why is None:
-                raise
-            self.set_out("write", why)
+            outcomes = apply.apply_batch(self.store, entries, grants=verdicts)
+            applied = self.store.applied()
+        except BaseException as exc:
+            self._write_error = exc
+            self._write_failed(exc)
+            self._raise_write_error()
+            raise
+        if last_page_change(self.store) > self._indexed_to:
+            with self._queue_lock:
+                self._draining = True
+            self._writer.submit(self._index_then_drain, outcomes, applied)
+            return
+        self._committed(outcomes, applied)
+
+    def _index_then_drain(self, outcomes: list[tuple[str | None, dict[str, Any]]], applied: int) -> None:
+        """On the writer thread: the index catches up with a commit made on the
+        loop, the commit is told, then whatever queued behind it is committed."""
+        self._catch_up_index()
+        self._loop.call_soon_threadsafe(self._committed, outcomes, applied)
+        self._drain()
+
+    def _raise_write_error(self) -> None:
+        """The writer's failure, raised in the log loop (which follows the log
+        again from applied + 1): ``_NoSpace`` for want of room, else as it was."""
+        exc = self._write_error
+        if exc is None:
+            return
+        if isinstance(exc, lmdb.Error) and "write" in self._out:
             raise _NoSpace() from exc
+        raise exc
+
+    async def _writer_settled(self) -> None:
+        """Wait until the writer has committed (or dropped) what was handed to
+        it, then forget its failure: a new follow starts from applied + 1."""
+        while True:
+            await self.write(_nothing)
+            with self._queue_lock:
+                if not self._draining:
+                    self._write_error = None
+                    self._queue.clear()
+                    self._queued = 0
+                    return
+
+    # ------------------------------------------------------------ the writer thread
+
+    def _drain(self) -> None:
+        """On the writer thread: commit what the log loop handed over, one
+        transaction after another, each taking every entry that waits — those
+        that arrived during the last commit join the next without a trip back
+        to the event loop (group commit: one fsync for all of them). Each
+        commit is told to the loop at once (:meth:`_committed`): that is when
+        its writes are answered."""
+        began = time.monotonic()
+        while True:
+            with self._queue_lock:
+                if not self._queue or self._closing or self._write_error is not None:
+                    self._draining = False
+                    return
+                if time.monotonic() - began > DRAIN_FOR:
+                    # The thread's other writes (custody) queued meanwhile go first.
+                    self._writer.submit(self._drain)
+                    return
+                entries, verdicts = self._take()
+            try:
+                outcomes = apply.apply_batch(self.store, entries, grants=verdicts)
+                applied = self.store.applied()
+                if last_page_change(self.store) > self._indexed_to:
+                    # Before the commit is told: a search carrying a page
+                    # write's seq as its floor finds the page.
+                    self._catch_up_index()
+            except BaseException as exc:
+                with self._queue_lock:
+                    # Nothing of this transaction was committed; what waits is
+                    # in the log, applied again from applied + 1.
+                    self._write_error = exc
+                    self._queue.clear()
+                    self._queued = 0
+                    self._draining = False
+                self._loop.call_soon_threadsafe(self._write_failed, exc)
+                return
+            self._loop.call_soon_threadsafe(self._committed, outcomes, applied)
+
+    def _take(self) -> tuple[list[tuple[int, bytes, str]], apply.Grants]:
+        """The runs waiting, up to :data:`BATCH_MAX` entries (at least one run),
+        and their verdicts together. Under the queue's lock."""
+        entries: list[tuple[int, bytes, str]] = []
+        verdicts: apply.Grants = {}
+        while self._queue and (not entries or len(entries) + len(self._queue[0][0]) <= BATCH_MAX):
+            run, judged = self._queue.popleft()
+            entries += run
+            verdicts.update(judged)
+        self._queued -= len(entries)
+        return entries, verdicts
+
+    # ------------------------------------------------------------ back on the loop
+
+    def _committed(self, outcomes: list[tuple[str | None, dict[str, Any]]], applied: int) -> None:
+        """A commit of the writer's, on the loop: the copy has applied up to
+        *applied*; the writes waiting for these outcomes are answered, the
+        reads waiting for this floor run."""
+        self.commits += 1
         self.set_out("write", None)
         self.stats["ops"] += len(outcomes)
         # Entries passed over for their origin (apply logged each).
         self.stats["refused"] += sum(1 for op_id, o in outcomes
                                      if op_id is None and o.get("code") == apply.WRONG_ORIGIN)
-        self.applied = applied
-        if "reapplying" in self._out and applied >= self._reapplying_to:
+        self.applied = max(self.applied, applied)
+        if "reapplying" in self._out and self.applied >= self._reapplying_to:
             self.set_out("reapplying", None)
         # The log holds at least what was applied from it (its bounds are
         # read every few seconds; "applied 34 of log 30" would read wrong).
-        self.log_last = max(self.log_last or 0, applied)
+        self.log_last = max(self.log_last or 0, self.applied)
+        self._resolve(outcomes)
         self._wake()
         self.changed.set()
-        await self._tell_skills(outcomes, applied)
+        self._room.set()
+        changed = sorted({name for _, o in outcomes if o.get("ok")
+                          for name in (o.get("result") or {}).get(estate_skills.CHANGED, ())})
+        if changed:
+            task = asyncio.create_task(self._tell_skills(changed, self.applied))
+            self._telling.add(task)
+            task.add_done_callback(self._telling.discard)
 
-    async def _tell_skills(self, outcomes: list[tuple[str | None, dict[str, Any]]], applied: int) -> None:
-        """Broadcast the skills this batch changed (crewlet.skills.registry):
+    def _write_failed(self, exc: BaseException) -> None:
+        """The writer's transaction failed (on the loop): out of service at
+        once if it was for want of space; the log loop follows the log again."""
+        if isinstance(exc, lmdb.Error):
+            why = write_failed(self.copy_path, exc, self.space)
+            if why is not None:
+                self.set_out("write", why)
+        self._room.set()
+
+    async def _tell_skills(self, changed: list[str], applied: int) -> None:
+        """Broadcast the skills a commit changed (crewlet.skills.registry):
         every node's registry reads them again. Every copy that applies the
         change says so — a node hears it from whichever copy is first, and
         reads it again once per copy at most."""
-        changed = sorted({name for _, o in outcomes if o.get("ok")
-                          for name in (o.get("result") or {}).get(estate_skills.CHANGED, ())})
-        if not changed:
-            return
         try:
             await self.nc.publish(skills_registry.CHANGED_SUBJECT,
                                   json.dumps({"names": changed, "seq": applied}).encode())
         except Exception as exc:  # the walks make it good: a missed broadcast is late, not lost
             events.event("skills_broadcast_failed", "warning", error=f"{type(exc).__name__}: {exc}")
 
-    def _apply_sync(self, entries: list[tuple[int, bytes, str]], verdicts: apply.Grants):
-        outcomes = apply.apply_batch(self.store, entries, grants=verdicts, before_commit=self._computed)
-        self._catch_up_index()
-        return outcomes, self.store.applied()
-
-    def _computed(self, outcomes: list[tuple[str | None, dict[str, Any]]]) -> None:
-        """On the writer thread, before the commit: tell the waiting writes."""
-        if self._outcomes:
-            self._loop.call_soon_threadsafe(self._resolve, outcomes)
-
     def _resolve(self, outcomes: list[tuple[str | None, dict[str, Any]]]) -> None:
+        if not self._outcomes:
+            return
         for op_id, outcome in outcomes:
             for fut in self._outcomes.pop(op_id, ()) if op_id is not None else ():
                 if not fut.done():
@@ -537,9 +731,11 @@ class Applier:
             done = -1
             while (reached := self.index.catch_up(self.store, limit=INDEX_SLICE)) != done:
                 done = reached
+            self._indexed_to = done
         except Exception as exc:
             # The index is derived: searches answer from what it has, and the
             # next commit tries again.
+            self._indexed_to = -1
             events.event("estate_index_failed", "error", error=f"{type(exc).__name__}: {exc}")
 
     async def _unsubscribe(self) -> None:
@@ -723,10 +919,9 @@ class Applier:
             if seq is None:
                 return wire.answer(wire.UNVOUCHED, self.node, reason=why)
             if self.applied < seq:
-                # Answered once computed, not committed: the outcome is the
-                # log's (a failed commit is applied again to the same one),
-                # and a read carrying this seq as its floor waits for the
-                # commit anyway. Saves the commit's fsync (~0.2-0.3 ms here).
+                # Answered as soon as the commit that applied it is told to
+                # the loop: durable in this copy, and a read carrying this
+                # seq as its floor (here or from LMDB) finds it.
                 try:
                     async with asyncio.timeout(max(0.0, until - time.time())):
                         outcome = await told
@@ -799,7 +994,7 @@ class Applier:
         if query == "page.search":
             if not await wait_event(self._index_ready, until - time.time()):
                 return wire.answer(wire.BEHIND, self.node, applied=self.applied, floor=floor)
-            if floor and await asyncio.to_thread(self.index.indexed) < floor:
+            if floor and await asyncio.to_thread(self.index.reflects, self.store) < floor:
                 # Applied, but the index failed to catch up (it is retried on
                 # the next commit): the caller's own page may be missing here.
                 return wire.answer(wire.BEHIND, self.node, applied=self.applied, floor=floor,
@@ -910,6 +1105,10 @@ class Applier:
         await buckets.follow(lambda: buckets.ensure(self.js, buckets.STATUS, self.replicas),
                              f"evicted.{self.node}", seen, opened=opened, listed=listed,
                              name="eviction", stopping=lambda: self.stopping)
+
+
+def _nothing() -> None:
+    """A job for the writer thread that does nothing: done, what was queued before it is."""
 
 
 def _say_if_failed(task: asyncio.Task) -> None:

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from contextlib import asynccontextmanager
+from typing import Any
 
 import nats
 import pytest
@@ -131,8 +132,9 @@ def test_two_writers_land_in_order_and_identically_in_two_copies(natsd, short_tm
                     # Ids come from the log: every task is T<its seq>.
                     tasks = a.reader.query("task.list", {"limit": 500})["tasks"]
                     assert tasks and all(t["id"] == f"T{t['seq']}" for t in tasks)
-                    # The search index caught up with the pages.
-                    assert a.index.indexed() == last
+                    # The search index reflects the copy (it catches up only
+                    # after commits that changed pages), and finds every page.
+                    assert a.index.reflects(a.store) == last
                     hits = (await a.handle(wire.read_request("page.search", {"query": "deploy"},
                                                              floor=last), origin=OPERATOR))["answer"]["hits"]
                     pages = a.reader.query("page.list", {})["pages"]
@@ -252,6 +254,67 @@ def test_a_read_waits_for_its_floor_or_answers_behind(natsd, short_tmp):
             assert bad["status"] == "bad_request" and "task.get: id" in bad["reason"]
             bad = await a.handle({"kind": "write", "op": {"id": "x"}, "wait": 1}, origin=OPERATOR)
             assert bad["status"] == "bad_request" and "'kind'" in bad["reason"]
+    run(check(), DEADLINE)
+
+
+def test_concurrent_writes_are_committed_together_each_answered_with_its_own_seq(natsd, short_tmp):
+    """Group commit: writes arriving while a transaction commits join the
+    next one. Each is answered once committed, with the seq it landed at and
+    its own outcome; the copy commits fewer transactions than it applies ops."""
+    n = 200
+
+    async def check():
+        async with applier(natsd.url, f"{short_tmp}/a", "a") as a:
+            await until(lambda: a.log_first is not None and a.in_service, what="the log ensured")
+            commits = a.commits
+            ops = [make_op("task.create", {"title": f"together {i}"}, node="w") for i in range(n)]
+            answers = await asyncio.gather(*(a.handle(wire.write_request(op, wait=20), origin=OPERATOR)
+                                             for op in ops))
+            assert all(x["status"] == "ok" and x["answer"]["ok"] for x in answers), answers[:3]
+            seqs = [x["seq"] for x in answers]
+            assert sorted(seqs) == list(range(1, n + 1))  # each its own
+            for op, x in zip(ops, answers):
+                # The answer is the outcome the copy keeps, and durable there
+                # when it is given: a reader of the files sees it.
+                assert x["answer"]["seq"] == x["seq"] and x["applied"] >= x["seq"]
+                assert x["answer"]["result"]["task"] == {**x["answer"]["result"]["task"],
+                                                         "id": f"T{x['seq']}", "title": op.args["title"]}
+                assert a.reader.outcome(op.id) == x["answer"]
+            assert a.applied == n and a.stats["ops"] == n
+            assert 0 < a.commits - commits < n
+            # Ops that arrive while the writer is busy queue for it, and it
+            # takes them all into its next transaction itself: one commit.
+            release = threading.Event()
+            busy = asyncio.create_task(a.write(release.wait, 20))
+            queued = [make_op("task.create", {"title": f"queued {i}"}, node="w") for i in range(50)]
+            writes = [asyncio.create_task(a.handle(wire.write_request(op, wait=20), origin=OPERATOR))
+                      for op in queued]
+            await until(lambda: a._queued == len(queued), 10, "the ops queued behind the busy writer")
+            commits = a.commits
+            assert not any(w.done() for w in writes)  # none answered before its commit
+            release.set()
+            assert await busy
+            answers = await asyncio.gather(*writes)
+            assert sorted(x["seq"] for x in answers) == list(range(n + 1, n + 51))
+            assert all(x["answer"]["ok"] for x in answers) and a.commits - commits == 1
+            # Nothing changed a page: the index was not caught up, and still
+            # reflects the copy (a search with any of these floors runs).
+            found = await a.handle(wire.read_request("page.search", {"query": "together"}, floor=n),
+                                   origin=OPERATOR)
+            assert found["status"] == "ok" and found["answer"]["hits"] == []
+            # A page written among other writes is found by a search that
+            # carries its seq as the floor, as soon as the write is answered.
+            page = make_op("page.write", {"path": "kb/joined", "title": "Joined",
+                                          "body": "written amid tasks"}, node="w")
+            more = [make_op("task.create", {"title": f"beside {i}"}, node="w") for i in range(20)]
+            got = await asyncio.gather(*(a.handle(wire.write_request(op, wait=20), origin=OPERATOR)
+                                         for op in [*more[:10], page, *more[10:]]))
+            wrote = got[10]
+            assert wrote["status"] == "ok" and wrote["answer"]["ok"]
+            found = await a.handle(wire.read_request("page.search", {"query": "amid"},
+                                                     floor=wrote["seq"], wait=1), origin=OPERATOR)
+            assert found["status"] == "ok"
+            assert [h["path"] for h in found["answer"]["hits"]] == ["kb/joined"]
     run(check(), DEADLINE)
 
 
@@ -705,6 +768,79 @@ def test_a_killed_applier_converges_to_an_uninterrupted_copy(make_node, short_tm
     # crewletctl status shows the child's stats.
     stats = wait_for(lambda: node.children()["data_applier"].get("stats"), 5, what="stats")
     assert stats["applied"] == last and stats["in_service"] is True
+
+
+def test_writes_answered_before_the_applier_is_killed_are_all_in_its_copy(make_node, short_tmp):
+    """Writers keep a node's applier committing group after group; it is
+    SIGKILLed between (or during) commits. Every write it answered was
+    durable: after the restart each is in the copy at the seq its answer
+    carried, and every op the log accepted is applied."""
+    node = make_node(node={"id": "t2", "roles": ["data"]},
+                     supervisor={"intensity": 20, "backoff_min": 0.05, "backoff_max": 0.2})
+    node.start()
+    url = node_url(node)
+    answered: dict[str, int] = {}
+    phase: dict[str, Any] = {"killed": False, "stop": False, "at_kill": 0}
+
+    async def writers() -> int:
+        async with connection(url) as (nc, js):
+            subject = wire.subject("t2", OPERATOR, "tester")
+
+            async def writer(w: int) -> None:
+                i = 0
+                while not phase["stop"]:
+                    op = make_op("task.create", {"title": f"writer {w} op {i}"}, node="tester")
+                    i += 1
+                    try:
+                        reply = await nc.request(subject, wire.encode(wire.write_request(op, wait=2)),
+                                                 timeout=3)
+                    except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                        continue  # the applier is down: unanswered, maybe in the log
+                    got = wire.decode(reply.data)
+                    if got["status"] == "ok":
+                        assert got["answer"]["ok"] and got["answer"]["seq"] == got["seq"]
+                        answered[op.id] = got["seq"]
+                    else:
+                        await asyncio.sleep(0.02)  # starting, out of service a moment
+
+            tasks = [asyncio.create_task(writer(w)) for w in range(8)]
+            try:
+                # Until the restarted applier has answered a hundred more.
+                await until(lambda: phase["killed"] and len(answered) >= phase["at_kill"] + 100
+                            or any(t.done() for t in tasks), 40, "writes answered around the kill")
+            finally:
+                phase["stop"] = True
+                await asyncio.gather(*tasks)
+            _, last = await estate_log.bounds(js)
+            return last
+
+    def kill_mid_stream() -> None:
+        wait_for(lambda: len(answered) >= 100, 30, what="writes answered")
+        pid = node.children()["data_applier"]["pid"]
+        phase["at_kill"] = len(answered)
+        os.kill(pid, signal.SIGKILL)
+        node.wait_running(timeout=15, exclude={"data_applier": pid})
+        phase["killed"] = True
+
+    killer = threading.Thread(target=kill_mid_stream)
+    killer.start()
+    try:
+        last = run(writers(), 60)
+    finally:
+        phase["stop"] = True
+        killer.join(40)
+    assert phase["killed"] and len(answered) >= phase["at_kill"] + 100
+    wait_for(lambda: applied(node) >= last, 20, what="the restarted applier at the log's end")
+    copy = copy_of(node)
+    try:
+        reader = store.Reader(copy)
+        assert copy.applied() == last
+        lost = {op_id: seq for op_id, seq in answered.items()
+                if (reader.outcome(op_id) or {}).get("seq") != seq}
+        assert not lost, f"{len(lost)} answered writes are not in the copy as answered"
+    finally:
+        store.close_env(copy)
+    assert node.children()["data_applier"]["restarts"] >= 1
 
 
 def test_each_data_node_prunes_its_own_kept_events_by_the_retention(natsd, short_tmp, monkeypatch):

@@ -552,6 +552,13 @@ async def test_a_data_node_answers_from_its_own_copy_and_from_peers_when_it_is_o
     assert (await router.write(page_op("kb/local", "local words")))["ok"]
     found = await router.search("local")
     assert found.node == "s" and [h["path"] for h in found.hits] == ["kb/local"]
+    # A write that changes no page leaves the index's own mark behind (it
+    # catches up only after page changes); it still reflects the copy, so a
+    # search carrying that write's seq as its floor is answered here at once.
+    later = await router.write(task_op("after the page"))
+    assert later["ok"] and router.floor == later["seq"]
+    found = await router.search("local")
+    assert found.node == "s" and [h["path"] for h in found.hits] == ["kb/local"]
     assert b.stats["requests"] == 0 and router.last_answered is None  # nobody else asked
 
     proc.terminate()  # the applier stops: its last applied message says so

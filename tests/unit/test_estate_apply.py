@@ -519,3 +519,70 @@ def test_a_records_op_is_the_seats_of_its_own_node_and_checked_whole(copy):
                  args={"records": [{"id": "x y", "seat": "cto", "token": 1, "record": {}}]})
     out, = run(s, bad)
     assert not out["ok"] and "bad op" in out["error"] and q(s, "turn.list")["turns"] == []
+
+
+# -------------------------------------------------------------- the op check's fast path
+
+class _Key(str):
+    """A str subclass: plain to the rule, not to the fast path's exact types."""
+
+
+@pytest.mark.parametrize("args", [
+    {"title": "plain", "labels": ["a", "b"], "n": 3, "x": 1.5, "flag": True, "none": None},
+    {"deep": [[[[[[[[["too deep"]]]]]]]]]},
+    {"deep": [[[[[[["just"]]]]]]]},
+    {"n": ops.INT_MAX + 1}, {"n": -ops.INT_MAX - 1}, {"n": ops.INT_MAX},
+    {"x": float("nan")}, {"x": float("inf")}, {"x": -0.0},
+    {"s": "x" * (ops.FREE_STR_MAX + 1)}, {"s": "x" * ops.FREE_STR_MAX},
+    {"k" * (ops.FREE_KEY_MAX + 1): 1}, {1: "int key"}, {_Key("sub"): "str subclass key"},
+    {"b": b"bytes"}, {"t": (1, 2)}, {"set": {1, 2}},
+    {"many": list(range(ops.FREE_ITEMS_MAX + 1))}, {"many": list(range(ops.FREE_ITEMS_MAX))},
+])
+def test_the_op_checks_fast_path_agrees_with_the_rule(args):
+    """Every applier checks every op's arguments by a fast path that names no
+    field; it must pass exactly what the full rule passes, and where it
+    refuses, the rule (which says where and why) decides."""
+    depth = ops.FREE_DEPTH + 1
+    fast, rule = ops._is_plain(args, depth), ops._plain(args, "args", depth)
+    assert not (fast and rule), (fast, rule)          # never passes what the rule refuses
+    if rule is None and not isinstance(next(iter(args)), _Key):
+        assert fast                                    # exact types: the same verdict
+
+
+def test_a_value_the_fast_path_refuses_is_refused_naming_where():
+    record = {"seat": "cto", "trigger": "t", "steps": [{"took": 1.0}, {"took": float("nan")}]}
+    with pytest.raises(OpError, match=r"turn\.record: args\.record\.steps\[1\]\.took: nan is not a finite"):
+        ops.Op.from_dict({"id": "x1", "kind": "turn.record", "args": {"record": record},
+                          "seat": "cto", "token": 1, "node": "n1", "at": 1.0})
+
+
+def test_a_decoded_op_is_the_op_it_was_and_stays_frozen():
+    made = make_op("task.create", {"title": "t", "labels": ["x"]}, node="n1", seat="cto", token=2)
+    again = ops.Op.decode(made.encode())
+    assert again == made and again.encode() == made.encode()
+    with pytest.raises(AttributeError):
+        again.kind = "task.update"  # type: ignore[misc]
+
+
+def test_rows_and_outcomes_pack_to_the_same_bytes_from_any_thread():
+    """The copies' bytes must not depend on the packer: store.pack reuses one
+    per thread, and must give what msgpack.packb gives, an error included."""
+    import threading
+
+    import msgpack
+    values = [{"ok": True, "seq": 7, "result": {"task": {"id": "T7", "labels": ["a"], "at": 1.5}}},
+              {"path": "kb/é", "body": "x" * 70_000, "blob": b"\x00\x01"}, [], None, 2**53]
+    got: list = []
+
+    def pack_all():
+        got.append([store.pack(v) for v in values])
+
+    threads = [threading.Thread(target=pack_all) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with pytest.raises(TypeError):
+        store.pack({"bad": object()})
+    want = [msgpack.packb(v, use_bin_type=True) for v in values]
+    assert got == [want] * 4 and [store.pack(v) for v in values] == want

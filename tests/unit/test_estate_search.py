@@ -20,7 +20,7 @@ import lmdb
 import msgpack
 import pytest
 
-from crewlet.estate.search import SearchIndex, SearchUnavailable, fts_query
+from crewlet.estate.search import SearchIndex, SearchUnavailable, fts_query, last_page_change
 from tests.conftest import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -161,6 +161,33 @@ def test_indexed_reaches_applied_past_the_last_page(copy, index):
     # a limit that stops short of the end reaches only the entries it took
     copy.write_many([("kb/b", "B", "x"), ("kb/c", "C", "y")])
     assert index.catch_up(copy.env, limit=1) == applied + 1
+
+
+def test_an_index_not_caught_up_after_other_ops_still_reflects_the_copy(copy, index):
+    """The applier catches up only after commits that changed pages: the
+    index's own mark stays behind while other ops apply, and what a reader
+    holding a floor compares is reflects(), the copy's applied up to which
+    the index answers for it."""
+    assert index.reflects(copy.env) == 0 and last_page_change(copy.env) == 0
+    page = copy.write("kb/a", "A", "alpha")
+    assert index.reflects(copy.env) == 0  # a page the index lacks: not past it
+    index.catch_up(copy.env)
+    others = [copy.other_op() for _ in range(3)]
+    assert index.indexed() == page and last_page_change(copy.env) == page
+    assert index.reflects(copy.env) == others[-1]  # nothing to index since: current
+    # A page written and not yet indexed: the index reflects only what it has,
+    # so a search carrying that page's seq as its floor waits.
+    second = copy.write("kb/b", "B", "beta")
+    copy.other_op()
+    assert last_page_change(copy.env) == second
+    assert index.reflects(copy.env) == page < second
+    index.catch_up(copy.env)
+    assert index.reflects(copy.env) == copy.seq and paths(index.search("beta")) == ["kb/b"]
+    # A deleted page is a change too.
+    gone = copy.delete("kb/a")
+    assert index.reflects(copy.env) < gone
+    index.catch_up(copy.env)
+    assert index.reflects(copy.env) == gone and index.search("alpha") == []
 
 
 def test_an_index_ahead_of_its_copy_is_rebuilt(tmp_path, index):
