@@ -10,6 +10,9 @@ flow-control reply is due: four wakeups a second per watch, ~20 in every
 process of a node, idle or not. Importing this module makes that task sleep
 until the broker asks for flow control, and poll only until it is answered
 (:func:`_flow_control_on_demand`): the replies go out exactly as before.
+
+:func:`publish_later` sends what nobody waits on (a turn's ack) with the
+connection's next write rather than in a write of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from nats.errors import NoRespondersError, TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
+from nats.protocol import command as nats_command
 
 from crewlet import credentials, log
 
@@ -227,6 +231,45 @@ DUPLICATE_IN_PROCESS = 10158
 # of a write that lost (the key moved on, or exists).
 EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE = (10071, 10164)
+
+
+# Seconds a publish sent with publish_later may wait for the connection's
+# next write before it is written on its own.
+LATER_WITHIN = 0.05
+
+
+def _later_possible(nc: Client) -> bool:
+    """Has *nc* the nats-py internals publish_later was written against?"""
+    return all(hasattr(nc, name) for name in ("_send_command", "_flush_pending", "_flush_queue",
+                                              "_pending_data_size", "stats"))
+
+
+async def publish_later(nc: Client, subject: str, payload: bytes, within: float = LATER_WITHIN) -> None:
+    """Publish *payload* on *subject* (core NATS, no headers, no reply) with
+    the connection's next write — another publish's, a request's — or after
+    *within* s at the latest, not in a write of its own. For a message nobody
+    waits on whose moment does not matter (a turn's ack, sent once: a lost
+    one is covered already): on loopback a write is a syscall and a wake of
+    the broker, and at 100 turns in flight (bench/slow_turns.py) the ack
+    was a write of its own on nearly every turn. In order with everything
+    else on the connection. A plain publish where nats-py's internals are
+    not the ones this was written against."""
+    if not _later_possible(nc) or not nc.is_connected:
+        await nc.publish(subject, payload)
+        return
+    nc.stats["out_msgs"] += 1
+    nc.stats["out_bytes"] += len(payload)
+    await nc._send_command(nats_command.pub_cmd(subject, "", payload))
+    state = nc.__dict__
+    if state.get("_crewlet_later") is None:  # one timer a connection, however many wait
+        loop = asyncio.get_running_loop()
+
+        def write_now() -> None:
+            state["_crewlet_later"] = None
+            queue = nc._flush_queue
+            if nc._pending_data_size > 0 and nc.is_connected and queue is not None and queue.empty():
+                loop.create_task(nc._flush_pending())
+        state["_crewlet_later"] = loop.call_later(within, write_now)
 
 
 class Unanswered(Exception):

@@ -248,7 +248,8 @@ def estate_ask(role: str, node: str) -> str:
 
 EVENTS = mail.EVENTS_STREAM
 NOTIFICATIONS = outbox.SUBJECT + ">"  # the notify tool, crewlet's notices (crewlet.outbox)
-TURN_FEED = post.TURN_SUBJECT + ">"  # the live feed: crewlet.queue.post, the ingress projection
+TURN_FEED = post.TURN_SUBJECT + ">"  # the live feed: crewlet.queue.post, send --wait
+TURN_BATCHES = post.TURNS_SUBJECT + ">"  # the same records in batches: the ingress projection
 RUN_EVENTS = runs.SUBJECT + ">"  # a conversation run's events (crewlet.conversations.runs)
 DRIVER_LEASES = conversation_lease.KEY_PREFIX + ">"  # conv.<id>: a run's driver
 SKILLS_CHANGED = skills_registry.CHANGED_SUBJECT  # a skill changed: every node's registry reads it again
@@ -290,6 +291,7 @@ def grants(node: str) -> dict[str, Grant]:
                 mail.SUBJECT + ">",        # the send tool: mail to any seat
                 mail.DLQ_SUBJECT + ">",    # dead letters
                 TURN_FEED,                 # turn records for the live feed
+                TURN_BATCHES,              # ... and in batches, for ingress
                 mail.KEPT_TURNS,           # ... and, in batches, for custody
                 RUN_EVENTS,                # a conversation turn's progress (its RunSink)
                 NOTIFICATIONS,             # the notify tool; a dead letter's notice
@@ -347,7 +349,7 @@ def grants(node: str) -> dict[str, Grant]:
             writes={buckets.CONFIG.name: ANY, buckets.CLAIMS.name: ANY,
                     buckets.LEASES.name: DRIVER_LEASES},
             files=True,                      # uploads and downloads through the API
-            subscribe=(TURN_FEED,)),        # the live feed, send --wait
+            subscribe=(TURN_FEED, TURN_BATCHES)),  # send --wait; the live feed, in batches
         "workers": Grant(
             publish=(
                 mail.SUBJECT + ">",        # the scheduler's ticks

@@ -14,6 +14,7 @@ current ones. The registry is the tool's way in: ``services.skills``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from crewlet.agent.tools import Tool, ToolContext, ToolError
@@ -54,7 +55,15 @@ async def _skill_read(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 def skill_tools() -> list[Tool]:
-    return [Tool(
+    return list(_made())
+
+
+@functools.lru_cache(maxsize=1)
+def _made() -> tuple[Tool, ...]:
+    """Made once: every seat a node claims gets the same one, so a provider
+    encodes a seat's tool list once for every seat offering the same tools
+    (its JSON is kept by the specs' identity: crewlet.agent.providers.base)."""
+    return (Tool(
         "skill_read",
         "Read one of your skills (listed in your instructions) before you use it: its SKILL.md, "
         "or one of its files. name \"?\" lists every skill you have.",
@@ -65,4 +74,4 @@ def skill_tools() -> list[Tool]:
                                  "description": "a file of the skill, e.g. references/REFERENCE.md "
                                                 "(default: SKILL.md)"}},
          "required": ["name"], "additionalProperties": False},
-        _skill_read)]
+        _skill_read),)

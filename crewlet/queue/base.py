@@ -81,6 +81,11 @@ class Delivery:
     deliveries: int         # 1 on first delivery
     trigger: str            # headers["Crewlet-Trigger"] if present, else f"{seat}.{seq}"
     ack_token: str          # opaque; whoever holds it may ack/nak it
+    # Messages the mailbox held after this one, never delivered yet, as the
+    # broker counted them when it handed this one over (None: not told). A
+    # turn loop that knows every message since is announced to it (a wake)
+    # need not look again when this is 0 (roles/seats/turns.py).
+    pending: int | None = None
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from crewlet import groups, log, outbox
-from crewlet.bus import JETSTREAM_TIMEOUT, MAX_READERS, Unanswered, publish_until
+from crewlet.bus import JETSTREAM_TIMEOUT, MAX_READERS, Unanswered, publish_later, publish_until
 from crewlet.queue.base import (DELIVERY_BUDGET, TRIGGER_HEADER, DeadLetter, Delivery, Mailbox,
                                 MailboxError, Mailboxes, Stored, check_seat, check_trigger)
 
@@ -190,6 +190,7 @@ class AckMeta:
     consumer: str
     delivered: int
     stream_seq: int
+    pending: int | None = None  # the consumer's messages not yet delivered, after this one
 
 
 def ack_meta(reply: str | None) -> AckMeta | None:
@@ -210,9 +211,13 @@ def ack_meta(reply: str | None) -> AckMeta | None:
     else:
         return None
     try:
-        return AckMeta(fields[1], int(fields[2]), int(fields[3]))
+        meta = AckMeta(fields[1], int(fields[2]), int(fields[3]))
     except ValueError:
         return None
+    try:
+        return AckMeta(meta.consumer, meta.delivered, meta.stream_seq, int(fields[6]))
+    except ValueError:
+        return meta
 
 
 def _headers(raw: dict | None) -> dict[str, str]:
@@ -273,7 +278,8 @@ class JetStreamMailbox(Mailbox):
 
     async def ack_unconfirmed(self, d: Delivery) -> None:
         try:
-            await self._owner._nc.publish(d.ack_token, b"+ACK")
+            # With the connection's next write, not one of its own (crewlet.bus).
+            await publish_later(self._owner._nc, d.ack_token, b"+ACK")
         except Exception as exc:  # the connection's trouble: the ack wait brings it back
             raise MailboxError(f"+ACK not sent for {d.ack_token}: {type(exc).__name__}: {exc}") from exc
 
@@ -613,7 +619,7 @@ class JetStreamMailboxes(Mailboxes):
         return Delivery(seat=seat, seq=meta.stream_seq, data=msg.data, headers=headers,
                         deliveries=meta.delivered,
                         trigger=headers.get(TRIGGER_HEADER) or f"{seat}.{meta.stream_seq}",
-                        ack_token=msg.reply)
+                        ack_token=msg.reply, pending=meta.pending)
 
     async def close(self) -> None:
         """Stop listening for fetch replies (the connection stays the caller's)."""

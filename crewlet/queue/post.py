@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 # estate's ``turns`` table keeps them from the log (many turns' in one
 # ``turn.records`` op, roles/seats/kept.py), on every data node.
 TURN_SUBJECT = "feed.turn."
+# The same records in batches, ``feed.turns.<node>.<seats process>``: a JSON
+# array of the records of the turns a seats process ended within
+# roles.seats.turns.FEED_EVERY s, the first of a quiet moment at once. What
+# an ingress projection hears: one message for many turns, not one a turn.
+TURNS_SUBJECT = "feed.turns."
 FROM_HEADER = "Crewlet-From"
 
 

@@ -11,8 +11,10 @@ seats,      watch): presences, seat and duty leases
 duties
 copies      the estate view (``status`` ``estate.*``)        a watch, looked
                                                              at every second
-turns       ``feed.turn.>``: every turn record as the        a subscription:
-            seat publishes it                                ~1 ms
+turns       ``feed.turns.>``: every turn record, in the      a subscription:
+            batches each seats process publishes             within
+                                                             ``FEED_EVERY``
+                                                             (0.1 s)
 mailboxes,  the ``AGENTS`` consumers and ``DLQ`` subjects,   a busy seat's:
 dead        sampled: a seat whose turn was seen at the next  every :data:`SAMPLE`
 letters     sample, all of them in a listing paced by its    s; the rest: that
@@ -36,6 +38,11 @@ silently vanished.
 
 The turn subscription is plain NATS, as the feed is (nothing stores it):
 live, a gap while the connection is down is repaired by the next snapshot.
+It hears the records in batches (``feed.turns.<node>.<process>``: the records
+a seats process ended within 0.1 s, in one message) rather than each on its
+seat's subject (``feed.turn.<seat>``, still published for ``send --wait``): a
+NATS message, a decode and a wake a turn were most of what ingress spent per
+turn (bench/slow_turns.py, issue 28).
 A seat may publish one record twice (a trigger's ``done`` record sent again
 after a redo), so records are told apart by seat, trigger, outcome and start.
 """
@@ -52,7 +59,7 @@ from crewlet import ipc, log
 from crewlet.coord import drain, duty_reports
 from crewlet.coord.holders import Holders
 from crewlet.queue.base import MailboxError
-from crewlet.queue.post import TURN_SUBJECT
+from crewlet.queue.post import TURNS_SUBJECT
 from crewlet.queue.jetstream import (CONSUMER, DLQ_STREAM, DLQ_SUBJECT, STREAM, JetStreamMailboxes,
                                     api_prefix, jetstream_api)
 from roles.ingress.feed import Feed
@@ -123,7 +130,7 @@ class Projection:
     # ------------------------------------------------------------- running
 
     async def run(self) -> None:
-        sub = await self.nc.subscribe(TURN_SUBJECT + ">", cb=self._turn_seen)
+        sub = await self.nc.subscribe(TURNS_SUBJECT + ">", cb=self._turns_seen)
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.holders.run(), name="projection holders")
@@ -183,13 +190,15 @@ class Projection:
                 self.feed.publish("duty", {"name": name, "node": now.node if now else None,
                                            "token": now.token if now else None})
 
-    async def _turn_seen(self, msg) -> None:
+    async def _turns_seen(self, msg) -> None:
+        """A batch of turn records (a JSON array) from a seats process."""
         try:
-            record = json.loads(msg.data)
+            records = json.loads(msg.data)
         except ValueError:
             return
-        if isinstance(record, dict) and isinstance(record.get("seat"), str):
-            self._keep_turn(record, publish=True)
+        for record in records if isinstance(records, list) else ():
+            if isinstance(record, dict) and isinstance(record.get("seat"), str):
+                self._keep_turn(record, publish=True)
 
     def _keep_turn(self, record: dict[str, Any], *, publish: bool) -> None:
         ident = (record.get("seat"), record.get("trigger"), record.get("outcome"),

@@ -37,6 +37,7 @@ from crewlet.queue import notify
 from crewlet.vault import Vault
 from crewlet.coord.lease import Leases
 from crewlet.estate.access import EstateAccess
+from crewlet.queue.base import TRIGGER_HEADER
 from crewlet.queue.jetstream import MAX_DELIVER, JetStreamMailboxes
 from crewlet.runtime import RoleContext
 from crewlet.sandbox import Sandbox
@@ -159,10 +160,19 @@ async def main(ctx: RoleContext) -> None:
     sweeper.busy = engine.busy
     ctx.sweeper = sweeper  # the turn loop reads admission from here
     # Mail wakes its seat: a plain subscription, no JetStream state per seat.
+    # A member of a pool of several subscribes per seat it holds (SeatWork):
+    # on one subscription for every mailbox, each member heard every mail of
+    # the node's (and the fleet's) seats, most of them another member's.
     async def wake(msg) -> None:
-        engine.wake(msg.subject.rpartition(".")[2])
+        # The trigger, when the mail names one, starts its ledger read now,
+        # beside the fetch (SeatWork.wake).
+        engine.wake(msg.subject.rpartition(".")[2], (msg.headers or {}).get(TRIGGER_HEADER))
 
-    wakes = await ctx.nats.subscribe("agents.inbox.*", cb=wake)
+    if pool.alone:
+        wakes = await ctx.nats.subscribe("agents.inbox.*", cb=wake)
+    else:
+        engine.wakes_per_seat = wake
+        wakes = None
     await skills.start()
     heap.take_over()  # no full collection in the middle of a thousand turns (crewlet.heap)
     heard = asyncio.Event()
@@ -194,7 +204,8 @@ async def main(ctx: RoleContext) -> None:
         try:
             async with asyncio.timeout(ctx.stop_budget()):
                 await sweeper.release_all()
-                await wakes.unsubscribe()
+                if wakes is not None:
+                    await wakes.unsubscribe()
                 await engine.close()
                 await skills.close()
                 await _flush_spend(engine)

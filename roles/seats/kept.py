@@ -22,8 +22,11 @@ redo) — lands once (:func:`crewlet.estate.apply._turn_records`).
 This is the record's one stored copy. It used to be stored twice more: on
 ``EVENTS`` for custody (one data node's event log; now the ``turns`` table
 of every copy is that log) and as an op of its own per turn. The live feed
-is not batched and not stored: each record also goes out on its own on core
-NATS (:data:`crewlet.queue.post.TURN_SUBJECT`), heard by whoever listens now.
+is not stored: each record also goes out on its own on core NATS
+(:data:`crewlet.queue.post.TURN_SUBJECT`), heard by whoever listens now, and
+in a batch of the seats process's records of the last tenth of a second
+(:data:`crewlet.queue.post.TURNS_SUBJECT`, for ingress: a timer there, as a
+live feed may wait that long; the log's batches wait on no timer).
 
 :meth:`KeptTurns.keep` returns once the op holding the record is in the
 log, so a turn is acked only after its record landed, as before; it raises

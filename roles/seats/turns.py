@@ -24,7 +24,8 @@ A turn, in order:
    before each round's side effects;
 5. **the ledger** entry and the **turn record**, together, each sent again
    through a stream leader election (:data:`SETTLE_PATIENCE`), then the
-   **ack**, sent once and not waited on (the ledger answers for the trigger
+   **ack**, sent once and not waited on, with the connection's next write
+   (:func:`crewlet.bus.publish_later`) (the ledger answers for the trigger
    by then); a ledger entry that cannot be written leaves the delivery
    unacked (see ``SeatWork._settle``). The record goes on the live feed
    (``feed.turn.<seat>``, core NATS, stored nowhere) and, durably, into the
@@ -32,7 +33,9 @@ A turn, in order:
    ending meanwhile (roles/seats/kept.py): the ``turns`` table of every data
    node's copy, each record held to its seat's fence and kept once under its
    own id. That table is the turns' one stored copy (custody's ``EVENTS``
-   batches are no more). A turn that ends any other way (failed, handed
+   batches are no more). Ingress hears the records in batches, each seats
+   process's of the last :data:`FEED_EVERY` s in one message
+   (``feed.turns.<node>.<process>``). A turn that ends any other way (failed, handed
    back, skipped) is recorded after it settled.
 
 A seat's tools reach the estate (tracker, knowledge base, files) through the
@@ -79,7 +82,12 @@ delivery comes again at once, and with it whatever else was unacked — a
 NAK's delay cut short, mail acked out of order skipped by the ledger.
 
 Mail wakes a seat: the node subscribes to ``agents.inbox.*`` (plain NATS, no
-JetStream state) and wakes the seat a message was published for. A seat also
+JetStream state; a member of a pool of several, to each of its seats' own
+subject) and wakes the seat a message was published for. The wake names the
+mail's trigger, so an idle seat begins its ledger read then, beside the fetch
+(:meth:`SeatWork.wake`). After a turn the seat looks again only when the
+delivery said mail was behind it or a wake came meanwhile (:meth:`SeatWork._drain`):
+a look that finds nothing was a broker request a turn. A seat also
 looks every :data:`POLL` seconds, for what a wake cannot announce: a delivery
 whose ack wait ran out — less often when the node holds so many seats that
 their looks together would pass :data:`POLLS_PER_S` (idle cost must not grow
@@ -121,7 +129,8 @@ from crewlet.estate.ops import SEAT_NAME, OpError, make_op, op_id
 from crewlet.estate.router import EstateError
 from crewlet.skills.registry import Registry as SkillRegistry
 from crewlet.queue.base import Delivery, Mailbox, MailboxError, Mailboxes
-from crewlet.queue.post import TURN_SUBJECT
+from crewlet.queue.jetstream import SUBJECT as MAIL_SUBJECT
+from crewlet.queue.post import TURN_SUBJECT, TURNS_SUBJECT
 from crewlet.queue.notify import PERSON_HEADER
 from roles.seats.kept import KeptTurns
 from roles.seats.sweeper import SeatSweeper
@@ -166,6 +175,17 @@ EPISODES_OFFERED = 5
 EPISODE_SHOWN = 300
 BRIEF_TIMEOUT = 2.0
 _SEAT_NAME = re.compile(SEAT_NAME)
+# The live feed's batches for ingress (crewlet.queue.post.TURNS_SUBJECT): the
+# records of turns ending within FEED_EVERY s of the last batch go in one
+# message, the first record of a quiet moment at once; a batch past
+# FEED_BATCH_BYTES goes at once (the broker's payload limit is 1 MiB). One
+# message a turn was most of what ingress did for it (bench/slow_turns.py).
+FEED_EVERY = 0.1
+FEED_BATCH_BYTES = 256 * 1024
+# Seconds a ledger read begun at a wake (SeatWork.wake) may be old when its
+# turn starts: a read older than this is made again, so the answer a turn
+# acts on is never much older than its fetch.
+EARLY_LEDGER_FRESH = 1.0
 # Seconds an old provider (the company changed it) is kept for the turns still using it.
 PROVIDER_RETIRE_AFTER = TURN_TIMEOUT + 10
 # Concurrent seat stops when the node stops or releases everything.
@@ -291,6 +311,13 @@ class TurnEngine:
         self.records_failed = 0
         # Turn records to the log, many turns' in one op while many end at once.
         self.kept = KeptTurns(self._store_kept)
+        # The live feed's batch being gathered (see FEED_EVERY): the encoded
+        # records, their bytes, when the last batch went, its timer.
+        self._feed: list[bytes] = []
+        self._feed_bytes = 0
+        self._feed_sent = float("-inf")
+        self._feed_timer: asyncio.TimerHandle | None = None
+        self._feed_subject = f"{TURNS_SUBJECT}{node}.{self.incarnation}"
         self.company: Company | None = None
         self.revision: int | None = None  # the company revision in force here
         # Earlier revisions a conversation run pinned, and their providers
@@ -307,6 +334,10 @@ class TurnEngine:
         self.quarantine = asyncio.Lock()
         self.poisoned = 0  # deliveries dead-lettered as poison mail
         self.brief_failures = 0  # turns whose skills or episodes could not be read (brief())
+        # Set (to the wake callback) when each seat's work subscribes to its
+        # own mailbox's subject rather than the process to every one's
+        # (roles/seats/__init__.py: a member of a pool of several).
+        self.wakes_per_seat: Any = None
         # Background work that must finish before the role ends (servers stopping).
         self._pending: set[asyncio.Task] = set()
 
@@ -438,10 +469,11 @@ class TurnEngine:
         work = self.work.get(seat)
         return work is not None and work.turn is not None
 
-    def wake(self, seat: str) -> None:
+    def wake(self, seat: str, trigger: str | None = None) -> None:
+        """Mail was published for *seat* (its *trigger*, when the mail said)."""
         work = self.work.get(seat)
         if work is not None:
-            work.wake()
+            work.wake(trigger)
 
     async def quiesce(self) -> None:
         """Stop every seat's work at once, handing back what is in hand (the
@@ -458,6 +490,7 @@ class TurnEngine:
     async def close(self) -> None:
         await self.quiesce()
         await self.kept.close()
+        await self._send_feed()  # the last records' batch, now: not left to its timer
         for task in list(self._pending):
             task.cancel()  # providers waiting to retire: close them now, below
         if self._pending:
@@ -614,6 +647,7 @@ class TurnEngine:
         data = json.dumps(body).encode()
         deadline = time.monotonic() + patience
         published = [self.nc.publish(TURN_SUBJECT + record.seat, data)]
+        self._batch_feed(data)
         if self.estate is not None and record.trigger:
             token = record.token if token is None else token
             if self.estate.batches_records():
@@ -627,6 +661,34 @@ class TurnEngine:
                 self.records_failed += 1
                 log.event("turn_record_failed", "error", seat=record.seat, trigger=record.trigger,
                           error=f"{type(result).__name__}: {result}")
+
+
+    def _batch_feed(self, data: bytes) -> None:
+        """Add a record (*data*, encoded) to the live feed's next batch."""
+        self._feed.append(data)
+        self._feed_bytes += len(data)
+        if self._feed_bytes >= FEED_BATCH_BYTES:
+            self._background(self._send_feed())
+        elif self._feed_timer is None:
+            wait = max(0.0, self._feed_sent + FEED_EVERY - time.monotonic())
+            self._feed_timer = asyncio.get_running_loop().call_later(
+                wait, lambda: self._background(self._send_feed()))
+
+    async def _send_feed(self) -> None:
+        """Publish the records gathered as one batch (core NATS: heard by
+        whoever listens now, as each record on its own subject is)."""
+        if self._feed_timer is not None:
+            self._feed_timer.cancel()
+            self._feed_timer = None
+        if not self._feed:
+            return
+        batch = b"[" + b",".join(self._feed) + b"]"
+        count = len(self._feed)
+        self._feed, self._feed_bytes, self._feed_sent = [], 0, time.monotonic()
+        try:
+            await self.nc.publish(self._feed_subject, batch)
+        except Exception as exc:  # the connection's trouble: the feed is news, not custody
+            log.event("turn_feed_failed", "warning", records=count, error=f"{type(exc).__name__}: {exc}")
 
 
 def episodes_text(counterparty: str, episodes: list[dict[str, Any]]) -> str:
@@ -663,6 +725,12 @@ def counterparty(headers: dict[str, str]) -> str:
     if _SEAT_NAME.match(sender):
         return f"seat:{sender}"
     return "operator"  # crewletctl's, the API's (the people behind them are not told apart)
+
+
+def _retrieved(read: asyncio.Future) -> None:
+    """A ledger read begun early that no turn took: its failure is nobody's news."""
+    if not read.cancelled():
+        read.exception()
 
 
 async def _answer(ledger: asyncio.Future) -> dict[str, Any] | None:
@@ -709,11 +777,25 @@ class SeatWork:
         self.deferred: str | None = None
         self.last: dict[str, Any] | None = None
         self.turns = 0
+        self.looks = 0  # fetches from the mailbox, found something or not (see _drain)
         self.restarts = 0  # failures of the loop in a row (reset by a turn)
         self.stopped = False
         self._trouble: str | None = None  # the mailbox error last logged
         self._wake = asyncio.Event()
+        # Whether this loop found the mailbox empty since it started, and the
+        # wakes heard since it last did less the first deliveries fetched
+        # since: while every message is announced by a wake, a delivery that
+        # left nothing behind it (its ``pending`` 0) needs no look after its
+        # turn (see _drain).
+        self._emptied = False
+        self._announced = 0
+        self._left: int | None = None  # the last delivery's pending, if a first delivery
+        self._all_fetched = False  # the last drain ended on such a delivery, not an empty look
+        # A ledger read begun when a wake named the mail's trigger while the
+        # seat had no turn in hand: (trigger, the read, when it began).
+        self._early: tuple[str, asyncio.Future, float] | None = None
         self._task: asyncio.Task | None = None
+        self._wakes: Any = None  # this seat's own wake subscription (TurnEngine.wakes_per_seat)
         self._inflight_fd: int | None = None  # <run>/inflight/<seat>, open while turns run
         # (stream seq, crashes) of the delivery taken back after a crash, until
         # its redo starts; the crashes the turn in hand was in hand at before.
@@ -741,17 +823,48 @@ class SeatWork:
         await asyncio.sleep(pause)
         await self._run()
 
-    def wake(self) -> None:
+    def wake(self, trigger: str | None = None) -> None:
+        """Look at the mailbox; *trigger*: the mail a publish announced.
+
+        Its ledger read starts now, beside the fetch that will bring the
+        mail, when no turn of this seat is in hand: one that is could still
+        write the same trigger's ledger entry, so a read begun meanwhile
+        might be stale (issue 13's lever: the read off the turn's path)."""
+        self._announced += 1
         self._wake.set()
+        if trigger and self._early is None and self.turn is None and self.fetched is None \
+                and not self.stopped and self._task is not None:
+            read = asyncio.ensure_future(self.engine.ledger.done(trigger))
+            read.add_done_callback(_retrieved)
+            self._early = (trigger, read, time.monotonic())
+
+    def _ledger_read(self, trigger: str) -> asyncio.Future:
+        """The ledger read of *trigger* for the turn starting now: the one a
+        wake began, if it named this trigger and is fresh, else a new one.
+        Either way no other read waits for a later turn (see wake)."""
+        early, self._early = self._early, None
+        if early is not None:
+            named, read, began = early
+            if named == trigger and time.monotonic() - began < EARLY_LEDGER_FRESH:
+                return read
+            read.cancel()
+        return asyncio.ensure_future(self.engine.ledger.done(trigger))
+
+    def _forget_early(self) -> None:
+        if self._early is not None:
+            self._early[1].cancel()
+            self._early = None
 
     def stats(self) -> dict[str, Any]:
-        return {"running": self.turn is not None, "turns": self.turns, "deferred": self.deferred,
+        return {"running": self.turn is not None, "turns": self.turns, "looks": self.looks,
+                "deferred": self.deferred,
                 "last": self.last, "mcp": self.servers.status() if self.servers else {}}
 
     async def stop(self, *, servers_later: bool = False) -> None:
         """Stop fetching; NAK what is in hand (a turn cut short too, unless it
         is settling: that one is let end); stop the servers."""
         self.stopped = True
+        self._forget_early()
         settling = self.settling
         if settling is not None:
             # Its side effects are done and its ledger entry and `done` record
@@ -791,6 +904,10 @@ class SeatWork:
         if handed_back:
             self._forget_inflight()
         self._close_inflight()
+        if self._wakes is not None:
+            wakes, self._wakes = self._wakes, None
+            with contextlib.suppress(Exception):  # the connection's trouble: it goes with it
+                await wakes.unsubscribe()
         try:
             await self.mailbox.detach()
         except Exception as exc:
@@ -812,17 +929,30 @@ class SeatWork:
             self.servers = mcp.SeatServers(self.seat, seat_cfg.mcp, self.registry, mark=engine.mark,
                                            sandbox=engine.sandbox, seat_sandbox=seat_cfg.sandbox)
             await self.servers.start()
+        if engine.wakes_per_seat is not None and self._wakes is None:
+            # Before the first look: mail published after it wakes the seat.
+            self._wakes = await engine.nc.subscribe(f"{MAIL_SUBJECT}{self.seat}", cb=engine.wakes_per_seat)
         self._wake.set()
         while not self.stopped:
-            try:
-                poll = max(POLL, len(engine.work) / POLLS_PER_S)
-                await asyncio.wait_for(self._wake.wait(), poll * random.uniform(0.8, 1.2))
-                woken = True
-            except asyncio.TimeoutError:
-                woken = False
+            # A wake that came while the last drain ran is taken at once: no
+            # timer armed and cancelled for it (one a turn, under load).
+            woken = self._wake.is_set()
+            if not woken:
+                try:
+                    poll = max(POLL, len(engine.work) / POLLS_PER_S)
+                    async with asyncio.timeout(poll * random.uniform(0.8, 1.2)):
+                        await self._wake.wait()
+                    woken = True
+                except TimeoutError:
+                    pass
             # Work until the mailbox is empty; mail arriving meanwhile sets the
             # event again, so clearing it first loses no wake.
             self._wake.clear()
+            if woken and self._all_fetched and self._announced <= 0:
+                # The wake was for mail the last drain fetched already (it came
+                # while that drain's turn ran): nothing to look for.
+                self._all_fetched = False
+                continue
             worked = await self._drain()
             # A wake can outrun the stream's store of the message it announces
             # (measured: ~3 % of sends on one server, more on a cluster, a fetch
@@ -833,10 +963,24 @@ class SeatWork:
                     break
 
     async def _drain(self) -> int:
-        """Work messages until the mailbox has none; how many there were."""
+        """Work messages until the mailbox has none; how many there were.
+
+        A look that finds the mailbox empty is a broker request and a reply
+        (a tenth of the seats process's work a turn, at 100 in flight, with
+        one message a seat at a time), so it is skipped when the last
+        delivery said the mailbox held nothing after it, the loop found the
+        mailbox empty since it started, and every wake heard since was for
+        mail fetched since: then anything published after that delivery
+        wakes the seat again, and a delivery that comes back (a NAK's delay,
+        the ack wait) is looked for by its own timer or the poll, as it is
+        when the seat is idle."""
         worked = 0
+        self._all_fetched = False
         while await self._one():
             worked += 1
+            if self._emptied and self._announced <= 0 and self._left == 0:
+                self._all_fetched = True
+                break
         return worked
 
     async def _one(self) -> bool:
@@ -850,6 +994,7 @@ class SeatWork:
                     return False
                 try:
                     self._mark_fetching()
+                    self.looks += 1
                     delivery = await self.mailbox.next()
                 except (MailboxError, OSError) as exc:
                     self._forget_inflight_quietly()
@@ -858,13 +1003,23 @@ class SeatWork:
                 if delivery is None:
                     self._forget_inflight_quietly()
                     self.suspect = None  # it went elsewhere (worked or dead-lettered)
+                    self._emptied, self._announced = True, 0
                     return False
                 self.fetched = delivery
+                # What the mailbox held after it (see _drain): only a first
+                # delivery was announced; a redelivery may have others behind it.
+                self._left = delivery.pending if delivery.deliveries == 1 else None
+                if delivery.deliveries == 1:
+                    # Not below 0: mail published before this loop listened
+                    # was never announced, and must not cancel a wake to come.
+                    self._announced = max(0, self._announced - 1)
                 if self.stopped or not engine.sweeper.admitted() or engine.sweeper.draining \
                         or not engine.fence(self.seat, self.token):
                     # Our renewals are late, or the seat is going: hand it back at
-                    # once and fetch nothing more until that changes.
+                    # once and fetch nothing more until that changes. It comes
+                    # back unannounced: the next drain looks until it is empty.
                     self.fetched = None
+                    self._emptied = False
                     await self.mailbox.nak(delivery)
                     self._forget_inflight_quietly()
                     return False
@@ -958,7 +1113,7 @@ class SeatWork:
         # those. Not for a suspect (its model call may be what kills the
         # process) nor a conversation's run (its work reads and writes the
         # estate from the start).
-        ledger = asyncio.ensure_future(engine.ledger.done(delivery.trigger))
+        ledger = self._ledger_read(delivery.trigger)
         try:
             seat_cfg, provider = self._seat_cfg(), self._provider()
             run = self._run_of(delivery, seat_cfg)
@@ -1042,6 +1197,7 @@ class SeatWork:
                 log.event("turn_fenced", "warning", seat=self.seat, trigger=delivery.trigger)
                 # Hand it to the successor now rather than after the ack wait;
                 # it checks the ledger like anybody.
+                self._emptied = False  # it comes back unannounced
                 await self.mailbox.nak(delivery)
                 settled = True
                 return

@@ -241,3 +241,37 @@ def test_a_fetch_that_gave_up_gives_its_message_back(natsd):
             mb.attach("Bad.Seat")
         await nc.close()
     run(main())
+
+
+def test_a_later_publish_rides_the_next_write_or_goes_within_its_time(natsd):
+    """crewlet.bus.publish_later (a turn's ack): it waits in the connection's
+    buffer for another write — and goes with it, in order — or is written on
+    its own within its time when none comes."""
+    from crewlet.bus import publish_later
+
+    async def go() -> None:
+        sender = await nats.connect(natsd.url, connect_timeout=2, allow_reconnect=False)
+        hearer = await nats.connect(natsd.url, connect_timeout=2, allow_reconnect=False)
+        try:
+            heard: asyncio.Queue = asyncio.Queue()
+
+            async def seen(msg):
+                heard.put_nowait((msg.subject, time.monotonic()))
+            await hearer.subscribe("later.>", cb=seen)
+            await hearer.flush()
+            # Alone: written once its time is up, not at once, not later.
+            began = time.monotonic()
+            await publish_later(sender, "later.alone", b"+ACK", within=0.3)
+            subject, at = await asyncio.wait_for(heard.get(), 5)
+            assert subject == "later.alone" and 0.25 <= at - began < 2.0, at - began
+            # With another publish after it: they go together, in order, at once.
+            began = time.monotonic()
+            await publish_later(sender, "later.first", b"+ACK", within=5.0)
+            await sender.publish("later.second", b"x")
+            got = [await asyncio.wait_for(heard.get(), 2) for _ in range(2)]
+            assert [s for s, _ in got] == ["later.first", "later.second"]
+            assert got[-1][1] - began < 1.0
+        finally:
+            await sender.close()
+            await hearer.close()
+    run(go())

@@ -20,7 +20,7 @@ import pytest
 from crewlet import ipc
 from crewlet.queue.base import TRIGGER_HEADER
 from crewlet.queue.jetstream import JetStreamMailboxes
-from crewlet.queue.post import TURN_SUBJECT
+from crewlet.queue.post import TURN_SUBJECT, TURNS_SUBJECT
 from roles.seats.turns import POISON_CRASHES, POISON_REASON, parse_inflight
 from tests.conftest import wait_for
 from tests.estate import query
@@ -579,3 +579,99 @@ def test_a_trigger_worked_by_a_turn_cut_short_before_its_record_gets_its_done_re
     copy = copy_of(node)
     assert not [r for _, v in store.dump(copy, ("turns",))["turns"]
                 if (r := store.unpack(v)).get("trigger") == "cut-2" and r.get("outcome") == "done"]
+
+
+def test_mail_one_at_a_time_takes_one_look_a_turn_and_a_trigger_mailed_twice_is_worked_once(make_node):
+    """Issue 28: a delivery that left nothing behind it in the mailbox is not
+    followed by a look that finds nothing (a broker request a turn), yet mail
+    published while a turn runs is worked at once, not at the seat's next
+    poll; and the ledger read a wake begins (beside the fetch) is never one a
+    turn of the same seat could still make stale: the same trigger in two
+    messages, published together, is worked once and skipped once."""
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    wait_for(lambda: held(node).get("cto") == "t1", 30, what="cto held")
+
+    def looks() -> int:
+        return ((seats_stats(node).get("seats") or {}).get("cto") or {}).get("looks") or 0
+
+    def turns() -> int:
+        return ((seats_stats(node).get("seats") or {}).get("cto") or {}).get("turns") or 0
+
+    async def one_at_a_time(nc, js) -> None:
+        mailboxes = JetStreamMailboxes(js, nc)
+        done: asyncio.Queue = asyncio.Queue()
+
+        async def seen(msg):
+            done.put_nowait(json.loads(msg.data))
+        await nc.subscribe(TURN_SUBJECT + "cto", cb=seen)
+        for n in range(30):
+            await mailboxes.send("cto", f"note {n}", trigger=f"look-{n}")
+            record = await asyncio.wait_for(done.get(), 5)
+            assert (record["trigger"], record["outcome"]) == (f"look-{n}", "done")
+        # Mail published while a turn runs is worked at once: the turn's
+        # delivery said nothing was behind it, the wake says otherwise.
+        for n in range(10):
+            await mailboxes.send("cto", f"note burst {n}", trigger=f"burst-{n}")
+        triggers = set()
+        while len(triggers) < 10:
+            triggers.add((await asyncio.wait_for(done.get(), 5))["trigger"])
+        assert triggers == {f"burst-{n}" for n in range(10)}
+        # The same trigger twice (two messages: another message id), at once.
+        for copy in (1, 2):
+            await nc.publish("agents.inbox.cto", b"note twice",
+                             headers={TRIGGER_HEADER: "twice-1", "Nats-Msg-Id": f"twice-1.{copy}"})
+        records = []
+        while not any(r["outcome"] == "skipped" for r in records):
+            records.append(await asyncio.wait_for(done.get(), 5))
+        # Worked once (the skip writes the worked turn's `done` record again,
+        # from its ledger entry: no time of its own).
+        assert [r["outcome"] for r in records if r["took_ms"] > 0] == ["done", "skipped"], records
+
+    before_looks, before_turns = looks(), turns()  # 0, 0: a seat's stats show once it worked
+    read(node, one_at_a_time)
+    wait_for(lambda: turns() >= before_turns + 42, 10, what="the turns in the seat's stats")
+    # One look a turn, and a few more (a wake that outran the stream's store
+    # of its message, the burst's end, a poll): not two a turn as before.
+    assert looks() - before_looks <= 42 + 12, (looks() - before_looks, turns() - before_turns)
+
+
+def test_turn_records_reach_the_feed_in_batches_as_well_as_each_on_its_seat(make_node):
+    """Issue 28: every record goes out on its seat's subject (send --wait
+    hears it there) and, for ingress, in a batch of its seats process's
+    records: turns ending together share one message."""
+    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    seats = ["ceo", "cto", "product-manager", "designer", "eng-manager", *[f"backend-{i}" for i in range(1, 5)],
+             *[f"frontend-{i}" for i in range(1, 4)], "mobile-1", "mobile-2", "platform-1", "platform-2",
+             "sre-oncall", "data-engineer", "ml-engineer", "qa-lead", "qa-1", "security"]
+    wait_for(lambda: all(held(node).get(s) == "t1" for s in seats), 30, what="the seats held")
+
+    async def burst(nc, js) -> None:
+        singles: dict[str, dict] = {}
+        batches: list[list[dict]] = []
+        all_heard = asyncio.Event()
+
+        def heard() -> None:
+            batched = {r["trigger"] for b in batches for r in b}
+            if set(singles) <= batched and len(singles) == len(seats):
+                all_heard.set()
+
+        async def single(msg):
+            record = json.loads(msg.data)
+            if record["trigger"].startswith("batch-"):
+                singles[record["trigger"]] = record
+            heard()
+
+        async def batch(msg):
+            batches.append([r for r in json.loads(msg.data) if r["trigger"].startswith("batch-")])
+            heard()
+        await nc.subscribe(TURN_SUBJECT + ">", cb=single)
+        await nc.subscribe(TURNS_SUBJECT + ">", cb=batch)
+        mailboxes = JetStreamMailboxes(js, nc)
+        for seat in seats:
+            await mailboxes.send(seat, "hello there", trigger=f"batch-{seat}")
+        await asyncio.wait_for(all_heard.wait(), 20)
+        batched = {r["trigger"]: r for b in batches for r in b}
+        assert {t: batched[t] for t in singles} == singles, "the same records, in batches"
+        assert max(len(b) for b in batches) > 1, [len(b) for b in batches]
+        assert sum(len(b) for b in batches) < 2 * len(seats)
+    read(node, burst)

@@ -49,3 +49,23 @@ def test_a_tool_gives_the_same_spec_each_time():
     tool = builtin_tools()[0]
     assert tool.spec() is tool.spec()
     assert (tool.spec().name, tool.spec().parameters) == (tool.name, tool.parameters)
+
+
+def test_every_seat_without_servers_offers_the_very_same_tool_list():
+    """Issue 28: a seat's tools are made once for every seat (the skill tool
+    was made per seat), so a provider serving hundreds of seats encodes their
+    tool list once, not on every turn — its JSON is kept by the specs'
+    identity, and a hundred seats' distinct lists outran what it keeps."""
+    from crewlet.agent.estate_tools import estate_tools
+    from crewlet.agent.skill_tools import skill_tools
+    from crewlet.agent.tools import Registry, builtin_tools
+
+    def seat_registry() -> Registry:  # as roles/seats/turns.py's SeatWork makes one
+        registry = Registry()
+        for tool in builtin_tools() + estate_tools() + skill_tools():
+            registry.add(tool)
+        return registry
+    p = make_provider("p", ProviderSpec.model_validate({"kind": "openai", "model": "m"}))
+    body = p._body("a persona", [Message("user", "hello")], [])
+    bodies = {p._encode(body, seat_registry().specs()) for _ in range(100)}
+    assert len(bodies) == 1 and len(p._tools_json) == 1
