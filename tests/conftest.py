@@ -52,12 +52,19 @@ BESIDE_THE_FLEET = frozenset({"tests/fleet/test_vault_fleet.py", "tests/fleet/te
 # settle among them. Two workers until the suite's work is cut instead.)
 
 
+# Files whose tests share nothing (no module fixture: each starts what it needs
+# as a subprocess of its own), each test a group of its own: ~19 bench smoke runs
+# (~140 s in all) are not one block on one worker but fill both workers' gaps.
+EACH_TEST_A_GROUP = frozenset({"tests/integration/test_benches.py"})
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks into the test ids
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         fleet = path.startswith("tests/fleet/") and path not in BESIDE_THE_FLEET
-        item.add_marker(pytest.mark.xdist_group(FLEET_GROUP if fleet else path))
+        group = FLEET_GROUP if fleet else item.nodeid if path in EACH_TEST_A_GROUP else path
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # ---------------------------------------------------------------- throwing dirs away

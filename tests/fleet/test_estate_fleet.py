@@ -19,7 +19,7 @@ import pytest
 
 from crewlet import groups
 from crewlet.estate import store
-from tests.conftest import wait_for
+from tests.conftest import start_all, wait_for
 from tests.estate import (applied, copy_of, log_last, op, publish_all, publish_to, query, random_log,
                           random_ops, routed, run)
 from tests.fleet.test_fleet import apply, fleet_node
@@ -60,7 +60,7 @@ def test_three_data_nodes_converge_with_their_appliers_killed_mid_stream(natsd, 
     is published from a thread of its own, a few at a time, while b's and
     c's appliers are SIGKILLed in turn, six times: each kill lands while the
     log grows, and all three copies end identical, row for row."""
-    nodes = [data_node(make_node, natsd, n).start() for n in "abc"]
+    nodes = start_all([data_node(make_node, natsd, n) for n in "abc"])
     a, b, c = nodes
     wait_for(lambda: all(copy_of(n) is not None for n in nodes), 20, what="three copies made")
     items = random_log(11, 1600)
@@ -168,8 +168,8 @@ def test_a_node_without_data_writes_and_reads_the_estate_through_the_router(nats
     """A seat on a node with no copy creates a task, writes a page, lists and
     searches: every data node holds it all; crewletctl shows the estate from
     any node; the seat's turn records are kept by every data node, each once."""
-    a, b = data_node(make_node, natsd, "a").start(), data_node(make_node, natsd, "b").start()
-    s = fleet_node(make_node, natsd, "s", node={"roles": ["seats"], "labels": {"zone": "edge"}}).start()
+    a, b, s = start_all([data_node(make_node, natsd, "a"), data_node(make_node, natsd, "b"),
+                         fleet_node(make_node, natsd, "s", node={"roles": ["seats"], "labels": {"zone": "edge"}})])
     apply(s, write_company(short_tmp, estate_company("edge"), "stateless.yaml"))
     wait_for(lambda: held(s).get("w") == "s", 20, what="s holds w")
     assert not os.path.exists(os.path.join(s.config["data_dir"], "estate"))  # no copy here
@@ -215,9 +215,9 @@ def test_a_data_node_with_its_applier_stopped_keeps_its_seats_served_by_a_peer(n
     through b's copy; a catches up when its applier goes on. Then w moves to
     b, and a write under a's older token is refused on every copy."""
     # A long grace: crewletd must not end the stopped applier for its silence.
-    a = data_node(make_node, natsd, "a", node={"roles": ["data", "seats"], "labels": {"zone": "a"}},
-                  supervisor={"heartbeat_grace": 120, "wedge_after": 120}).start()
-    b = data_node(make_node, natsd, "b", node={"roles": ["data", "seats"], "labels": {"zone": "b"}}).start()
+    a, b = start_all([data_node(make_node, natsd, "a", node={"roles": ["data", "seats"], "labels": {"zone": "a"}},
+                                supervisor={"heartbeat_grace": 120, "wedge_after": 120}),
+                      data_node(make_node, natsd, "b", node={"roles": ["data", "seats"], "labels": {"zone": "b"}})])
     apply(a, write_company(short_tmp, estate_company("a"), "a.yaml"))
     wait_for(lambda: held(a).get("w") == "a", 20, what="a holds w")
     first = turn(a, "w", "create a task before")
@@ -267,7 +267,7 @@ def test_a_data_node_with_its_applier_stopped_keeps_its_seats_served_by_a_peer(n
 def test_the_fleet_answers_while_a_data_node_is_down_and_it_catches_up(natsd, make_node):
     """Kill one of three data nodes whole: writes and floor-carrying reads go
     on through the others; restarted, it catches up to the same copy."""
-    nodes = [data_node(make_node, natsd, n).start() for n in "abc"]
+    nodes = start_all([data_node(make_node, natsd, n) for n in "abc"])
     a, b, c = nodes
     wait_for(lambda: all(copy_of(n) is not None for n in nodes), 20, what="three copies made")
 
@@ -300,8 +300,8 @@ def test_nobody_answering_is_an_error_naming_every_data_node(natsd, make_node):
     """With its only data node evicted, or gone, a node without data says so —
     never an empty list — and a search says it could not be searched."""
     # A long grace: crewletd must not end (and restart) the stopped applier.
-    a = data_node(make_node, natsd, "a", supervisor={"heartbeat_grace": 120, "wedge_after": 120}).start()
-    s = fleet_node(make_node, natsd, "s", node={"roles": ["seats"]}).start()
+    a, s = start_all([data_node(make_node, natsd, "a", supervisor={"heartbeat_grace": 120, "wedge_after": 120}),
+                      fleet_node(make_node, natsd, "s", node={"roles": ["seats"]})])
     wait_for(lambda: copy_of(a) is not None, 20, what="a's copy made")
     assert ctl_json(s, "tasks")["tasks"] == []  # answered: the company has none
 

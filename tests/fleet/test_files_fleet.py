@@ -15,7 +15,7 @@ import nats
 import pytest
 
 from crewlet import tokens
-from tests.conftest import wait_for
+from tests.conftest import start_all, wait_for
 from tests.fleet.test_cluster import make_members, start_alone
 from tests.fleet.test_fleet import fleet_node
 from tests.seats import ctl, held
@@ -38,8 +38,8 @@ def _chunks(url: str) -> int:
 
 
 def test_an_upload_cut_by_a_kill_9_is_collected_after_its_grace_and_never_earlier(natsd, make_node):
-    keeper = fleet_node(make_node, natsd, "keeper", node={"roles": ["data", "workers"]}, files=FILES).start()
-    taker = fleet_node(make_node, natsd, "taker", node={"roles": ["data", "ingress"]}, files=FILES).start()
+    keeper, taker = start_all([fleet_node(make_node, natsd, "keeper", node={"roles": ["data", "workers"]}, files=FILES),
+                               fleet_node(make_node, natsd, "taker", node={"roles": ["data", "ingress"]}, files=FILES)])
     base = f"http://{taker.config['ingress']['listen']}"
     wait_for(lambda: httpx2.get(base + "/readyz", trust_env=False).status_code == 200, 60,
              what="the taker's ingress ready")

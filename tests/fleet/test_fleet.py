@@ -173,8 +173,8 @@ def test_a_second_node_with_the_same_id_is_refused_and_takes_nothing(natsd, make
 
 
 def test_placement_labels_are_honoured(natsd, make_node, short_tmp):
-    eu = fleet_node(make_node, natsd, "eu", node={"labels": {"zone": "eu"}}).start()
-    fleet_node(make_node, natsd, "us", node={"labels": {"zone": "us"}}).start()
+    eu, _ = start_all([fleet_node(make_node, natsd, "eu", node={"labels": {"zone": "eu"}}),
+                       fleet_node(make_node, natsd, "us", node={"labels": {"zone": "us"}})])
     apply(eu, company(short_tmp, 28, {"gdpr-1": {"zone": "eu"}, "gdpr-2": {"zone": "eu"}}))
     wait_for(lambda: len(seats_of(eu)) == 30, 60, what="30 seats held")
     held = seats_of(eu)
@@ -288,8 +288,8 @@ def test_a_revision_reaches_every_node_and_a_bad_one_is_refused(natsd, make_node
 
 
 def test_fleet_role_unmanned_is_logged_when_no_node_runs_workers(natsd, make_node):
-    a = fleet_node(make_node, natsd, "a", node={"roles": ["data", "ingress", "seats"]}).start()
-    fleet_node(make_node, natsd, "b", node={"roles": ["data", "seats"]}).start()
+    a, _ = start_all([fleet_node(make_node, natsd, "a", node={"roles": ["data", "ingress", "seats"]}),
+                      fleet_node(make_node, natsd, "b", node={"roles": ["data", "seats"]})])
     # a may say so first alone, before b joins; then again for both.
     ev = a.wait_event("fleet_role_unmanned", timeout=20, nodes=["a", "b"])
     assert ev["roles"] == ["workers"]

@@ -18,7 +18,7 @@ import pytest
 
 from crewlet.estate import store
 from crewlet.queue.jetstream import STREAM, SUBJECT, JetStreamMailboxes
-from tests.conftest import wait_for
+from tests.conftest import start_all, wait_for
 from tests.estate import applied, copy_of, log_last, op, publish_to, query, run
 from tests.fleet.test_estate_fleet import data_node
 from tests.fleet.test_fleet import apply
@@ -85,7 +85,7 @@ async def mail(url: str, seat: str, n: int) -> None:
 
 
 def test_old_turn_records_go_from_every_copy_and_unworked_mail_stays(natsd, make_node, short_tmp):
-    nodes = [data_node(make_node, natsd, n, node=WORKERS).start() for n in "abc"]
+    nodes = start_all([data_node(make_node, natsd, n, node=WORKERS) for n in "abc"])
     a = nodes[0]
     apply(a, write_company(short_tmp, COMPANY.format(turns_days=90), "company-90.yaml"))
     wait_for(lambda: any(report(n) for n in nodes), 30, interval=0.2, what="the first sweep reported")

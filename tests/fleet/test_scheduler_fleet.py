@@ -19,7 +19,7 @@ import pytest
 
 from crewlet.coord import buckets
 from crewlet.schedules import tick_of
-from tests.conftest import wait_for
+from tests.conftest import start_all, wait_for
 from tests.fleet.test_fleet import apply, fleet_node
 from tests.seats import ctl, read_nats, turn_records, write_company
 
@@ -86,8 +86,8 @@ def events(node, name: str, since: float = 0.0) -> list[dict]:
 
 
 def test_each_tick_is_worked_once_while_the_holder_is_killed_and_the_duty_moves(natsd, make_node):
-    s = seat_node(make_node, natsd).start()
-    workers = {i: duty_node(make_node, natsd, i).start() for i in ("w1", "w2")}
+    s, *started = start_all([seat_node(make_node, natsd), *(duty_node(make_node, natsd, i) for i in ("w1", "w2"))])
+    workers = dict(zip(("w1", "w2"), started))
     apply(s, write_company(s.dir, COMPANY.format(
         schedules=f"  - {{name: beat, seat: pm, every: {PERIOD}s, message: beat}}")))
     first = wait_for(lambda: holder(s), 20, what="the scheduler duty held")
@@ -137,8 +137,7 @@ def test_each_tick_is_worked_once_while_the_holder_is_killed_and_the_duty_moves(
 
 
 def test_catch_up_after_a_gap_with_no_holder(natsd, make_node):
-    s = seat_node(make_node, natsd).start()
-    w = duty_node(make_node, natsd, "w").start()
+    s, w = start_all([seat_node(make_node, natsd), duty_node(make_node, natsd, "w")])
     apply(s, write_company(s.dir, COMPANY.format(schedules="\n".join(
         f"  - {{name: {name}, seat: pm, every: {PERIOD}s, catch_up: {policy}, message: {name}}}"
         for name, policy in (("latest", "latest"), ("all", "all"), ("none", "none"))))))

@@ -18,7 +18,7 @@ import pytest
 
 from crewlet.estate.router import SHARDS, SPLIT_AT, coverage, split_shards
 from crewlet.estate.search import SearchIndex, SearchUnavailable, index_path
-from tests.conftest import wait_for
+from tests.conftest import start_all, wait_for
 from tests.estate import applied, log_last, op, publish_to, routed, run, until
 from tests.fleet.test_fleet import fleet_node
 
@@ -51,9 +51,9 @@ def indexed(node) -> int:
 @pytest.mark.timeout(240)
 def test_a_search_over_20000_pages_with_a_data_node_stopped_answers_without_its_shards(natsd, make_node):
     # A long grace: crewletd must not end (and restart) the stopped applier.
-    nodes = {n: fleet_node(make_node, natsd, n, node={"roles": ["data"]},
-                           supervisor={"heartbeat_grace": 120, "wedge_after": 120}).start()
-             for n in ("a", "b", "c")}
+    nodes = dict(zip("abc", start_all([fleet_node(make_node, natsd, n, node={"roles": ["data"]},
+                                                  supervisor={"heartbeat_grace": 120, "wedge_after": 120})
+                                       for n in "abc"])))
     wait_for(lambda: all(applied(n) >= 0 and os.path.exists(index_path(n.config["data_dir"]))
                          for n in nodes.values()), 30, what="three copies made")
     run(publish_to(natsd.url, pages()), 120)

@@ -30,7 +30,7 @@ import nats
 import pytest
 
 from crewlet import outbox
-from tests.conftest import CREWLETCTL, wait_for
+from tests.conftest import CREWLETCTL, start_all, wait_for
 from tests.fleet.test_fleet import apply, fleet_node
 from tests.smtp import SmtpServer, worst_window
 
@@ -68,7 +68,7 @@ def test_200_notifications_at_5_per_s_across_a_kill_9_of_the_sender(natsd, make_
     smtpd = SmtpServer().start()
     try:
         smtp = {"host": "127.0.0.1", "port": smtpd.port, "tls": "none", "retry_after": 0.5, "timeout": 5}
-        nodes = [fleet_node(make_node, natsd, f"n{i}", smtp=smtp).start() for i in range(3)]
+        nodes = start_all([fleet_node(make_node, natsd, f"n{i}", smtp=smtp) for i in range(3)])
         apply(nodes[0], company(short_tmp))
         holder = wait_for(lambda: sender_of(nodes[0]), 30, what="a sender duty holder")
 

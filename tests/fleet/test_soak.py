@@ -18,7 +18,7 @@ import nats
 import pytest
 
 from crewlet.coord.buckets import WATCH_INACTIVE
-from tests.conftest import wait_for
+from tests.conftest import start_all, wait_for
 from tests.fleet.test_fleet import apply, fleet_node, seats_of
 
 pytestmark = pytest.mark.fleet
@@ -39,7 +39,7 @@ def consumers(url: str) -> dict[str, int]:
 
 
 def test_no_streams_consumers_grow_while_a_fleet_sweeps(natsd, make_node):
-    nodes = [fleet_node(make_node, natsd, f"n{i}").start() for i in range(2)]
+    nodes = start_all([fleet_node(make_node, natsd, f"n{i}") for i in range(2)])
     apply(nodes[0])  # the sample company, etc/company.yaml
     wait_for(lambda: len(seats_of(nodes[0])) == 30 and len(set(seats_of(nodes[0]).values())) == 2,
              60, what="30 seats held over both nodes")

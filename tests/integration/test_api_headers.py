@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from tests.browser.conftest import base_url, token_of
-from tests.conftest import wait_for
+from tests.conftest import Nodes, wait_for
 
 WANTED = {
     "x-frame-options": "DENY",
@@ -58,10 +58,16 @@ def assert_hardened(response) -> None:
     assert not any("unsafe" in v for values in csp.values() for v in values), (where, csp)
 
 
-@pytest.fixture
-def node(make_node):
-    # debug: the websockets library's request lines are logged too (uvicorn.error).
-    return make_node(log={"level": "debug"}, ingress={"max_body": 4096}).start()
+@pytest.fixture(scope="module")
+def node():
+    """One node for the module's tests that only make requests of it (its log
+    read by the second holds the first's requests too: nothing secret in them either)."""
+    made = Nodes()
+    try:
+        # debug: the websockets library's request lines are logged too (uvicorn.error).
+        yield made(log={"level": "debug"}, ingress={"max_body": 4096}).start()
+    finally:
+        made.close()
 
 
 def test_every_answer_carries_the_security_headers_and_docs_stay_on_this_origin(node):

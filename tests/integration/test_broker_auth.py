@@ -22,6 +22,7 @@ import nats
 import pytest
 
 from crewlet import credentials
+from tests.conftest import Nodes
 from tests.seats import node_url, read_nats
 
 NOBODY = 65534
@@ -97,11 +98,15 @@ def _estate_last(node) -> int:
 REFUSED = ["-ERR 'Authorization Violation'"]
 
 
-@pytest.fixture
-def node(make_node):
-    n = make_node(node={"id": "auth"})
-    n.start()
-    return n
+@pytest.fixture(scope="module")
+def node():
+    """One node for the module: its tests only read its files and knock on its
+    broker (their intrusions are refused and change nothing)."""
+    made = Nodes()
+    try:
+        yield made(node={"id": "auth"}).start()
+    finally:
+        made.close()
 
 
 def test_credentials_are_made_at_first_start_and_only_the_service_user_reads_them(node):

@@ -16,10 +16,21 @@ import pytest
 
 from crewlet import tokens
 
-from tests.conftest import CREWLETCTL, CREWLETD, alive, wait_for
+from tests.conftest import CREWLETCTL, CREWLETD, Nodes, alive, wait_for
 from tests.seats import SAMPLE, held
 
 ROLES = ("data_applier", "ingress", "seats", "workers")
+
+
+@pytest.fixture(scope="module")
+def running_node():
+    """One node, started once, for the module's tests that only look at it
+    (neither signal, kill nor reconfigure it)."""
+    made = Nodes()
+    try:
+        yield made().start()
+    finally:
+        made.close()
 
 
 def test_node_starts_every_child_and_restarts_a_killed_one_within_a_second(make_node):
@@ -193,15 +204,15 @@ def test_missing_broker_binary_exits_78(make_node):
     assert code == 78, f"exit {code}:\n{node.read_log()[-3000:]}"
 
 
-def test_second_crewletd_on_the_same_data_dir_is_refused(make_node):
-    node = make_node().start()
+def test_second_crewletd_on_the_same_data_dir_is_refused(running_node):
+    node = running_node
     out = subprocess.run([*CREWLETD, "start", "-c", node.config_path], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 78 and "another crewletd" in out.stderr
 
 
-def test_ingress_health_and_readiness(make_node):
-    node = make_node().start()
+def test_ingress_health_and_readiness(running_node):
+    node = running_node
     base = f"http://{node.config['ingress']['listen']}"
     with urllib.request.urlopen(base + "/healthz", timeout=5) as r:
         assert r.status == 200 and json.load(r)["node"] == "t1"

@@ -21,6 +21,9 @@ from tests.conftest import wait_for
 from tests.seats import ctl, ctl_json, read_nats, turn_records, write_company
 
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
+# The schedules' period: the shortest a schedule may have (every: 1s), so the
+# ticks a test waits for come a second apart.
+PERIOD = 1
 
 COMPANY = """
 company: {{name: t}}
@@ -49,7 +52,7 @@ def done(natsd, schedule: str | None = None) -> Counter:
 
 def test_schedules_fire_follow_revisions_and_refuse_a_bad_one(natsd, make_node):
     n = node(make_node, natsd).start()
-    out = ctl(n, "apply", company(n.dir, "one.yaml", "  - {name: beat, seat: pm, every: 2s, message: beat}"))
+    out = ctl(n, "apply", company(n.dir, "one.yaml", f"  - {{name: beat, seat: pm, every: {PERIOD}s, message: beat}}"))
     assert out.returncode == 0, out.stderr
     wait_for(lambda: len(done(natsd, "beat")) >= 2, 30, interval=0.3, what="two beats worked")
 
@@ -58,7 +61,7 @@ def test_schedules_fire_follow_revisions_and_refuse_a_bad_one(natsd, make_node):
     shown = ctl_json(n, "schedules")
     (beat,) = shown["schedules"]
     assert shown["holder"] == {"node": "t1", "token": duty["token"]}
-    assert beat["timing"] == "every 2s" and beat["catch_up"] == "latest"
+    assert beat["timing"] == f"every {PERIOD}s" and beat["catch_up"] == "latest"
     assert beat["last"]["node"] == "t1" and beat["last"]["token"] == duty["token"]
     assert beat["last"]["trigger"].startswith("beat=") and beat["next"] > beat["last"]["scheduled"]
     text = ctl(n, "schedules")
@@ -73,7 +76,7 @@ def test_schedules_fire_follow_revisions_and_refuse_a_bad_one(natsd, make_node):
     assert api["schedules"][0]["name"] == "beat" and api["schedules"][0]["last"]["node"] == "t1"
 
     # A new revision: beat goes, pulse comes, without a restart.
-    out = ctl(n, "apply", company(n.dir, "two.yaml", "  - {name: pulse, seat: pm, every: 3s, message: pulse}"))
+    out = ctl(n, "apply", company(n.dir, "two.yaml", f"  - {{name: pulse, seat: pm, every: {PERIOD}s, message: pulse}}"))
     assert out.returncode == 0, out.stderr
     wait_for(lambda: done(natsd, "pulse"), 20, interval=0.3, what="a pulse worked")
     beats = len(done(natsd, "beat"))
@@ -111,7 +114,7 @@ def test_a_tick_sent_again_is_worked_once(natsd, make_node):
     before recording leaves, times three): the duty sends those ticks again
     under their trigger ids, and the mailbox drops every repeat."""
     n = node(make_node, natsd).start()
-    out = ctl(n, "apply", company(n.dir, "one.yaml", "  - {name: beat, seat: pm, every: 2s, message: beat}"))
+    out = ctl(n, "apply", company(n.dir, "one.yaml", f"  - {{name: beat, seat: pm, every: {PERIOD}s, message: beat}}"))
     assert out.returncode == 0, out.stderr
     wait_for(lambda: len(done(natsd, "beat")) >= 4, 30, interval=0.3, what="four beats worked")
 
@@ -119,7 +122,7 @@ def test_a_tick_sent_again_is_worked_once(natsd, make_node):
         kv = await js.key_value(buckets.STATUS.name)
         entry = await kv.get("schedule.beat")
         record = json.loads(entry.value)
-        record["settled"] -= 3 * 2
+        record["settled"] -= 3 * PERIOD
         await kv.update("schedule.beat", json.dumps(record).encode(), last=entry.revision)
         return record["settled"]
     read_nats(natsd.url, rewind)
@@ -129,4 +132,4 @@ def test_a_tick_sent_again_is_worked_once(natsd, make_node):
     worked = done(natsd, "beat")
     assert all(count == 1 for count in worked.values()), worked
     times = sorted(tick_of(t)[1] for t in worked)
-    assert all(b - a == 2 for a, b in zip(times, times[1:])), times  # none lost either
+    assert all(b - a == PERIOD for a, b in zip(times, times[1:])), times  # none lost either

@@ -22,7 +22,7 @@ from crewlet.queue.base import TRIGGER_HEADER
 from crewlet.queue.jetstream import JetStreamMailboxes
 from crewlet.queue.post import TURN_SUBJECT, TURNS_SUBJECT
 from roles.seats.turns import POISON_CRASHES, POISON_REASON, parse_inflight
-from tests.conftest import wait_for
+from tests.conftest import Nodes, wait_for
 from tests.estate import query
 from tests.seats import (SAMPLE, ctl, ctl_json, held, ledger_keys, mail_of, node_url,
                           read_nats, seats_stats, send_all, turn_records, worker_company, write_company)
@@ -34,13 +34,28 @@ def read(node, fn):
     return read_nats(node_url(node), fn)
 
 
+@pytest.fixture(scope="module")
+def sample_node():
+    """One node of the sample company for the module's tests that neither break
+    nor reconfigure their node (each sends mail of its own triggers, to its own
+    seats or after the earlier tests' turns ended): its start is paid once."""
+    made = Nodes()
+    try:
+        node = made(fleet=FAST).start(args=("--company", SAMPLE))
+        wait_for(lambda: held(node).get("ceo") == "t1" and held(node).get("cto") == "t1", 30,
+                 what="ceo and cto held")
+        yield node
+    finally:
+        made.close()
+
+
 # --------------------------------------------------------------------------
 
 
-def test_sample_company_does_a_turn_with_each_kind_of_tool(make_node):
+def test_sample_company_does_a_turn_with_each_kind_of_tool(sample_node):
     """The README's demo: hello, an MCP tool of the seat's own, mail to another
     seat, private notes — and crewletctl seats and status show it."""
-    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    node = sample_node
     wait_for(lambda: held(node).get("ceo") == "t1" and held(node).get("cto") == "t1", 30,
              what="ceo and cto held")
 
@@ -77,9 +92,9 @@ def test_sample_company_does_a_turn_with_each_kind_of_tool(make_node):
     wait_for(lambda: seats_stats(node).get("turns", 0) >= 6, 5, what="the turns counted in status")
 
 
-def test_mail_to_an_idle_seat_is_worked_at_once(make_node):
+def test_mail_to_an_idle_seat_is_worked_at_once(sample_node):
     """Each message wakes its seat: none waits for the seat's next poll (a minute)."""
-    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    node = sample_node
     wait_for(lambda: held(node).get("cto") == "t1", 30, what="cto held")
 
     async def one_at_a_time(nc, js):
@@ -98,11 +113,11 @@ def test_mail_to_an_idle_seat_is_worked_at_once(make_node):
     read(node, one_at_a_time)
 
 
-def test_send_wait_with_a_worked_trigger_answers_at_once(make_node):
+def test_send_wait_with_a_worked_trigger_answers_at_once(sample_node):
     """Issue 16: mail sent again under a trigger already worked is a duplicate
     the mailbox drops, so no turn will come: --wait answers at once saying
     so, instead of waiting out its time."""
-    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    node = sample_node
     wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
     first = ctl_json(node, "send", "ceo", "hello there", "--trigger", "once-1", "--wait", "30")
     assert first["turn"]["outcome"] == "done" and first["duplicate"] is False
@@ -125,8 +140,8 @@ def test_send_wait_with_a_worked_trigger_answers_at_once(make_node):
     assert [r["trigger"] for r in read(node, turn_records)].count("once-2") == 1
 
 
-def test_unknown_seat_and_empty_text_are_refused(make_node):
-    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+def test_unknown_seat_and_empty_text_are_refused(sample_node):
+    node = sample_node
     wait_for(lambda: node.status()["fleet"]["company"], 20, what="the company applied")
     out = ctl(node, "send", "nobody", "hi")
     assert out.returncode == 1 and "no seat named 'nobody'" in out.stderr
@@ -509,12 +524,12 @@ def test_a_turn_whose_ledger_entry_cannot_be_written_is_not_acked_and_is_worked_
     assert row["in_flight"] == 0 and row["dead_letters"] == 0, row
 
 
-def test_a_worked_trigger_read_beside_the_model_call_does_nothing_but_that_call(make_node):
+def test_a_worked_trigger_read_beside_the_model_call_does_nothing_but_that_call(sample_node):
     """The ledger is read while the model is first asked (plain mail): a
     trigger already worked is skipped before the turn's first side effect —
     the model's answer here asks for a `send`, which never happens — while
     fresh mail, read the same way, is worked and settled as always."""
-    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    node = sample_node
     wait_for(lambda: held(node).get("ceo") == "t1" and held(node).get("cto") == "t1", 30,
              what="ceo and cto held")
 
@@ -540,7 +555,7 @@ def test_a_worked_trigger_read_beside_the_model_call_does_nothing_but_that_call(
     assert "early-2" in read(node, ledger_keys)
 
 
-def test_a_trigger_worked_by_a_turn_cut_short_before_its_record_gets_its_done_record(make_node):
+def test_a_trigger_worked_by_a_turn_cut_short_before_its_record_gets_its_done_record(sample_node):
     """A turn whose process died between its ledger entry and its durable
     record (here: the ledger entry written by hand, no record) — its mail
     comes back, is skipped by the ledger, and the skip writes the `done`
@@ -548,7 +563,7 @@ def test_a_trigger_worked_by_a_turn_cut_short_before_its_record_gets_its_done_re
     from tests.estate import copy_of
     from crewlet.estate import store
 
-    node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
+    node = sample_node
     wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
 
     async def worked_elsewhere(nc, js) -> None:
