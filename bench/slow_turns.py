@@ -592,7 +592,9 @@ class SlowNode(CrewletNode):
         self.seats = seats
         Crewletd.__init__(self, base, {
             "node": {"id": NODE_ID, "max_concurrent": args.max_concurrent,
-                     **({"seats_processes": args.seats_processes} if args.seats_processes else {})},
+                     # bench/skills.py drives this node with its own options: no pool size there.
+                     **({"seats_processes": args.seats_processes}
+                        if getattr(args, "seats_processes", None) else {})},
             "supervisor": {"shutdown_timeout": ROLE_SHUTDOWN, "broker_shutdown_timeout": ROLE_SHUTDOWN},
             "fleet": {"sweep": args.sweep, "heartbeat": args.heartbeat, "lease_ttl": args.lease_ttl},
         }, binary=binary)

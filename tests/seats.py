@@ -78,6 +78,14 @@ def held(node) -> dict[str, str]:
     return {s["name"]: s["node"] for s in ((st.get("fleet") or {}).get("seats") or [])}
 
 
+def deferrals(node, seat: str) -> list[str]:
+    """Why *node* deferred *seat*'s turns, as its log says (``turn_deferred``):
+    a deferral is not a turn worked, said on the feed and in the log, never
+    stored (roles/seats/turns.py)."""
+    return [e.get("reason") or "" for e in node.events()
+            if e.get("event") == "turn_deferred" and e.get("seat") == seat]
+
+
 def seats_stats(node) -> dict:
     """The stats the node's seats children last reported, the pool's whole
     ({} before any): what crewletctl status shows."""

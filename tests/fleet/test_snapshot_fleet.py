@@ -63,12 +63,12 @@ def test_a_fourth_data_node_joining_after_the_trim_starts_from_a_snapshot_and_ma
     first, snaps = _bounds_and_snapshots(natsd.url)
     assert {s["node"] for s in snaps} == {"a"}
     assert first - 1 <= max(s["seq"] for s in snaps)  # never trimmed past the newest snapshot
-    assert "estate_log_trimmed" in a.read_log()
+    wait_for(lambda: "estate_log_trimmed" in a.read_log(), 5, what="the trim said")
 
     # b stops; the log goes on and is trimmed past what b applied (b, away, does not hold it back).
-    b_applied = applied(b)
     os.kill(b.proc.pid, signal.SIGTERM)
     assert b.wait_exit(60) == 0
+    b_applied = applied(b)  # read once it stopped: its applier may commit up to its last moment
     run(publish_to(natsd.url, random_log(22, 450)))
     wait_for(lambda: _bounds_and_snapshots(natsd.url)[0] > b_applied + 1, 60,
              what="the log trimmed past b's copy")
@@ -85,9 +85,10 @@ def test_a_fourth_data_node_joining_after_the_trim_starts_from_a_snapshot_and_ma
     except AssertionError as exc:
         raise AssertionError(f"{exc}: applied a {applied(a)}, b {applied(b)}, c {applied(c)}, d {applied(d)} "
                              f"of {last}\nb: {b.read_log()[-2500:]}\nd: {d.read_log()[-2500:]}") from None
-    text = d.read_log()
-    assert "estate_bootstrapped" in text, text[-3000:]
-    assert f'"replaced":{b_applied}' in b.read_log().replace(" ", ""), b.read_log()[-3000:]
+    wait_for(lambda: "estate_bootstrapped" in d.read_log(), 5, what="d started from the snapshot")
+    # crewletd forwards a child's lines up to supervisor.process.FORWARD_EVERY late.
+    wait_for(lambda: f'"replaced":{b_applied}' in b.read_log().replace(" ", ""), 5,
+             what=f"b's copy (applied {b_applied}) replaced by the snapshot")
     digests = {n.config["node"]["id"]: store.digest(copy_of(n)) for n in (a, b, c, d)}
     assert len(set(digests.values())) == 1, digests
     # The new copy serves.

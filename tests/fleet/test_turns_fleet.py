@@ -16,19 +16,13 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.fleet.test_fleet import apply, fleet_node
-from tests.seats import MCP_SERVER, ctl_json, held, read_nats, turn_records, worker_company, write_company
+from tests.seats import MCP_SERVER, ctl_json, deferrals, held, read_nats, turn_records, worker_company, write_company
 from tests.integration.wire import WireServer
 
 pytestmark = pytest.mark.fleet
 
 def records(natsd) -> list[dict]:
     return read_nats(natsd.url, turn_records)
-
-
-def deferrals(node, seat: str) -> list[str]:
-    """Why *node* deferred *seat*'s turns, as its log says (``turn_deferred``)."""
-    return [e.get("reason") or "" for e in node.events()
-            if e.get("event") == "turn_deferred" and e.get("seat") == seat]
 
 
 def write(dir: str, name: str, text: str) -> str:
@@ -106,8 +100,6 @@ def test_the_org_budget_holds_across_nodes(natsd, make_node):
                              for c in node.status()["children"]), 10, what="the spend known")
     ctl_json(a, "send", "sa", "again")
     ctl_json(b, "send", "sb", "and here")
-    # A deferral is not a turn worked: said on the feed and in the node's log,
-    # never stored (roles/seats/turns.py).
     wait_for(lambda: deferrals(a, "sa") and deferrals(b, "sb"), 20, what="a turn deferred on each node")
     assert all("org budget of 20 tokens spent" in why for why in deferrals(a, "sa") + deferrals(b, "sb"))
     rows = {r["seat"]: r for r in ctl_json(a, "seats")["seats"]}

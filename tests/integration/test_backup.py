@@ -83,7 +83,7 @@ def test_a_fleet_restored_from_its_backup_has_its_tasks_pages_files_and_turns(ma
     assert hashlib.sha256(got.content).digest() == hashlib.sha256(blob).digest()
     assert got.headers["content-type"] == "image/png"
     assert turns_before <= {t["trigger"] for t in _turns(fresh, "ceo")}
-    assert "estate_bootstrapped" in new.read_log()
+    wait_for(lambda: "estate_bootstrapped" in new.read_log(), 5, what="the copy started from the backup")
     # The company came along, and its seats work here under the new fleet's tokens.
     wait_for(lambda: fresh("GET", "/v1/company").json().get("rev"), 30, what="the company applied")
     sent = ctl(new, "send", "ceo", "create a task after the restore", "--wait", "60")

@@ -70,7 +70,7 @@ def test_without_the_right_credentials_the_broker_refuses_the_node(make_node, gu
     # Refused at every try, the node gives up (its restart intensity) rather than run.
     code = node.wait_exit(60)
     assert code != 0
-    assert "Authorization Violation" in node.read_log()
+    wait_for(lambda: "Authorization Violation" in node.read_log(), 5, what="the broker's refusal logged")
     assert "fleet" not in (node.status() or {})
 
 

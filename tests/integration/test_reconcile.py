@@ -180,7 +180,7 @@ def test_missed_github_deliveries_are_redelivered_once_and_become_mail_once(make
                     counts[r["trigger"]] += 1
             return counts
         wait_for(lambda: worked() == {g: 1 for g in sent}, 30, what=f"each delivery worked once ({worked()})")
-        assert "reconcile_redelivered" in node.read_log()
+        wait_for(lambda: "reconcile_redelivered" in node.read_log(), 5, what="the redelivery said")
         assert TOKEN not in node.read_log()
     finally:
         github.stop()
