@@ -156,7 +156,8 @@ def test_a_cluster_of_alike_turns_is_drafted_once_and_promoted_when_it_grows(nat
     wait_for(lambda: report(natsd)["totals"]["steps"] == 2, 10, what="draft and promotion counted")
     r = report(natsd)
     assert r["totals"]["provider_calls"] == 1 and r["totals"]["ops"] == 2 and r["errors"] == []
-    assert [e for e in n.events() if e.get("event") == "learning_drafted"][0]["own"] is True
+    assert wait_for(lambda: [e for e in n.events() if e.get("event") == "learning_drafted"], 5,
+                    what="the draft said in the log")[0]["own"] is True
     wait_for(lambda: "crewlet_learning_steps_total 2.0" in metrics(n), 20, what="/metrics counting the steps")
     shown = metrics(n)
     assert "crewlet_learning_provider_calls_total 1.0" in shown and "crewlet_learning_ops_total 2.0" in shown
@@ -239,7 +240,9 @@ def test_the_learning_provider_drafts_and_prose_becomes_a_valid_skill(natsd, mak
     assert meta.description == "Triage an incoming bug report: label it and route it to its team."
     assert meta.cluster == draft["cluster"] and meta.seats == ("pm",) and meta.tools == ("task_create",)
     assert "Read it, create a task" in body and "# Triage" not in body   # the seat's provider was not asked
-    (drafted,) = [e for e in n.events() if e.get("event") == "learning_drafted"]
+    # crewletd forwards a child's lines up to supervisor.process.FORWARD_EVERY late.
+    (drafted,) = wait_for(lambda: [e for e in n.events() if e.get("event") == "learning_drafted"], 5,
+                          what="the draft said in the log")
     assert drafted["own"] is False and drafted["skill"] == draft["name"]
 
 
