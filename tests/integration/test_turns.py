@@ -30,6 +30,22 @@ from tests.seats import (SAMPLE, ctl, ctl_json, held, ledger_keys, mail_of, node
 FAST = {"heartbeat": 1, "lease_ttl": 3, "sweep": 0.5}
 
 
+async def mail_one_at_a_time(nc, js, seat: str, prefix: str, count: int):
+    """Mail *seat* *count* times, each once the last one's ``done`` record is
+    on the feed; the mailboxes and the feed's queue, for more of the same."""
+    mailboxes = JetStreamMailboxes(js, nc)
+    done: asyncio.Queue = asyncio.Queue()
+
+    async def seen(msg):
+        done.put_nowait(json.loads(msg.data))
+    await nc.subscribe(TURN_SUBJECT + seat, cb=seen)
+    for n in range(count):
+        await mailboxes.send(seat, f"note {n}", trigger=f"{prefix}-{n}")
+        record = await asyncio.wait_for(done.get(), 5)
+        assert (record["trigger"], record["outcome"]) == (f"{prefix}-{n}", "done")
+    return mailboxes, done
+
+
 def read(node, fn):
     return read_nats(node_url(node), fn)
 
@@ -100,16 +116,7 @@ def test_mail_to_an_idle_seat_is_worked_at_once(sample_node):
     async def one_at_a_time(nc, js):
         # The wake reaches the seat before the stream has stored the message in
         # a few percent of sends (measured): a hundred sends meet that case.
-        mailboxes = JetStreamMailboxes(js, nc)
-        done: asyncio.Queue = asyncio.Queue()
-
-        async def seen(msg):
-            done.put_nowait(json.loads(msg.data))
-        await nc.subscribe(TURN_SUBJECT + "cto", cb=seen)
-        for n in range(100):
-            await mailboxes.send("cto", f"note {n}", trigger=f"idle-{n}")
-            record = await asyncio.wait_for(done.get(), 5)
-            assert (record["trigger"], record["outcome"]) == (f"idle-{n}", "done")
+        await mail_one_at_a_time(nc, js, "cto", "idle", 100)
     read(node, one_at_a_time)
 
 
@@ -613,16 +620,7 @@ def test_mail_one_at_a_time_takes_one_look_a_turn_and_a_trigger_mailed_twice_is_
         return ((seats_stats(node).get("seats") or {}).get("cto") or {}).get("turns") or 0
 
     async def one_at_a_time(nc, js) -> None:
-        mailboxes = JetStreamMailboxes(js, nc)
-        done: asyncio.Queue = asyncio.Queue()
-
-        async def seen(msg):
-            done.put_nowait(json.loads(msg.data))
-        await nc.subscribe(TURN_SUBJECT + "cto", cb=seen)
-        for n in range(30):
-            await mailboxes.send("cto", f"note {n}", trigger=f"look-{n}")
-            record = await asyncio.wait_for(done.get(), 5)
-            assert (record["trigger"], record["outcome"]) == (f"look-{n}", "done")
+        mailboxes, done = await mail_one_at_a_time(nc, js, "cto", "look", 30)
         # Mail published while a turn runs is worked at once: the turn's
         # delivery said nothing was behind it, the wake says otherwise.
         for n in range(10):
