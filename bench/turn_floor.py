@@ -354,9 +354,11 @@ def _text(r: dict[str, Any]) -> None:
     for side, label in (("bare", "bare message (publish, fetch, ack)"), ("skeleton", "skeleton turn")):
         print(f"{label:34} {med(side, 'per_s'):>8.0f} {med(side, 'broker_us'):>10.1f} "
               f"{med(side, 'client_us'):>10.1f}")
-    print(f"{'skeleton / bare':34} {ratio(med('skeleton', 'per_s'), med('bare', 'per_s')):>8.2f} "
-          f"{ratio(med('skeleton', 'broker_us'), med('bare', 'broker_us')):>10.2f} "
-          f"{ratio(med('skeleton', 'client_us'), med('bare', 'client_us')):>10.2f}")
+    def times(key: str, width: int) -> str:
+        # None when the bare side's figure is 0 (a round too short for the CPU clock's tick).
+        x = ratio(med("skeleton", key), med("bare", key))
+        return f"{'-' if x is None else format(x, '.2f'):>{width}}"
+    print(f"{'skeleton / bare':34} {times('per_s', 8)} {times('broker_us', 10)} {times('client_us', 10)}")
     print("rounds: " + ", ".join(f"{x['side']} {x['per_s']:.0f}" for x in r["rounds"]))
     if r.get("steps"):
         print(f"\n{'each step alone':38} {'per s':>8} {'broker us':>10} {'client us':>10}")

@@ -292,7 +292,6 @@ def grants(node: str) -> dict[str, Grant]:
                 mail.DLQ_SUBJECT + ">",    # dead letters
                 TURN_FEED,                 # turn records for the live feed
                 TURN_BATCHES,              # ... and in batches, for ingress
-                mail.KEPT_TURNS,           # ... and, in batches, for custody
                 RUN_EVENTS,                # a conversation turn's progress (its RunSink)
                 NOTIFICATIONS,             # the notify tool; a dead letter's notice
                 estate_ask("seats", node)),  # the seat's tools, a conversation turn's writes

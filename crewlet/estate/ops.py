@@ -520,6 +520,13 @@ class Op:
         elif self.kind == "turn.records":
             if self.seat is not None:
                 raise OpError("turn.records is a node's: its records carry their seats and tokens")
+            for i, entry in enumerate(self.args["records"]):
+                # The schema's "integer" takes 5.0: a token every copy keeps
+                # and compares exactly, as an op's own (apply.raising skips
+                # any other, and the record would wait for a verdict for ever).
+                if not _is_int(entry["token"]):
+                    raise OpError(f"turn.records: records[{i}].token must be an integer, "
+                                  f"got {_show(entry['token'])}")
             size = len(msgpack.packb(self.args["records"], use_bin_type=True))
             if size > TURN_RECORDS_MAX_BYTES:
                 raise OpError(f"turn.records: {size} bytes encoded, more than {TURN_RECORDS_MAX_BYTES}")

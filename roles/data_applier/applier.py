@@ -578,8 +578,7 @@ class Applier:
         except BaseException as exc:
             self._write_error = exc
             self._write_failed(exc)
-            self._raise_write_error()
-            raise
+            self._raise_write_error()  # raises: the write error, as the loop's own commits do
         if last_page_change(self.store) > self._indexed_to:
             with self._queue_lock:
                 self._draining = True

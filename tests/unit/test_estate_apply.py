@@ -521,6 +521,24 @@ def test_a_records_op_is_the_seats_of_its_own_node_and_checked_whole(copy):
     assert not out["ok"] and "bad op" in out["error"] and q(s, "turn.list")["turns"] == []
 
 
+def test_a_records_op_with_a_token_that_is_not_an_integer_is_refused_and_the_log_goes_on(copy):
+    """A record's token is an integer, as an op's own: 5.0 (which the
+    schema's "integer" takes) is refused before sending and on every copy,
+    never left waiting for a verdict that apply.raising does not ask for
+    (which held the copy at that entry for good)."""
+    s = copy()
+    with pytest.raises(OpError, match=r"records\[0\]\.token must be an integer"):
+        op("turn.records", {"records": [{"id": "x1", "seat": "cto", "token": 5.0, "record": {}}]})
+    bad = ops.Op(id="turns:float", kind="turn.records", node="n1", seat=None, token=None, at=1.0,
+                 args={"records": [{"id": "x1", "seat": "cto", "token": 5.0, "record": {}}]})
+    entries = [(1, bad.encode(), "estate.ops.seats.n1"),
+               (2, _records(("cto", 5, "t1", "done")).encode(), "estate.ops.seats.n1")]
+    verdicts = {f: None for f in apply.raising(s, entries)}
+    (_, refused), (_, landed) = apply.apply_batch(s, entries, grants=verdicts)
+    assert not refused["ok"] and "token must be an integer" in refused["error"]
+    assert landed["result"] == {"turns": 1, "again": 0, "refused": 0} and s.applied() == 2
+
+
 # -------------------------------------------------------------- the op check's fast path
 
 class _Key(str):
