@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
+from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -42,7 +44,8 @@ def _flow_control_on_demand() -> None:
     are not the ones this was written against."""
     jsi = getattr(JetStreamContext, "_JSI", None)
     schedule = getattr(jsi, "schedule_flow_control_response", None)
-    if jsi is None or schedule is None or not hasattr(jsi, "check_flow_control_response"):
+    close = getattr(Client, "_close", None)
+    if jsi is None or schedule is None or close is None or not hasattr(jsi, "check_flow_control_response"):
         return
     if getattr(schedule, "on_demand", False):
         return  # patched already
@@ -54,8 +57,11 @@ def _flow_control_on_demand() -> None:
             wake.set()
 
     async def check_flow_control_response(self) -> None:
-        # nats-py's loop, minus its sleep while no reply is due.
+        # nats-py's loop, minus its sleep while no reply is due. Its sleep also
+        # saw the connection closed (or drained) with the subscription still
+        # open: woken by the close instead, it ends as nats-py's did.
         wake = self._fc_wake = asyncio.Event()
+        self._conn.__dict__.setdefault("_crewlet_fc_wakes", weakref.WeakSet()).add(wake)
         while True:
             try:
                 if self._conn.is_closed:
@@ -78,9 +84,17 @@ def _flow_control_on_demand() -> None:
             except asyncio.CancelledError:
                 break
 
+    async def close_waking_flow_control(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await close(self, *args, **kwargs)
+        finally:
+            for wake in list(self.__dict__.get("_crewlet_fc_wakes", ())):
+                wake.set()
+
     schedule_flow_control_response.on_demand = True
     jsi.schedule_flow_control_response = schedule_flow_control_response
     jsi.check_flow_control_response = check_flow_control_response
+    Client._close = close_waking_flow_control
 
 
 _flow_control_on_demand()
@@ -268,7 +282,8 @@ async def publish_later(nc: Client, subject: str, payload: bytes, within: float 
             state["_crewlet_later"] = None
             queue = nc._flush_queue
             if nc._pending_data_size > 0 and nc.is_connected and queue is not None and queue.empty():
-                loop.create_task(nc._flush_pending())
+                # Held until the next one: the loop keeps only a weak reference to a task.
+                state["_crewlet_flush"] = loop.create_task(nc._flush_pending())
         state["_crewlet_later"] = loop.call_later(within, write_now)
 
 

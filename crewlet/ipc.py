@@ -118,22 +118,32 @@ def call(run_dir: str, op: str, timeout: float = 3.0, **args: Any) -> dict[str, 
 async def acall(ctx: zmq.asyncio.Context, run_dir: str, op: str, timeout: float = 2.0,
                 **args: Any) -> dict[str, Any]:
     """The asyncio form of :func:`call`, for children asking crewletd."""
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock = _control_socket(ctx, run_dir)
     try:
-        sock.connect(endpoint(run_dir, "control"))
-        msg = request_message(op, timeout, **args)
-        await sock.send_multipart([b"", pack(msg)])
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            if not await sock.poll(int(left * 1000) + 1):
-                break
-            reply = unpack((await sock.recv_multipart())[-1])
-            if reply.get("id") == msg["id"]:
-                return reply
-        raise NodeUnreachable(f"crewletd did not answer {op!r} within {timeout:g}s")
+        return await _ask(sock, op, timeout, **args)
     finally:
         sock.close()
+
+
+def _control_socket(ctx: zmq.asyncio.Context, run_dir: str) -> zmq.asyncio.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint(run_dir, "control"))
+    return sock
+
+
+async def _ask(sock: zmq.asyncio.Socket, op: str, timeout: float, **args: Any) -> dict[str, Any]:
+    """One request on *sock*, its reply by id (an earlier ask's late reply passed over)."""
+    msg = request_message(op, timeout, **args)
+    await sock.send_multipart([b"", pack(msg)])
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if not await sock.poll(int(left * 1000) + 1):
+            break
+        reply = unpack((await sock.recv_multipart())[-1])
+        if reply.get("id") == msg["id"]:
+            return reply
+    raise NodeUnreachable(f"crewletd did not answer {op!r} within {timeout:g}s")
 
 
 class Caller:
@@ -141,7 +151,8 @@ class Caller:
     (ingress's projection asks for the node's children every second), rather
     than a socket and a connection per ask as :func:`acall` makes. Asks go one
     at a time; a reply that comes after its ask gave up is passed over by its
-    id. ZeroMQ connects it again by itself when crewletd restarts."""
+    id (an ask that got none in time closes the socket: the next makes
+    another)."""
 
     def __init__(self, ctx: zmq.asyncio.Context, run_dir: str):
         self.ctx, self.run_dir = ctx, run_dir
@@ -152,19 +163,15 @@ class Caller:
         """As :func:`acall`: the reply, or :class:`NodeUnreachable` after *timeout*."""
         async with self._lock:
             if self._sock is None:
-                self._sock = self.ctx.socket(zmq.DEALER)
-                self._sock.setsockopt(zmq.LINGER, 0)
-                self._sock.connect(endpoint(self.run_dir, "control"))
-            msg = request_message(op, timeout, **args)
-            deadline = time.monotonic() + timeout
-            await self._sock.send_multipart([b"", pack(msg)])
-            while (left := deadline - time.monotonic()) > 0:
-                if not await self._sock.poll(int(left * 1000) + 1):
-                    break
-                reply = unpack((await self._sock.recv_multipart())[-1])
-                if reply.get("id") == msg["id"]:
-                    return reply
-            raise NodeUnreachable(f"crewletd did not answer {op!r} within {timeout:g}s")
+                self._sock = _control_socket(self.ctx, self.run_dir)
+            try:
+                return await _ask(self._sock, op, timeout, **args)
+            except NodeUnreachable:
+                # As acall's socket would be: closed with what it queued, so
+                # a crewletd away for a while is not met on its return by an
+                # unanswered ask a second.
+                self.close()
+                raise
 
     def close(self) -> None:
         if self._sock is not None:

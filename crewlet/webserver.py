@@ -20,8 +20,6 @@ import uvicorn
 
 # Seconds between the server's ticks: its date header, its request limit.
 TICK = 1.0
-# uvicorn's on_tick does its once-a-second work on every tenth tick.
-_UVICORN_TICKS_A_SECOND = 10
 
 
 class Server(uvicorn.Server):
@@ -47,16 +45,11 @@ class Server(uvicorn.Server):
             self._exit.clear()
 
     async def main_loop(self) -> None:
-        counter = 0
-        while not await self.on_tick(counter):
-            # Each pass is a second of uvicorn's: its once-a-second work runs every pass.
-            counter = (counter + _UVICORN_TICKS_A_SECOND) % 864000
-            if not self._exit.is_set():
-                try:
-                    async with asyncio.timeout(TICK):
-                        await self._exit.wait()
-                except TimeoutError:
-                    pass
+        # Each pass is a second of uvicorn's: its tick 0, when its once-a-second work runs.
+        while not await self.on_tick(0):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TICK):
+                    await self._exit.wait()
 
     def capture_signals(self):
         return contextlib.nullcontext()

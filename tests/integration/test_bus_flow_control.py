@@ -52,3 +52,23 @@ def test_an_idle_watch_sleeps_and_a_flow_control_request_is_answered(natsd):
         await nc.close()
 
     asyncio.run(main())
+
+
+def test_a_watch_left_open_ends_its_flow_control_task_with_the_connection(natsd):
+    """Closed or drained with a watch still open, the connection takes the
+    watch's flow-control task with it (nats-py's poll saw the close; the
+    wait on demand is woken by it): none is left pending for ever."""
+    async def main():
+        for end in ("close", "drain"):
+            nc = await nats.connect(natsd.url)
+            kv = await nc.jetstream(timeout=5).create_key_value(bucket="fc")
+            await kv.put("k", b"v")
+            watch = await kv.watchall()
+            while await watch.updates(timeout=5) is not None:
+                pass
+            task = watch._sub._sub._jsi._fctask
+            await until(lambda: _parked(task), 5)
+            await getattr(nc, end)()
+            await until(task.done, 5)
+
+    asyncio.run(main())

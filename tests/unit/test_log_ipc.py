@@ -61,3 +61,38 @@ def test_run_dir_is_private_and_socket_paths_must_fit(tmp_path):
     with pytest.raises(ValueError, match="at most 107"):
         ipc.ensure_run_dir(too_long)
     assert not os.path.exists(too_long)
+
+
+def test_a_caller_keeps_one_socket_and_leaves_nothing_queued_after_an_ask_unanswered(tmp_path):
+    import asyncio
+
+    import zmq
+    import zmq.asyncio
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        router = ipc.bind(ctx, str(tmp_path), zmq.ROUTER, "control")
+        caller = ipc.Caller(ctx, str(tmp_path))
+
+        async def answer():
+            ident, empty, frame = await router.recv_multipart()
+            msg = ipc.unpack(frame)
+            await router.send_multipart([ident, empty, ipc.pack({"id": msg["id"], "ok": True, "op": msg["op"]})])
+
+        try:
+            for op in ("one", "two"):
+                _, reply = await asyncio.gather(answer(), caller.call(op, timeout=2))
+                assert reply["op"] == op
+            kept = caller._sock
+            with pytest.raises(ipc.NodeUnreachable):
+                await caller.call("unanswered", timeout=0.2)
+            assert caller._sock is None  # closed, with the unanswered ask
+            await router.recv_multipart()  # the unanswered ask, read late
+            _, reply = await asyncio.gather(answer(), caller.call("three", timeout=2))
+            assert reply["op"] == "three" and caller._sock is not kept
+        finally:
+            caller.close()
+            router.close()
+            ctx.term()
+
+    asyncio.run(main())
