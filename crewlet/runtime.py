@@ -43,6 +43,7 @@ import zmq.asyncio
 
 from crewlet import bus, ipc, log, permissions, redaction
 from crewlet.config import ConfigError, NodeConfig
+from crewlet.config.model import pool_child
 from crewlet.watchdog import Watchdog
 
 # The event a role child states a configuration problem with, before it exits 78.
@@ -81,7 +82,7 @@ class RoleContext:
         # Which member of its role's pool this process is (the seats pool,
         # roles/seats/pool.py; 0 for every other role), and its child's name.
         self.member = member
-        self.child = role if member == 0 else f"{role}.{member}"
+        self.child = pool_child(role, member)
         self.config = config
         # The node's boot instance (crewletd's): leases this node holds carry
         # it, so a restarted role adopts what its node already held.
@@ -265,8 +266,7 @@ def run_role(role: str, config: dict, incarnation: int = 0, boot: str = "", memb
     """The zygote's target for every role child (*member*: which of its
     role's pool, see :class:`RoleContext`). Returns the exit code."""
     cfg = NodeConfig.model_validate(config)
-    log.configure(node=cfg.node.id, role=role if member == 0 else f"{role}.{member}",
-                  level=cfg.log.level, fmt="json")
+    log.configure(node=cfg.node.id, role=pool_child(role, member), level=cfg.log.level, fmt="json")
     module = importlib.import_module(f"roles.{role}")
     try:
         return run_loop(_amain(role, cfg, incarnation, boot, module.main, member), leftovers=LEFTOVERS)

@@ -117,18 +117,21 @@ class Node:
     def build_tree(self) -> Supervisor:
         cfg, s = self.cfg, self.cfg.supervisor
         dump = cfg.model_dump(mode="json")
+        # The seats pool's size as resolved here, once (cfg.seats_pool): every
+        # member splits the seats by it (roles/seats/pool.py), one restarted
+        # alone too — not by the CPUs it finds itself then.
+        dump["node"]["seats_processes"] = cfg.seats_pool
 
         def roles() -> Supervisor:
             children = [
                 process_child(
                     self.host, name, target="crewlet.runtime:run_role",
-                    kwargs={"role": pool_member(name)[0], "member": pool_member(name)[1],
-                            "config": dump, "boot": self.boot},
+                    kwargs={"role": role, "member": member, "config": dump, "boot": self.boot},
                     title=f"crewlet {cfg.node.id} {name}", ready_timeout=s.ready_timeout,
                     heartbeat_silence=s.wedge_after + s.heartbeat_grace,
                     pdeathsig=runtime.PARENT_GONE, shutdown=s.shutdown_timeout,
                     diagnose=self._role_problem, **self._significance())
-                for name in cfg.children()]
+                for name in cfg.children() for role, member in [pool_member(name)]]
             return Supervisor("roles", self._flags(S.ONE_FOR_ONE), children, notify=self.publish)
 
         root_children = [self.broker_child()] if cfg.stream.type == "embedded" else []

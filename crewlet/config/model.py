@@ -22,6 +22,7 @@ config file's directory, against which relative paths are resolved.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -115,10 +116,15 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True, allow_inf_nan=False)
 
 
+def pool_child(role: str, member: int) -> str:
+    """The child name of *role*'s pool member *member*: the first member keeps
+    the role's own name, so a node of one seats process looks as it always did."""
+    return role if member == 0 else f"{role}.{member}"
+
+
 def pool_members(size: int) -> list[str]:
-    """The child names of a seats pool of *size*: the first member keeps the
-    role's own name, so a node of one seats process looks as it always did."""
-    return ["seats"] + [f"seats.{k}" for k in range(1, size)]
+    """The child names of a seats pool of *size*: ``seats``, ``seats.1`` …"""
+    return [pool_child("seats", k) for k in range(size)]
 
 
 def pool_member(child: str) -> tuple[str, int]:
@@ -892,11 +898,14 @@ class NodeConfig(_Section):
                 out.extend(pool_members(self.seats_pool) if role == "seats" else [child])
         return out
 
-    @property
+    @functools.cached_property
     def seats_pool(self) -> int:
         """How many seats processes this node runs (``node.seats_processes``
-        resolved: one per CPU it may run on, at most ``max_concurrent``)."""
+        resolved: one per CPU it may run on, at most ``max_concurrent``).
+        Resolved once per config: the CPUs a process may run on can change
+        under it, and the pool's size must not (crewletd passes it on to the
+        members in the config they get: supervisor/node.py)."""
         wanted = self.node.seats_processes
         if wanted is None:
-            wanted = len(os.sched_getaffinity(0))
+            wanted = min(len(os.sched_getaffinity(0)), MAX_SEATS_PROCESSES)
         return max(1, min(wanted, self.node.max_concurrent))

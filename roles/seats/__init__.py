@@ -45,7 +45,7 @@ from crewlet.skills.registry import Registry as SkillRegistry
 from crewlet.sandbox import log_state as log_sandbox
 from roles.seats.pool import Pool
 from roles.seats.sweeper import SeatSweeper
-from roles.seats.turns import STATS_EVERY, TurnEngine
+from roles.seats.turns import BRIDGE_SOCKET, STATS_EVERY, TurnEngine
 
 # Days a ledger entry outlives the longest it is needed for.
 LEDGER_MARGIN_DAYS = 1
@@ -153,7 +153,8 @@ async def main(ctx: RoleContext) -> None:
                         run_event_ttl=runs.event_ttl(ctx.config.conversations.retention,
                                                      ctx.config.conversations.max_run),
                         approval_ttl=ctx.config.approvals.ttl, nc=ctx.nats, sandbox=box, vault=vault,
-                        skills=skills)
+                        skills=skills,
+                        bridge_socket=f"bridge.{ctx.child}.sock" if ctx.member else BRIDGE_SOCKET)
     sweeper.on_claim, sweeper.on_release = engine.on_claim, engine.on_release
     holders.on_change = _wake_on_change(sweeper)
     sweeper.on_stop = engine.quiesce

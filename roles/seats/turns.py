@@ -190,7 +190,9 @@ EARLY_LEDGER_FRESH = 1.0
 PROVIDER_RETIRE_AFTER = TURN_TIMEOUT + 10
 # Concurrent seat stops when the node stops or releases everything.
 STOP_PARALLEL = 64
-# The tool bridge's unix socket in the run dir (bound into a confined agent's sandbox).
+# The tool bridge's unix socket in the run dir (bound into a confined agent's
+# sandbox): the first seats process's; a pool's other members serve theirs at
+# bridge.<child>.sock (a second server on one path is refused).
 BRIDGE_SOCKET = "bridge.sock"
 # Crashes of the seats process one delivery may be in hand at, one after the
 # other, before it is taken for their cause and dead-lettered (see "Poison
@@ -266,7 +268,7 @@ class TurnEngine:
                  space: disk.Watch | None = None, run_event_ttl: float = 4500.0,
                  approval_ttl: float = 86400.0, nc=None, files=None, replicas: int = 1,
                  sandbox: "Sandbox | None" = None, vault: "Vault | None" = None,
-                 skills: "SkillRegistry | None" = None):
+                 skills: "SkillRegistry | None" = None, bridge_socket: str = BRIDGE_SOCKET):
         self.node = node
         # The node's skill registry: a turn's prompt lists its seat's skills
         # from it, skill_read reads them through it (None: no skills, unit tests).
@@ -282,6 +284,8 @@ class TurnEngine:
         self.run_dir = run_dir
         self.inflight_dir = os.path.join(run_dir, "inflight")
         self._bridge: "Bridge | None" = None  # started on first use (bridge())
+        # Its socket file in the run dir: each member of a seats pool serves its own.
+        self.bridge_socket = os.path.join(run_dir, bridge_socket)
         self._bridge_lock = asyncio.Lock()
         # Names this process in the in-flight records it writes. Made here, not
         # at import: roles are forked from a zygote that imported this module.
@@ -512,7 +516,7 @@ class TurnEngine:
                 # (the run dir is 0700): 0666 lets a seat's own uid connect, and
                 # its turn's token is what admits it.
                 shared = self.sandbox is not None and self.sandbox.root
-                await bridge.start(socket_path=os.path.join(self.run_dir, BRIDGE_SOCKET),
+                await bridge.start(socket_path=self.bridge_socket,
                                    socket_mode=0o666 if shared else 0o600)
                 self._bridge = bridge
         return self._bridge
