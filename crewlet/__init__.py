@@ -12,7 +12,9 @@ __version__ = "0.1.0"
 # of 2 ask an applier of 2 to log their fences and turn records (Router.to_log).
 # 3: a seats process sends many turns' records in one ``turn.records`` op
 # (roles/seats/kept.py), which an applier of 2 refuses as an unknown kind.
-PROTOCOL_VERSION = 3
+# 4: the seats of a data node publish their tools' and conversation turns'
+# writes on their own subject (Router.write), which an applier of 3 passes over.
+PROTOCOL_VERSION = 4
 # Tests only: what this process says its protocol is, in place of
 # PROTOCOL_VERSION — how a protocol bump's procedure (drain the whole fleet)
 # is tested without two versions of the code (tests/fleet/test_drain.py).

@@ -36,7 +36,8 @@ class EstateAccess:
         self.local = (LocalCopy(zctx, node_id=cfg.node.id, run_dir=cfg.run_dir, data_dir=cfg.data_dir)
                       if DATA_ROLE in cfg.node.roles else None)
         self.floor = NodeFloor(cfg.data_dir)
-        self.router = Router(nc, node_id=cfg.node.id, view=self.view, local=self.local, node_floor=self.floor)
+        self.router = Router(nc, node_id=cfg.node.id, view=self.view, local=self.local, node_floor=self.floor,
+                             js=js)
         self._view_task: asyncio.Task | None = None
 
     def start(self) -> "EstateAccess":

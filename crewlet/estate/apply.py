@@ -91,9 +91,11 @@ from crewlet.estate.store import (APPLIED, Store, fenced_key, join, key_seq, pac
 #      its place (crewlet.estate.store.turn_place: seq x 1024 + position), which
 #      is its record's seq and its episode's, where an older applier kept it
 #      at the op's seq
+#   9  the seats' own writes (crewlet.estate.origins.SEAT_WRITES) found on
+#      their subject are applied (an older applier passed them over)
 # A copy applied under rules *newer* than these was written by a newer
 # crewlet: it is refused, never emptied (the applier says so).
-RULES = 8
+RULES = 9
 
 # What a refusal is, when a writer must tell one from another (the API's
 # status and problem code): kept in the outcome as ``code``. Refusals of the
@@ -105,7 +107,7 @@ PENDING_APPROVAL = "pending_approval"    # the conversation awaits a decision fi
 FORBIDDEN = "forbidden"                  # not this writer's to write
 # An entry on a log subject whose origin may not publish it: passed over,
 # kept nowhere (the module doc, step 0).
-WRONG_ORIGIN = "wrong_origin"
+WRONG_ORIGIN = origins.WRONG_ORIGIN
 
 
 class Refused(Exception):

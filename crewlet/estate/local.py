@@ -9,7 +9,10 @@ process:
   ``page.search`` from the applier's search index (read-only, in a worker
   thread: a search over a large corpus must not hold the role's loop);
 * **writes** as a request to the applier over the node's ZeroMQ ``estate``
-  endpoint (a DEALER to its ROUTER): only the applier publishes to the log;
+  endpoint (a DEALER to its ROUTER), which publishes them to the log — or,
+  for a write the router publishes itself (its "Straight to the log"), the
+  outcome this copy keeps once it has applied the op (:meth:`reach`,
+  :meth:`outcome`);
 * whether the copy is **in service**, from the applier's ``applied`` PUB: it
   is iff a message saying ``in_service`` was heard in the last
   :data:`LOCAL_STALE` seconds (the applier publishes after every commit and
@@ -374,6 +377,17 @@ class LocalCopy:
             log.event("estate_local_read_failed", "warning", query=query, error=f"{name}: {exc}")
             return self._answer(wire.OUT_OF_SERVICE, reason=f"{query} failed here: {name}: {exc}")
         return self._answer(wire.OK, applied=self.applied(), answer=answer)
+
+    def outcome(self, op) -> dict[str, Any] | None:
+        """The outcome this copy keeps for *op* (its id, and its refusal for
+        its token); None when it keeps none. Raises StoreUnavailable (no copy)."""
+        self._open()
+        assert self._reader is not None
+        return self._reader.outcome(op.id, op.token)
+
+    async def reach(self, seq: int, until: float) -> bool:
+        """Wait until this copy has applied *seq*, or monotonic *until*: whether it has."""
+        return await self._reach(seq, self.applied, until)
 
     async def _reach(self, floor: int, reached, until: float) -> bool:
         """Wait until ``reached()`` is at least *floor*, or *until* (monotonic)."""

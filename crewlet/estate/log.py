@@ -96,6 +96,10 @@ SEATS_READ_SINCE = 2
 # The first protocol version whose appliers apply ``turn.records`` (many
 # turns' records in one op); an older one refused the kind.
 RECORDS_READ_SINCE = 3
+# The first protocol version whose appliers apply the seats' own writes
+# (crewlet.estate.origins.SEAT_WRITES: their tools', their conversation
+# turns') found on the seats' subject; an older one passed them over.
+WRITES_READ_SINCE = 4
 # Seconds before a process asks again for a change to the stream the broker
 # refused or left unanswered (each try may cost a JetStream timeout).
 UPDATE_AGAIN_AFTER = 60.0
@@ -122,6 +126,12 @@ def reads_seats(protocol: Any) -> bool:
 def reads_records(protocol: Any) -> bool:
     """Whether an applier of *protocol* applies ``turn.records`` ops."""
     return reads_seats(protocol) and protocol >= RECORDS_READ_SINCE
+
+
+def reads_writes(protocol: Any) -> bool:
+    """Whether an applier of *protocol* applies the seats' own writes found on
+    their subject (:data:`WRITES_READ_SINCE`)."""
+    return reads_seats(protocol) and protocol >= WRITES_READ_SINCE
 
 
 def origin_of(subject: str | None) -> tuple[str, str | None] | None:

@@ -22,7 +22,10 @@ the operator's); an applier publishes there only ops it checked, as below.
 fence and its turn records go to the log straight, without asking an
 applier (:mod:`roles.seats.turns`, through
 :meth:`crewlet.estate.router.Router.to_log`; the hot path of every turn),
-once every data node reads that subject (Mixed versions, below).
+once every data node reads that subject (Mixed versions, below); so do its
+tools' and conversation turns' writes (:data:`SEAT_WRITES`) on a data node
+whose copy is in service (:meth:`crewlet.estate.router.Router.write`), once
+every data node applies them there (:func:`crewlet.estate.log.reads_writes`).
 
 **A request** to a data node's applier (:mod:`crewlet.estate.wire`):
 ``estate.req.<data node>.<origin>.<asking node>``. Reads are open to every
@@ -37,10 +40,9 @@ origin             on the log                 writes it may ask for
 ``seats``          ``estate.ops.seats.<n>``:  a seat's tools (:mod:`crewlet.agent.estate_tools`,
                    ``seat.fence``,            :mod:`crewlet.agent.file_tools`): ``task.create``,
                    ``turn.record``,           ``task.update``, ``task.comment``, ``page.write``,
-                   ``turn.records``
-                                              ``file.register``, ``diary.write``; a conversation
-                                              run's turn (:mod:`crewlet.conversations.turn`):
-                                              ``conversation.message``, ``approval.request``,
+                   ``turn.records``, and the  ``file.register``, ``diary.write``; a conversation
+                   writes it may ask for      run's turn (:mod:`crewlet.conversations.turn`):
+                   (:data:`SEAT_WRITES`)      ``conversation.message``, ``approval.request``,
                                               ``run.update``; and what it publishes to the log,
                                               asked for while an older applier cannot read its
                                               subject (below)
@@ -95,8 +97,11 @@ every live data node's presence says a protocol that reads it
 of this version for the same ops (:meth:`crewlet.estate.router.Router.to_log`),
 which checks them as it would on their subject (:func:`may_ask`: an origin
 may ask for what it may publish itself) and publishes them on
-``estate.ops``, which every applier reads. See the permissions module's
-note on upgrading.
+``estate.ops``, which every applier reads. Likewise an applier of protocol 3
+passes over the seats' own writes (:data:`SEAT_WRITES`) on their subject, so
+they go there only while every live data node says protocol 4 or later
+(:func:`crewlet.estate.log.reads_writes`), and are asked for until then. See
+the permissions module's note on upgrading.
 
 ``tests/unit/test_estate_origins.py`` holds this table against the code in
 both directions: every kind a role's code writes is in its row, and every
@@ -121,19 +126,24 @@ assert set(ORIGINS) == {OPERATOR, APPLIER, SEATS, INGRESS, WORKERS}
 # subject. Answered and applied as before (every kind): see the module doc.
 LEGACY = "legacy"
 
+# The writes of a seat's turn: asked of an applier by a node without a copy
+# in service, published straight on a data node whose copy serves
+# (crewlet.estate.router, "Straight to the log").
+SEAT_WRITES = frozenset({
+    # a seat's tools (crewlet.agent.estate_tools, crewlet.agent.file_tools)
+    "task.create", "task.update", "task.comment", "page.write", "file.register", "diary.write",
+    # a conversation run's turn (crewlet.conversations.turn)
+    "conversation.message", "approval.request", "run.update"})
+
 # What each origin publishes on the log straight (its own subject); the
 # operator's and the appliers' subject, estate.ops, takes every kind.
 LOG_KINDS: dict[str, frozenset[str]] = {
-    SEATS: frozenset({"seat.fence", "turn.record", "turn.records"}),
+    SEATS: frozenset({"seat.fence", "turn.record", "turn.records"}) | SEAT_WRITES,
 }
 
 # The kinds of the writes each origin asks an applier for (the operator: all).
 ASKS: dict[str, frozenset[str]] = {
-    SEATS: frozenset({
-        # a seat's tools (crewlet.agent.estate_tools, crewlet.agent.file_tools)
-        "task.create", "task.update", "task.comment", "page.write", "file.register", "diary.write",
-        # a conversation run's turn (crewlet.conversations.turn)
-        "conversation.message", "approval.request", "run.update"}),
+    SEATS: SEAT_WRITES,
     INGRESS: frozenset({
         # the API (roles.ingress.api.estate, .files, .conversations)
         "task.create", "task.update", "task.comment", "page.write", "file.register", "file.delete",
@@ -148,6 +158,10 @@ ASKS: dict[str, frozenset[str]] = {
         "episode.compact", "skill.draft", "approval.decide"}),
     APPLIER: frozenset(),
 }
+
+# The code of the outcome of a log entry passed over for its origin (its
+# refusal is kept nowhere: crewlet.estate.apply, step 0).
+WRONG_ORIGIN = "wrong_origin"
 
 # Whether an origin's ops are a seat's (True: carry a seat and token) or the
 # operator's (False: carry none): every origin whose ops are judged beyond

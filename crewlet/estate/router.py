@@ -92,6 +92,20 @@ records (:data:`crewlet.estate.origins.LOG_KINDS`) — goes through
   which an older applier reads too. A change of way is said once
   (``estate_seats_log_way``).
 
+On a data node whose copy is in service, :meth:`Router.write` takes the same
+road for a write its origin may publish itself — the seats' tools' and
+conversation turns' writes (:data:`crewlet.estate.origins.SEAT_WRITES`, once
+every live data node applies them there: :func:`crewlet.estate.log.reads_writes`),
+and every write of the operator, on ``estate.ops``: it publishes the op
+(one try), waits for this node's copy to apply its seq, and reads the
+outcome the copy keeps under its id — no request to the applier, whose
+check the applying copy makes anyway (an entry passed over for its origin
+keeps no outcome: its writer is told ``wrong_origin``). An outcome already
+kept is answered without publishing. A publish that stored nothing, or a
+``move_on`` op the copy did not apply within the wait, is asked for as
+below, under the same id (the floor names its seq when it is in the log);
+a ``once`` op that may be in the log is :class:`OutcomeUnknown`.
+
 The floor
 ---------
 :attr:`Router.floor` is the highest seq of this router's own writes (and of
@@ -112,6 +126,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from crewlet import log
+from crewlet.bus import JETSTREAM_TIMEOUT
 from crewlet.estate import log as estate_log
 from crewlet.estate import origins, wire
 from crewlet.estate.ops import Op, check_query
@@ -138,6 +153,9 @@ VIEW_READY_WAIT = 5.0
 # Less time than this left before the caller's deadline: a node is not asked
 # (no answer could come back in it).
 MIN_WAIT = 0.01
+# One publish of a straight write waits this long for the log's acknowledgement
+# before the op is asked for instead (under the same id).
+PUBLISH_TIMEOUT = JETSTREAM_TIMEOUT
 # The knowledge index's search shards, and the corpus size (pages) from which
 # a search is split between the live data nodes (module docstring).
 SHARDS = wire.SEARCH_SHARDS
@@ -308,8 +326,10 @@ class Router:
     def __init__(self, nc, *, node_id: str, view: EstateView, local=None,
                  read_wait: float = READ_WAIT, write_wait: float = WRITE_WAIT,
                  node_floor=None, clock: Callable[[], float] = time.monotonic,
-                 origin: str | None = None):
+                 origin: str | None = None, js=None):
         self.nc = nc
+        # The JetStream context of straight writes (made from *nc* when none is given).
+        self.js = js
         self.node_id = node_id
         # Who asks (crewlet.estate.origins): by default the broker user *nc*
         # connected as, the one whose subject that user may publish on.
@@ -391,16 +411,106 @@ class Router:
     async def write(self, op: Op, *, timeout: float | None = None) -> dict[str, Any]:
         """Write *op*; its outcome (``ok`` False: refused, ``error`` says why).
 
+        On a data node whose copy serves, an op this router's origin may
+        publish itself goes to the log straight, and its outcome is read
+        from the copy (module doc, "Straight to the log"); otherwise, or when
+        that cannot vouch for one, the copies are asked.
+
         Raises OpError (a bad op, nothing sent), :class:`OutcomeUnknown`,
         :class:`NobodyAnswered`, :class:`BadRequest`.
         """
         op.check()
+        subject = await self._straight_subject(op)
+        if subject is not None:
+            until = None if timeout is None else self.clock() + timeout
+            outcome = await self._write_straight(op, subject, until)
+            if outcome is not None:
+                self._raise_floor(outcome.get("seq"))
+                return outcome
+            if until is not None:
+                timeout = max(until - self.clock(), 0.0)
         answer, _node, _answers = await self._ask(
             lambda floor, wait, deadline: wire.write_request(op, floor, wait, deadline),
             self.write_wait, timeout, op.kind, op=op)
         outcome = answer.get("answer") or {}
         self._raise_floor(outcome.get("seq", answer.get("seq")))
         return outcome
+
+    async def _straight_subject(self, op: Op) -> str | None:
+        """The subject this router publishes *op* on itself, for a write whose
+        outcome this node's copy then tells; None: the op is asked for."""
+        if self.local is None:
+            return None
+        await self.local.first_word()
+        if self.local.reason() is not None:
+            return None
+        if self.origin not in origins.LOG_KINDS:
+            # No subject of its own: the operator's, which takes every kind.
+            return estate_log.SUBJECT if self.origin == origins.OPERATOR else None
+        if op.kind not in origins.LOG_KINDS[self.origin] or not self.view.ready:
+            return None
+        nodes = self.view.data_nodes()
+        if not nodes or not all(estate_log.reads_writes(s.protocol) for s in nodes):
+            return None  # an older applier would pass it over: asked for, as before
+        return estate_log.seats_subject(self.node_id)
+
+    async def _write_straight(self, op: Op, subject: str,
+                              until: float | None) -> dict[str, Any] | None:
+        """Publish *op* on *subject* and read its outcome from this node's copy
+        once the copy has applied it: the outcome, or None when the copies
+        are to be asked instead (nothing was stored, or a ``move_on`` op this
+        copy could not vouch for, under the same id). Raises
+        :class:`OutcomeUnknown` for a ``once`` op that may be in the log."""
+        assert self.local is not None
+        wait = self._wait(self.write_wait, until)
+        if wait < MIN_WAIT:
+            return None
+        local_until = time.monotonic() + wait
+        try:
+            first = self.local.outcome(op)
+        except Exception:  # no copy to read (replaced meanwhile): the applier answers
+            return None
+        if first is not None:
+            return first   # written before (a retry): not published again
+        once = op.retry == "once"
+        try:
+            seq, _ = await estate_log.publish(self._jetstream(), op, subject=subject,
+                                              timeout=wait if once else min(PUBLISH_TIMEOUT, wait))
+        except (NatsTimeoutError, asyncio.TimeoutError, TimeoutError):
+            if once:
+                why = "the log did not acknowledge the op in time: it may be in it"
+                log.event("estate_outcome_unknown", "warning", op=op.id, kind=op.kind,
+                          answers={self.node_id: why})
+                raise OutcomeUnknown(op.id, {self.node_id: why}) from None
+            return None    # asked for under the same id: it lands once
+        except Exception as exc:
+            # Not stored (no stream listening, refused, no connection): the
+            # applier asked publishes it, or says why it cannot.
+            log.event("estate_straight_refused", "debug", op=op.id, kind=op.kind,
+                      error=f"{type(exc).__name__}: {exc}")
+            return None
+        self._raise_floor(seq)
+        if await self.local.reach(seq, local_until):
+            outcome = self.local.outcome(op)
+            if outcome is None:
+                # Applied past it and nothing kept: passed over for its origin
+                # (the applier said why: estate_op_refused).
+                return {"ok": False, "seq": seq, "code": origins.WRONG_ORIGIN,
+                        "error": f"the log's entry {seq} was passed over for its origin"}
+            return outcome
+        why = f"in the log at {seq}; this copy did not apply it within the wait"
+        if once:
+            log.event("estate_outcome_unknown", "warning", op=op.id, kind=op.kind,
+                      answers={self.node_id: why})
+            raise OutcomeUnknown(op.id, {self.node_id: why})
+        self._pass_over({}, self.node_id, why, op.kind)
+        return None
+
+    def _jetstream(self):
+        """The JetStream context straight writes are published through."""
+        if self.js is None:
+            self.js = self.nc.jetstream()
+        return self.js
 
     async def to_log(self, js, op: Op, *, timeout: float,
                      deadline: float | None = None) -> int | None:

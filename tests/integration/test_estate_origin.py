@@ -7,9 +7,10 @@ seats subject may not carry — applied past, kept nowhere, logged; on a
 broker whose account may not update the stream, an applier follows the log
 as it is (said once) and the seats' subject as soon as an operator adds it.
 On a real node with the roles' real credentials (its ``broker-users.json``):
-the seats user cannot publish on ``estate.ops`` (the broker refuses), what
-it does publish on its own subject that is not a fence or a turn record is
-passed over by the applier (not in the copy, logged ``estate_op_refused``),
+the seats user cannot publish on ``estate.ops`` (the broker refuses), a
+seat's own write goes straight to its subject, what it publishes there that
+is no kind of the seats' or not a seat's is passed over by the applier (not
+in the copy, logged ``estate_op_refused``),
 it asks an applier only for a seat's writes — and for its fence and turn
 records while a data node of protocol 1 is live, which then land on
 ``estate.ops`` —, it writes no lease but ``seat.*`` and its own
@@ -59,8 +60,9 @@ def test_an_older_log_gets_the_seats_subject_and_copies_pass_over_the_same_entri
                 await until(lambda: _subjects(js), 10, "the log given the seats' subject")
                 assert (await js.stream_info(estate_log.STREAM)).config.subjects == estate_log.SUBJECTS
                 forged = [make_op("task.create", {"title": "forged"}, node="n1", id="forged-task"),
-                          make_op("page.write", {"path": "p", "title": "P", "body": "x"}, node="n1",
-                                  seat="s", token=1, id="forged-page"),
+                          # a seat's, but no kind the seats write
+                          make_op("file.delete", {"project": "p", "path": "f"}, node="n1",
+                                  seat="s", token=1, id="forged-delete"),
                           make_op("turn.record", {"record": {"n": 1}}, node="n2", seat="s", token=1,
                                   id="other-node")]
                 fence = make_op("seat.fence", {}, node="n1", seat="s", token=1, id="fence")
@@ -244,8 +246,9 @@ async def _publish(c: Client, subject: str, op) -> int:
 
 def test_the_seats_publish_on_their_own_subject_and_the_applier_passes_over_an_operator_op(node):
     seats = estate_log.seats_subject(NODE)
-    page = make_op("page.write", {"path": "ops/forged", "title": "Forged", "body": "x"}, node=NODE,
-                   id="forged-page")
+    # A seat's op of a kind the seats never write, and a kind they write but as no seat.
+    delete = make_op("file.delete", {"project": "p", "path": "f"}, node=NODE, seat="w", token=1,
+                     id="forged-delete")
     task = make_op("task.create", {"title": "forged"}, node=NODE, id="forged-task")
     fence = make_op("seat.fence", {}, node=NODE, seat="nobody", token=10**12, id="forged-fence")
 
@@ -254,7 +257,7 @@ def test_the_seats_publish_on_their_own_subject_and_the_applier_passes_over_an_o
             # estate.ops is the appliers' and the operator's: the broker refuses it.
             refused = await c.refused(estate_log.SUBJECT, task.encode(), request=True)
             other = await c.refused(estate_log.seats_subject("elsewhere"), task.encode(), request=True)
-            seqs = [await _publish(c, seats, op) for op in (page, task, fence)]
+            seqs = [await _publish(c, seats, op) for op in (delete, task, fence)]
             return refused, other, seqs
 
     before = _state(node)["estate"]
@@ -269,15 +272,15 @@ def test_the_seats_publish_on_their_own_subject_and_the_applier_passes_over_an_o
         return copy is not None and copy.applied() >= seqs[-1] and copy
     copy = wait_for(applied, 20, what="the copy applied past the seats' entries")
     reader = store.Reader(copy)
-    assert reader.query("page.read", {"path": "ops/forged"}).get("page") is None
     assert "forged" not in [t["title"] for t in reader.query("task.list", {})["tasks"]]
-    assert reader.outcome(page.id) is None and reader.outcome(task.id) is None
+    assert reader.outcome(delete.id, delete.token) is None and reader.outcome(task.id) is None
     # The fence reached apply (its origin fits) and was judged there: no lease granted it.
     assert "not a lease the fleet granted" in reader.outcome(fence.id, fence.token)["error"]
-    for op, seq in ((page, seqs[0]), (task, seqs[1])):
+    for op, seq, why in ((delete, seqs[0], "may not be published by seats"),
+                         (task, seqs[1], "a seats op is a seat's")):
         ev = node.wait_event("estate_op_refused", timeout=10, seq=seq)
         assert ev["level"] == "warning" and ev["subject"] == seats and ev["kind"] == op.kind, ev
-        assert ev["op"] == op.id and "may not be published by seats" in ev["why"], ev
+        assert ev["op"] == op.id and why in ev["why"], ev
     # Passed over, the copy serves on; the two (the fence was applied) are counted.
     assert node.children()["data_applier"]["state"] == "running"
     assert _applier_stats(node, seqs[-1])["refused"] - counted == 2
@@ -346,6 +349,48 @@ def test_the_seats_ask_an_applier_while_a_data_node_of_protocol_1_is_live(node):
     reader = store.Reader(copy)
     assert reader.outcome(fence.id, fence.token)["ok"] is True
     assert reader.outcome(record.id, record.token)["ok"] is True
+
+
+def test_a_seat_s_tool_write_goes_straight_to_its_subject_under_the_seats_own_user(node):
+    """On a data node whose copy serves, a seat's write is published by the
+    seats themselves, on their subject (the broker lets their user), and its
+    outcome is read from the copy (crewlet.estate.router, "Straight to the log")."""
+    import zmq.asyncio
+
+    from crewlet.estate.local import LocalCopy
+
+    seat = "straight"
+
+    async def go():
+        async with connection(node_url(node)) as (_, cjs), Client(node, "seats") as c:
+            token = await grant(cjs, seat, NODE, release=False)  # held: the claim is the proof
+            js = c.nc.jetstream(timeout=2)   # the seats' own broker user, as the seats process is
+            view = EstateView(js)
+            watch = asyncio.create_task(view.run())
+            zctx = zmq.asyncio.Context()
+            local = LocalCopy(zctx, node_id=NODE, run_dir=node.run_dir,
+                              data_dir=node.config["data_dir"]).start()
+            try:
+                assert await view.wait_ready(10), "the view never listed the buckets"
+                await in_service(view, NODE)
+                await until(local.in_service, 10, "the node's copy in service")
+                router = Router(c.nc, node_id=NODE, view=view, local=local, origin="seats", js=js)
+                task = make_op("task.create", {"title": "straight from the seats"}, node=NODE,
+                               seat=seat, token=token)
+                outcome = await router.write(task)
+                subject = (await cjs.get_msg(estate_log.STREAM, outcome["seq"])).subject
+                read = await router.read("task.get", {"id": f"T{outcome['seq']}"})
+                return outcome, subject, read
+            finally:
+                await local.close()
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
+                zctx.term()
+
+    outcome, subject, read = asyncio.run(go())
+    assert outcome["ok"] is True, outcome
+    assert subject == estate_log.seats_subject(NODE)
+    assert read["task"]["title"] == "straight from the seats" and read["task"]["created_by"] == seat
 
 
 def test_a_role_asks_only_under_its_own_origin_and_only_for_its_kinds(node):

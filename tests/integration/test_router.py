@@ -109,8 +109,10 @@ class Fleet:
     def data_dir(self, node: str) -> str:
         return os.path.join(self.tmp, node)
 
-    async def presence(self, node: str, roles=("data",)) -> None:
+    async def presence(self, node: str, roles=("data",), protocol: int | None = None) -> None:
         value = {"node": node, "boot": "test", "roles": list(roles), "broker": "member"}
+        if protocol is not None:
+            value["protocol"] = protocol
         await self.kv_leases.put(f"node.{node}", json.dumps(value).encode())
 
     async def add(self, node: str) -> Applier:
@@ -167,10 +169,11 @@ class Fleet:
         return view
 
     async def router(self, asker: str, *, local: LocalCopy | None = None,
-                     node_floor=None) -> Router:
+                     node_floor=None, origin: str | None = None) -> Router:
         nc, _ = await self.connect()
         return Router(nc, node_id=asker, view=await self.view(), local=local,
-                      read_wait=READ_WAIT, write_wait=WRITE_WAIT, node_floor=node_floor)
+                      read_wait=READ_WAIT, write_wait=WRITE_WAIT, node_floor=node_floor,
+                      origin=origin)
 
     def local(self, node: str) -> LocalCopy:
         copy = LocalCopy(self.zctx, node_id=node, run_dir=self.run_dir(node),
@@ -569,6 +572,104 @@ async def test_a_data_node_answers_from_its_own_copy_and_from_peers_when_it_is_o
     assert found.answers == {"s": "out of service: applier stopped"}
     task = await router.read("task.get", {"id": f"T{outcome['seq']}"})
     assert task["task"]["title"] == "from s's own roles" and router.last_answered == "b"
+
+
+async def _subject_at(js, seq: int) -> str:
+    return (await js.get_msg(estate_log.STREAM, seq)).subject
+
+
+@fleet_test
+async def test_a_seat_on_a_data_node_writes_straight_to_the_log_and_reads_its_outcome_here(fleet):
+    """Reference, "How a request reaches the estate", with the seats' own
+    writes published by the seats (crewlet.estate.router, "Straight to the
+    log"): on their own subject, the outcome read from this node's copy,
+    nobody asked; a write already kept is not published again; while a data
+    node of protocol 3 is live (it would pass them over) they are asked for."""
+    from crewlet.estate import origins
+    from tests.estate import grant
+
+    proc = await fleet.spawn("s")
+    b = await fleet.add("b")
+    for node in ("s", "b"):
+        await fleet.presence(node, protocol=estate_log.WRITES_READ_SINCE)
+    local = fleet.local("s")
+    router = await fleet.router("s", local=local, origin=origins.SEATS)
+    await fleet.in_service(router.view, "s", "b")
+    await until(local.in_service, 10, "s's copy in service")
+    await until(lambda: all(n.protocol == estate_log.WRITES_READ_SINCE
+                            for n in router.view.data_nodes()), 5, "the view read the protocols")
+    token = await grant(fleet.js, "cto", "s", release=False)
+
+    def seat_op(kind: str, args: dict) -> Any:
+        return make_op(kind, args, node="s", seat="cto", token=token)
+
+    task = seat_op("task.create", {"title": "straight"})
+    outcome = await router.write(task)
+    assert outcome["ok"] and router.floor == outcome["seq"], outcome
+    assert await _subject_at(fleet.js, outcome["seq"]) == estate_log.seats_subject("s")
+    assert (await router.read("task.get", {"id": f"T{outcome['seq']}"}))["task"]["title"] == "straight"
+    # A knowledge-base write (``once``) takes the same road.
+    page = seat_op("page.write", {"path": "kb/straight", "title": "S", "body": "words"})
+    written = await router.write(page)
+    assert written["ok"] and await _subject_at(fleet.js, written["seq"]) == estate_log.seats_subject("s")
+    # The same op again: the outcome kept, nothing published.
+    last = await fleet.log_last()
+    assert await router.write(task) == outcome
+    assert await fleet.log_last() == last
+    # A refusal is the copy's outcome like any other (a task that does not exist).
+    missing = await router.write(seat_op("task.update", {"id": "T999999", "status": "done"}))
+    assert missing["ok"] is False and missing["error"] == "no task T999999", missing
+    assert b.stats["requests"] == 0   # nobody was asked
+
+    # A data node of protocol 3 is live: asked for, and s's applier publishes it on its own subject.
+    await fleet.presence("b", protocol=estate_log.WRITES_READ_SINCE - 1)
+    await until(lambda: any(n.protocol == estate_log.WRITES_READ_SINCE - 1
+                            for n in router.view.data_nodes()), 5, "the view read b's protocol")
+    asked = await router.write(seat_op("task.create", {"title": "asked"}))
+    assert asked["ok"] and await _subject_at(fleet.js, asked["seq"]) == estate_log.SUBJECT
+    proc.terminate()
+    assert proc.wait(10) == 0
+
+
+@fleet_test
+async def test_a_straight_write_this_copy_does_not_apply_in_time_moves_on_or_is_unknown(fleet):
+    """The write is in the log but this node's applier is frozen: a tracker
+    write is asked of a peer under the same id and lands once; a
+    knowledge-base write is reported unknown and not published again."""
+    from crewlet.estate import origins
+    from tests.estate import grant
+
+    proc = await fleet.spawn("s")
+    b = await fleet.add("b")
+    for node in ("s", "b"):
+        await fleet.presence(node, protocol=estate_log.WRITES_READ_SINCE)
+    local = fleet.local("s")
+    router = await fleet.router("s", local=local, origin=origins.SEATS)
+    await fleet.in_service(router.view, "s", "b")
+    await until(local.in_service, 10, "s's copy in service")
+    await until(lambda: all(n.protocol == estate_log.WRITES_READ_SINCE
+                            for n in router.view.data_nodes()), 5, "the view read the protocols")
+    token = await grant(fleet.js, "cto", "s", release=False)
+    proc.send_signal(signal.SIGSTOP)   # its last word still says "in service"
+
+    task = make_op("task.create", {"title": "moved on"}, node="s", seat="cto", token=token)
+    first = await fleet.log_last()
+    outcome = await router.write(task)
+    assert outcome["ok"] and router.last_answered == "b", outcome
+    assert outcome["seq"] == first + 1 and await fleet.log_last() == first + 1   # in the log once
+    assert await _subject_at(fleet.js, outcome["seq"]) == estate_log.seats_subject("s")
+
+    page = make_op("page.write", {"path": "kb/unknown", "title": "U", "body": "x"}, node="s",
+                   seat="cto", token=token)
+    local.stale = 60.0   # s's silence is not yet "stopped": the page goes straight
+    with pytest.raises(OutcomeUnknown) as raised:
+        await router.write(page)
+    assert "did not apply it within the wait" in str(raised.value)
+    assert await fleet.log_last() == first + 2   # published once, never again
+    await until(lambda: b.reader.outcome(page.id, page.token) is not None, 10, "b applied the page")
+    proc.send_signal(signal.SIGCONT)
+    proc.terminate()
+    assert proc.wait(10) == 0
 
 
 @fleet_test

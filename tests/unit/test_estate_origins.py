@@ -63,11 +63,14 @@ def test_the_table_is_what_each_role_s_code_writes(role):
     assert _allowed(role) - written == set(), f"{role}'s row gives kinds its code never writes"
 
 
-def test_the_seats_publish_to_the_log_only_their_fence_and_turn_records():
+def test_the_seats_publish_on_their_subject_their_fence_turn_records_and_own_writes():
     direct = set().union(*(_kinds_named(f) for f in _files("roles/seats")))
-    assert direct == set(origins.LOG_KINDS["seats"]) == {"seat.fence", "turn.record", "turn.records"}
-    assert not origins.LOG_KINDS["seats"] & origins.ASKS["seats"]
-    # ... and may ask an applier for them (the way while an older applier
+    assert direct == {"seat.fence", "turn.record", "turn.records"}
+    # Their subject takes those and every write they ask for (straight on a
+    # data node whose copy serves: crewlet.estate.router, Router.write) ...
+    assert set(origins.LOG_KINDS["seats"]) == direct | origins.ASKS["seats"]
+    assert origins.ASKS["seats"] == origins.SEAT_WRITES
+    # ... and may ask an applier for them all (the way while an older applier
     # cannot read their subject): no kind besides.
     assert origins.may_ask("seats") == origins.ASKS["seats"] | origins.LOG_KINDS["seats"]
     for origin in ("ingress", "workers", "data_applier"):
@@ -180,7 +183,7 @@ def copy(tmp_path):
 
 def test_an_entry_its_origin_may_not_publish_is_passed_over_and_kept_nowhere(copy):
     seats = "estate.ops.seats.n1"
-    forged = _op("page.write", {"path": "p", "title": "T", "body": "forged"}, seat="s", token=1)
+    forged = _op("file.delete", {"project": "p", "path": "f"}, seat="s", token=1)  # no seat's kind
     operator_kind = _op("task.create", {"title": "forged"})
     other_node = _op("turn.record", {"record": {"x": 1}}, node="n2", seat="s", token=1)
     unseated = _op("turn.record", {"record": {"x": 1}})
@@ -198,11 +201,11 @@ def test_an_entry_its_origin_may_not_publish_is_passed_over_and_kept_nowhere(cop
     assert refused == [1, 2, 3, 4, 5, 8]
     assert all(op_id is None for op_id, o in out if o.get("code") == apply.WRONG_ORIGIN)
     assert [o["ok"] for _, o in out[5:7]] + [out[8][1]["ok"]] == [True, True, True]
-    assert "page.write may not be published by seats" in out[0][1]["error"]
+    assert "file.delete may not be published by seats" in out[0][1]["error"]
+    assert "a seats op is a seat's" in out[1][1]["error"]
     assert copy.applied() == 9
     reader = store.Reader(copy)
-    # Nothing of the refused entries: no page, no task T2, no outcome under their ids.
-    assert reader.query("page.read", {"path": "p"}).get("page") is None
+    # Nothing of the refused entries: no task T2, no outcome under their ids.
     assert [t["title"] for t in reader.query("task.list", {})["tasks"]] == ["ok"]
     for op in (forged, operator_kind, other_node, unseated):
         assert reader.outcome(op.id, op.token) is None, op.kind
@@ -210,10 +213,16 @@ def test_an_entry_its_origin_may_not_publish_is_passed_over_and_kept_nowhere(cop
     # the refusal took no id.
     again = apply.apply_batch(copy, [(10, operator_kind.encode(), "estate.ops")])
     assert again[0] == (operator_kind.id, {"ok": True, "seq": 10, "result": again[0][1]["result"]})
+    # A seat's own write, under its fence, is applied from the seats' subject.
+    page = _op("page.write", {"path": "p", "title": "T", "body": "mine"}, seat="s", token=5)
+    [(page_id, outcome)] = apply.apply_batch(copy, [(11, page.encode(), seats)])
+    assert page_id == page.id and outcome["ok"] is True, outcome
+    assert reader.query("page.read", {"path": "p"})["page"]["body"] == "mine"
+    assert reader.outcome(page.id, page.token) == outcome
 
 
 def test_two_copies_pass_over_the_same_entries(tmp_path):
-    forged = _op("task.create", {"title": "a"}, seat="s", token=1)
+    forged = _op("file.delete", {"project": "p", "path": "f"}, seat="s", token=1)
     record = _op("turn.record", {"record": {"n": 1}}, seat="s", token=1)
     task = _op("task.create", {"title": "b"})
     entries = [(1, forged.encode(), "estate.ops.seats.n1"), (2, record.encode(), "estate.ops.seats.n1"),
@@ -226,7 +235,7 @@ def test_two_copies_pass_over_the_same_entries(tmp_path):
             # The forged entry was passed over, on both copies alike; the others applied.
             assert [(op_id, o.get("code"), o["ok"]) for op_id, o in outcomes] == \
                 [(None, apply.WRONG_ORIGIN, False), (record.id, None, True), (task.id, None, True)]
-            assert "task.create may not be published by seats" in outcomes[0][1]["error"]
+            assert "file.delete may not be published by seats" in outcomes[0][1]["error"]
         dumps = []
         for c in copies:
             assert c.applied() == 3
