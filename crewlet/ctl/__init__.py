@@ -11,12 +11,20 @@ input (click's usage errors, and an argument that cannot be sent: not UTF-8,
 a number past 64 bits), 3 ``status`` found a child not running, 69 no node
 reachable, 78 configuration error. Bad input is one line, never a traceback.
 
-One module per command (its docstring is its help); rendering lives in
-:mod:`crewlet.ctl.render`.
+One module per command, named as the command (``fleet-secret`` is
+:mod:`crewlet.ctl.fleet_secret`), its docstring the command's help, and
+loaded when its command runs: a call imports what its own command needs
+and no other's (nats, pydantic's models, rich). ``COMMANDS`` names them,
+each with its summary, the first sentence of its help, which ``--help``
+lists without importing any (tests/unit/test_ctl_commands.py checks that
+they agree). Rendering lives in :mod:`crewlet.ctl.render` (rich), and what
+is printed without rich, ``--json``'s keys and one-line answers, in
+:mod:`crewlet.ctl.plain`.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import sys
@@ -27,8 +35,6 @@ import click
 import zmq
 
 from crewlet import ipc
-from crewlet.config import ConfigError, load_node_config
-from crewlet.config.load import CONFIG_ENV, DEFAULT_CONFIG_PATHS
 
 # Exit codes.
 EXIT_OK = 0
@@ -36,7 +42,7 @@ EXIT_REFUSED = 1        # crewletd answered ok: false
 EXIT_USAGE = 2          # bad input, as click's own usage errors
 EXIT_NOT_RUNNING = 3    # status: some child is not running (LSB "not running")
 EXIT_UNREACHABLE = 69   # EX_UNAVAILABLE: no crewletd answered
-EXIT_CONFIG = ConfigError.EXIT_CODE  # 78, EX_CONFIG
+EXIT_CONFIG = 78        # EX_CONFIG, as ConfigError.EXIT_CODE (crewlet.config: imported to read a config)
 
 # Timeouts and intervals, in seconds.
 CALL_TIMEOUT = 3.0          # status, stop and the reachability check before restart
@@ -87,6 +93,9 @@ def locate(config_path: str | None, data_dir: str | None) -> Target:
     """The node to talk to; raises :class:`ConfigError` for a bad config."""
     if data_dir:
         return Target(os.path.abspath(os.path.expanduser(data_dir)), "--data-dir", None)
+    from crewlet.config import load_node_config
+    from crewlet.config.load import CONFIG_ENV, DEFAULT_CONFIG_PATHS
+
     cfg = load_node_config(config_path)
     if config_path is not None:
         origin = f"--config {cfg.source}"
@@ -110,9 +119,13 @@ class Ctl:
 
     @property
     def target(self) -> Target:
-        if self._target is None:
+        if self._target is None and self._data_dir:
+            self._target = locate(None, self._data_dir)  # no config is read: nothing to go wrong
+        elif self._target is None:
+            from crewlet.config import ConfigError  # pydantic's models: only when a config is read
+
             try:
-                self._target = locate(self._config_path, self._data_dir)
+                self._target = locate(self._config_path, None)
             except ConfigError as exc:
                 fail(f"configuration error: {exc}", EXIT_CONFIG)
         return self._target
@@ -170,7 +183,65 @@ def unreachable(target: Target, reason: str) -> NoReturn:
     fail(target.where(), EXIT_UNREACHABLE)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Every command, by name, with its summary: the first sentence of its help.
+COMMANDS = {
+    "status": "Show the node, its children, its supervisors and the fleet.",
+    "restart": "Restart CHILD and wait until it is ready again.",
+    "stop": "Stop the node and wait until it is gone (as SIGTERM to crewletd).",
+    "apply": "Apply a company file: store it as a new revision and activate it.",
+    "history": "List the company revisions, oldest first; * marks the active one.",
+    "schedules": "Show each schedule's next and last fire, and which node fired it.",
+    "send": 'Put TEXT in SEAT\'s mailbox (TEXT "-": read it from stdin).',
+    "seats": "Show every seat: owner, mailbox, dead letters and last turn.",
+    "dlq": "List dead letters, or put one back in its mailbox.",
+    "outbox": "What became of the notifications (emails out), oldest change first.",
+    "tasks": "List the tracker's tasks, newest first, or show task ID.",
+    "pages": "List the knowledge base's pages, or show the page at PATH.",
+    "search": "Search the knowledge base's pages for the words of QUERY.",
+    "skills": "The company's skills: list, read, push, retire, promote drafts.",
+    "evict": "Take NODE's copy of the estate out of service, or with --undo put it back.",
+    "drain": "Drain NODE (default: this node): it hands its work over and serves nothing.",
+    "undrain": "Put NODE (default: this node) back to work after `crewletctl drain`.",
+    "secret": "Set, list or remove the fleet's secrets (values are never shown).",
+    "mcp": "Serve the company as MCP tools on stdin/stdout (for a desktop agent).",
+    "token": "Make an API token for `Authorization: Bearer <token>`.",
+    "fleet-secret": "Make the fleet secret file PATH (stream.fleet_credentials).",
+    "backup": ("Back up the company into DEST: this node's copy of the estate (with its log sequence), "
+               "the files' bytes, and the company revision in force."),
+    "restore": "Start a new fleet from the backup in SRC: its estate, files and company.",
+}
+
+
+class LazyGroup(click.Group):
+    """Click's lazy group: a command's module is imported when the command
+    runs, never to list the commands."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module = cmd_name.replace("-", "_")
+        return getattr(importlib.import_module(f"{__name__}.{module}"), module)
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as exc:
+            # click's "Did you mean" draws on self.commands, empty here.
+            raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=COMMANDS, ctx=ctx) from None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Stand-ins holding the summaries, laid out by click's own code: a
+        # summary shortens to the width as the whole help would.
+        stand_ins = click.Group(commands=[click.Command(name, help=summary)
+                                          for name, summary in COMMANDS.items()])
+        stand_ins.format_commands(ctx, formatter)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Tier A config file of the node (default: $CREWLET_CONFIG, "
                    "/etc/crewlet/crewlet.yaml, else built-in defaults).")
@@ -185,13 +256,3 @@ def cli(ctx: click.Context, config_path: str | None, data_dir: str | None) -> No
 
 def main() -> None:
     cli(prog_name=PROG)
-
-
-# The command modules import the names above, so they come last.
-from crewlet.ctl import (apply, backup, dlq, drain, evict, fleet_secret, history, mcp, outbox,  # noqa: E402
-                         pages, restart, restore, schedules, search, seats, secret, send, skills, status, stop,
-                         tasks, token, undrain)
-
-for _module in (status, restart, stop, apply, history, schedules, send, seats, dlq, outbox, tasks, pages, search,
-                skills, evict, drain, undrain, secret, mcp, token, fleet_secret, backup, restore):
-    cli.add_command(getattr(_module, _module.__name__.rpartition(".")[2]))

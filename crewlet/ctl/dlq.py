@@ -17,7 +17,7 @@ import click
 
 from crewlet.ctl import CALL_TIMEOUT, Ctl
 from crewlet.queue.base import SEQ_MAX
-from crewlet.ctl.render import dead_letters_view, normalize_dead_letters
+from crewlet.ctl.plain import normalize_dead_letters
 from crewlet.ctl.status import show
 
 # Dead letters listed by default: a screenful of the oldest.
@@ -70,7 +70,7 @@ def list_letters(ctl: Ctl, seat: str | None, limit: int, as_json: bool) -> None:
     """
     args = {"limit": limit} if seat is None else {"seat": seat, "limit": limit}
     result = normalize_dead_letters(ctl.ask("dlq", CALL_TIMEOUT + limit * PER_LETTER, **args))
-    show(result, as_json, lambda: dead_letters_view(result, seat=seat, limit=limit))
+    show(result, as_json, lambda render: render.dead_letters_view(result, seat=seat, limit=limit))
 
 
 @dlq.command()

@@ -20,7 +20,7 @@ import click
 
 from crewlet.coord import drain as drains
 from crewlet.ctl import CALL_TIMEOUT, DRAIN_POLL, EXIT_REFUSED, Ctl, fail
-from crewlet.ctl.render import drain_progress, drain_text
+from crewlet.ctl.plain import drain_progress, drain_text
 from crewlet.ctl.stop import stop
 
 # Seconds --wait waits past the order's deadline before giving up: the

@@ -15,7 +15,7 @@ from __future__ import annotations
 import click
 
 from crewlet.ctl import CALL_TIMEOUT, Ctl
-from crewlet.ctl.render import evict_text
+from crewlet.ctl.plain import evict_text
 
 REASON = "evicted by the operator"  # when --reason is not given
 

@@ -70,4 +70,4 @@ def outbox(ctl: Ctl, state: str | None, limit: int, after: int, as_json: bool) -
     """
     args = {"limit": limit, "after": after, **({"state": state} if state else {})}
     result = ctl.ask("outbox", CALL_TIMEOUT + limit * PER_RECORD, **args)
-    show(result, as_json, lambda: view(result, limit))
+    show(result, as_json, lambda _: view(result, limit))

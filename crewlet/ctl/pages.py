@@ -16,7 +16,7 @@ from __future__ import annotations
 import click
 
 from crewlet.ctl import EXIT_REFUSED, Ctl, fail
-from crewlet.ctl.render import normalize_page, normalize_pages, page_view, pages_view
+from crewlet.ctl.plain import normalize_page, normalize_pages
 from crewlet.ctl.status import show
 from crewlet.ctl.tasks import LIST_DEFAULT, LIST_MAX, ask_estate
 
@@ -50,9 +50,9 @@ def pages(ctl: Ctl, path: str | None, prefix: str | None, limit: int | None, as_
         result = normalize_page(ask_estate(ctl, "page.read", {"path": path}))
         if result["page"] is None:
             fail(f"no page at {path}", EXIT_REFUSED)
-        show(result, as_json, lambda: page_view(result))
+        show(result, as_json, lambda render: render.page_view(result))
         return
     limit = limit or LIMIT
     args = {"limit": limit} if not prefix else {"prefix": prefix, "limit": limit}
     result = normalize_pages(ask_estate(ctl, "page.list", args))
-    show(result, as_json, lambda: pages_view(result, prefix=prefix, limit=limit))
+    show(result, as_json, lambda render: render.pages_view(result, prefix=prefix, limit=limit))

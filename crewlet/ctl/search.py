@@ -18,10 +18,9 @@ import json
 import sys
 
 import click
-from rich.text import Text
 
 from crewlet.ctl import CALL_TIMEOUT, EXIT_REFUSED, Ctl, fail
-from crewlet.ctl.render import answers_text, normalize_search, search_view
+from crewlet.ctl.plain import answers_text, normalize_search
 from crewlet.ctl.status import _console  # the same width rules as `status` when piped
 from crewlet.ctl.tasks import ESTATE_TIMEOUT, SEARCH_DEFAULT, SEARCH_MAX
 
@@ -71,6 +70,10 @@ def search(ctl: Ctl, query: str, limit: int, as_json: bool) -> None:
         sys.exit(0 if result["searched"] else EXIT_REFUSED)
     if not result["searched"]:
         fail(f"could not be searched: {answers_text(result['answers'])}", EXIT_REFUSED)
+    from rich.text import Text
+
+    from crewlet.ctl.render import search_view
+
     _console().print(search_view(result, query=query, limit=limit))
     partial = partial_text(result.get("coverage"))
     if partial:

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
-from rich.console import Console, RenderableType
-from rich.live import Live
-from rich.text import Text
 
 from crewlet import ipc
 from crewlet.ctl import (EXIT_OK, WATCH_INTERVAL, WATCH_MAX_INTERVAL, WATCH_MIN_INTERVAL, Ctl, request)
-from crewlet.ctl.render import live_view, normalize_seats, seats_view
+from crewlet.ctl.plain import normalize_seats
 from crewlet.ctl.status import show
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 # Seconds one seats request may take: ~2 ms a seat on an R3 cluster, 32 at a
 # time, is ~1 s for 10,000 seats; the rest is room for a busy broker.
@@ -29,7 +29,7 @@ SEATS_TIMEOUT = 10.0
 
 # One frame of a --watch: (the last answer, crewletd's refusal of this
 # round's request or None) -> what to show.
-Frame = Callable[[dict[str, Any] | None, str | None], RenderableType]
+Frame = Callable[[dict[str, Any] | None, str | None], "RenderableType"]
 
 
 @click.command()
@@ -60,10 +60,14 @@ def seats(ctl: Ctl, as_json: bool, watch: bool, interval: float) -> None:
     if watch:
         sys.exit(watch_live(ctl, "seats", SEATS_TIMEOUT, interval, _frame))
     result = normalize_seats(ctl.ask("seats", SEATS_TIMEOUT))
-    show(result, as_json, lambda: seats_view(result))
+    show(result, as_json, lambda render: render.seats_view(result))
 
 
 def _frame(result: dict[str, Any] | None, refused: str | None) -> RenderableType:
+    from rich.text import Text
+
+    from crewlet.ctl.render import seats_view
+
     if refused is not None:
         return Text(f"crewletd refused: {refused}", style="bold red")
     return seats_view(normalize_seats(result or {}))
@@ -72,6 +76,11 @@ def _frame(result: dict[str, Any] | None, refused: str | None) -> RenderableType
 def watch_live(ctl: Ctl, op: str, timeout: float, interval: float, frame: Frame) -> int:
     """Ask *op* every *interval* seconds and show ``frame(result, refusal)``
     live until Ctrl-C (then 0); while no node answers, say so and retry."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from crewlet.ctl.render import live_view
+
     target = ctl.target
     result: dict[str, Any] | None = None
     last_ok: float | None = None

@@ -17,12 +17,12 @@ company names it: a provider's ``api_key_secret``, an integration's
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
 from crewlet.ctl import EXIT_USAGE, Ctl, fail
-from crewlet.vault.store import CALLER_WAIT as WRITE_TIMEOUT
-from crewlet.ctl.render import secret_set_text, secrets_view
+from crewlet.ctl.plain import secret_set_text
 from crewlet.ctl.status import show
 
 # Bytes read of a value: past the vault's limit, so its refusal is the one said.
@@ -38,6 +38,13 @@ def secret() -> None:
       crewletctl secret list                   names, versions, who set them, what uses them
       crewletctl secret rm NAME                every version gone
     """
+
+
+def ask_vault(ctl: Ctl, action: str, **args: Any) -> dict[str, Any]:
+    """crewletd's answer to secret *action*, waited for as long as the vault's writer may take."""
+    from crewlet.vault.store import CALLER_WAIT  # the store imports nats and the company's models
+
+    return ctl.ask("secret", CALLER_WAIT, action=action, **args)
 
 
 def _value(path: str | None) -> str:
@@ -76,8 +83,7 @@ def set_(ctl: Ctl, name: str, path: str | None, grace: float | None) -> None:
     value), 2 for input that cannot be read, 69 when no node answers.
     """
     value = _value(path)
-    click.echo(secret_set_text(ctl.ask("secret", WRITE_TIMEOUT, action="set", name=name, value=value,
-                                       grace=grace)))
+    click.echo(secret_set_text(ask_vault(ctl, "set", name=name, value=value, grace=grace)))
 
 
 @secret.command("list")
@@ -90,8 +96,8 @@ def list_(ctl: Ctl, as_json: bool) -> None:
 
     Exits 0, 1 if crewletd refuses, 69 when no node answers.
     """
-    result = ctl.ask("secret", WRITE_TIMEOUT, action="list")  # a read of every record, from the leader
-    show(result, as_json, lambda: secrets_view(result))
+    result = ask_vault(ctl, "list")  # a read of every record, from the leader
+    show(result, as_json, lambda render: render.secrets_view(result))
 
 
 @secret.command("rm")
@@ -103,6 +109,6 @@ def rm(ctl: Ctl, name: str) -> None:
     What the company names it with stops working at its next use. Exits 0,
     1 if crewletd refuses (no such secret), 69 when no node answers.
     """
-    result = ctl.ask("secret", WRITE_TIMEOUT, action="remove", name=name)
+    result = ask_vault(ctl, "remove", name=name)
     used = result.get("named_by") or []
     click.echo(f"removed {name}" + (f"; still named by {', '.join(used)}" if used else ""))

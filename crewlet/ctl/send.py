@@ -22,7 +22,7 @@ import click
 
 from crewlet.ctl import CALL_TIMEOUT, Ctl
 from crewlet.queue.base import check_mail
-from crewlet.ctl.render import no_turn_text, sent_text, turn_text, worked_already_text
+from crewlet.ctl.plain import no_turn_text, sent_text, turn_text, worked_already_text
 
 STDIN = "-"  # TEXT that means: read the text from stdin
 

@@ -217,7 +217,7 @@ def list_skills(ctl: Ctl, seat: str | None, as_of: int | None, limit: int, as_js
     if as_of is not None:
         args["as_of"] = as_of
     result = ask_estate(ctl, "skill.list", args)
-    show(result, as_json, lambda: _list_view(result, "skills"))
+    show(result, as_json, lambda _: _list_view(result, "skills"))
 
 
 @skills.command("show")
@@ -249,7 +249,7 @@ def show_skill(ctl: Ctl, name: str, file: str | None, as_of: int | None, as_json
     if file is not None and not as_json:
         _raw(result["file"]["body"])
         return
-    show(result, as_json, lambda: _skill_view(result))
+    show(result, as_json, lambda _: _skill_view(result))
 
 
 @skills.command("revisions")
@@ -270,7 +270,7 @@ def revisions(ctl: Ctl, name: str, limit: int, as_json: bool) -> None:
     if not rows:
         fail(f"no skill {name} was ever written", EXIT_REFUSED)
 
-    def view() -> RenderableType:
+    def view(_) -> RenderableType:
         now = time.time()
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
         for header in ("REV", "BY", "AT", "FILES", "NOTE"):
@@ -435,7 +435,7 @@ def drafts(ctl: Ctl, name: str | None, file: str | None, status: str | None, lim
         if status:
             args["status"] = status
         result = ask_estate(ctl, "skill.drafts", args)
-        show(result, as_json, lambda: _list_view(result, "drafts", drafts=True))
+        show(result, as_json, lambda _: _list_view(result, "drafts", drafts=True))
         return
     if status:
         raise click.UsageError("NAME cannot be combined with --status")
@@ -450,7 +450,7 @@ def drafts(ctl: Ctl, name: str | None, file: str | None, status: str | None, lim
     if file is not None and not as_json:
         _raw(result["file"]["body"])
         return
-    show(result, as_json, lambda: _skill_view(result, drafted=True))
+    show(result, as_json, lambda _: _skill_view(result, drafted=True))
 
 
 def _decide(ctl: Ctl, name: str, verdict: str, note: str | None, token_file: str | None, as_json: bool) -> None:

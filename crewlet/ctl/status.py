@@ -14,16 +14,18 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
-from rich.console import Console, RenderableType
-from rich.live import Live
 
 from crewlet import ipc
 from crewlet.ctl import (EXIT_NOT_RUNNING, EXIT_OK, PIPE_WIDTH, WATCH_CALL_TIMEOUT, WATCH_INTERVAL,
                          WATCH_MAX_INTERVAL, WATCH_MIN_INTERVAL, Ctl, request)
-from crewlet.ctl.render import normalize, status_view, watch_view
+from crewlet.ctl.plain import normalize
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
 
 
 def exit_code(status: dict[str, Any]) -> int:
@@ -73,26 +75,37 @@ def status(ctl: Ctl, as_json: bool, watch: bool, interval: float, no_fleet: bool
     if watch:
         sys.exit(_watch(ctl, interval, fleet=not no_fleet))
     result = normalize(ctl.ask("status"))
-    show(result, as_json, lambda: status_view(result, fleet=not no_fleet))
+    show(result, as_json, lambda render: render.status_view(result, fleet=not no_fleet))
     sys.exit(exit_code(result))
 
 
-def show(result: Any, as_json: bool, view: Callable[[], RenderableType]) -> None:
-    """Print *result* as JSON (``--json``), else the rich table *view()* makes of it."""
+def show(result: Any, as_json: bool, view: Callable[[ModuleType], RenderableType]) -> None:
+    """Print *result* as JSON (``--json``), else the rich table ``view(render)``
+    makes of it, *render* being :mod:`crewlet.ctl.render`: imported only then,
+    as it and rich are most of what a ``--json`` call would import."""
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
-        _console().print(view())
+        from crewlet.ctl import render
+
+        _console().print(view(render))
 
 
 def _console() -> Console:
     """A terminal's width, or a wide one when piped, so rows do not wrap."""
+    from rich.console import Console
+
     if sys.stdout.isatty() or os.environ.get("COLUMNS"):
         return Console()
     return Console(width=PIPE_WIDTH)
 
 
 def _watch(ctl: Ctl, interval: float, fleet: bool = True) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from crewlet.ctl.render import watch_view
+
     target = ctl.target
     last: dict[str, Any] | None = None
     last_ok: float | None = None

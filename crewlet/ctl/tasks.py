@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from crewlet.ctl import CALL_TIMEOUT, EXIT_REFUSED, Ctl, fail
-from crewlet.ctl.render import normalize_task, normalize_tasks, task_view, tasks_view
+from crewlet.ctl.plain import normalize_task, normalize_tasks
 from crewlet.ctl.status import show
 from crewlet.estate import ops
 
@@ -82,7 +82,7 @@ def tasks(ctl: Ctl, id: str | None, status: str | None, assignee: str | None, li
         result = normalize_task(ask_estate(ctl, "task.get", {"id": id}))
         if result["task"] is None:
             fail(f"no task {id}", EXIT_REFUSED)
-        show(result, as_json, lambda: task_view(result))
+        show(result, as_json, lambda render: render.task_view(result))
         return
     limit = limit or LIMIT
     args: dict[str, Any] = {"limit": limit}
@@ -91,4 +91,5 @@ def tasks(ctl: Ctl, id: str | None, status: str | None, assignee: str | None, li
     if assignee:
         args["assignee"] = assignee
     result = normalize_tasks(ask_estate(ctl, "task.list", args))
-    show(result, as_json, lambda: tasks_view(result, limit=limit, status=status, assignee=assignee))
+    show(result, as_json,
+         lambda render: render.tasks_view(result, limit=limit, status=status, assignee=assignee))

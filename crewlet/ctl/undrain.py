@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 
 from crewlet.ctl import CALL_TIMEOUT, Ctl
-from crewlet.ctl.render import drain_text
+from crewlet.ctl.plain import drain_text
 
 
 @click.command()

@@ -47,7 +47,16 @@ Modules:
 
 from crewlet.queue.base import (DELIVERY_BUDGET, MAIL_MAX, SEAT_NAME, TRIGGER_HEADER, DeadLetter, Delivery,
                                 Mailbox, MailboxError, Mailboxes, check_mail, check_seat)
-from crewlet.queue.jetstream import JetStreamMailboxes
 
 __all__ = ["DELIVERY_BUDGET", "MAIL_MAX", "SEAT_NAME", "TRIGGER_HEADER", "DeadLetter", "Delivery", "Mailbox",
            "MailboxError", "Mailboxes", "check_mail", "check_seat", "JetStreamMailboxes"]
+
+
+def __getattr__(name: str):
+    # The backend imports nats: loaded when first named, so that importing
+    # crewlet.queue.base (crewletctl checks mail with it) does not load it.
+    if name == "JetStreamMailboxes":
+        from crewlet.queue.jetstream import JetStreamMailboxes
+
+        return JetStreamMailboxes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

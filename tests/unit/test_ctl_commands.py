@@ -9,8 +9,11 @@ refuses it: the command asked exactly that, once.
 """
 
 import os
+import subprocess
+import sys
 import threading
 
+import click
 import pytest
 import zmq
 from click.testing import CliRunner
@@ -115,6 +118,46 @@ def test_help_needs_no_node(tmp_path):
 ])
 def test_good_command_lines_go_on_to_ask_the_node(tmp_path, control, args, op, asked):
     asked_only(control, run(tmp_path, *args), op, **asked)
+
+
+def test_every_command_is_its_module_and_help_lists_its_own_summary():
+    """``--help`` lists each command from ctl.COMMANDS without importing it:
+    each summary shortens, at any width, as the command's own help does."""
+    ctx = click.Context(ctl.cli)
+    modules = sorted(f[:-3].replace("_", "-") for f in os.listdir(os.path.dirname(ctl.__file__))
+                     if f.endswith(".py") and f not in ("__init__.py", "render.py", "plain.py"))
+    assert ctl.cli.list_commands(ctx) == modules
+    for name in modules:
+        command = ctl.cli.get_command(ctx, name)
+        assert command.name == name
+        for limit in (20, 45, 70, 1000):
+            summary = click.Command(name, help=ctl.COMMANDS[name]).get_short_help_str(limit)
+            assert summary == command.get_short_help_str(limit), (name, limit)
+
+
+def test_exit_config_is_the_config_errors_code():
+    from crewlet.config import ConfigError  # crewlet.ctl does not import it: it says 78 itself
+
+    assert ctl.EXIT_CONFIG == ConfigError.EXIT_CODE
+
+
+LOADED = ("import sys; from crewlet.ctl import main; sys.argv[0] = 'crewletctl'\n"
+          "try: main()\nexcept SystemExit: pass\n"
+          "print(sorted(m for m in sys.modules if m.startswith(('crewlet.ctl.', 'rich', 'nats', 'pydantic'))))")
+
+
+@pytest.mark.parametrize("args, loaded", [
+    (["--help"], []),
+    (["status", "--json"], ["crewlet.ctl.plain", "crewlet.ctl.status"]),
+    (["send", "alice", "hi"], ["crewlet.ctl.plain", "crewlet.ctl.send"]),
+    (["seats", "--json"], ["crewlet.ctl.plain", "crewlet.ctl.seats", "crewlet.ctl.status"]),
+])
+def test_a_call_imports_its_own_command_only(tmp_path, args, loaded):
+    """Neither the other commands' modules nor rich, nats or pydantic: a
+    call of crewletctl costs its own imports (the tests make hundreds)."""
+    out = subprocess.run([sys.executable, "-c", LOADED, "--data-dir", str(tmp_path), *args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines()[-1] == repr(loaded), out.stdout + out.stderr
 
 
 def test_with_no_node_a_good_command_line_exits_69(tmp_path):

@@ -12,6 +12,7 @@ import crewlet.ctl as ctl
 from crewlet import ipc
 from crewlet.ctl import render
 from crewlet.ctl.status import exit_code
+from crewlet.estate.view import STATUS_STALE
 
 NOW = 1796021400.0
 
@@ -528,7 +529,7 @@ def test_copy_out_of_service_with_its_reason():
     _, _, _, *lines = render.fleet_view(render.normalize(status)["fleet"], "n1", NOW).renderables
     assert [t.style for t in lines if "out of service" in t.plain] == ["yellow", "yellow"]
     # a record just inside the staleness limit is still in service
-    fresh = copies_fleet(fleet_node("n0", estate=copy_record("n0", ago=render.STATUS_STALE - 1)))
+    fresh = copies_fleet(fleet_node("n0", estate=copy_record("n0", ago=STATUS_STALE - 1)))
     assert "1 copy, 1 in service" in text(render.status_view(fresh, NOW))
 
 
