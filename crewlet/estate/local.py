@@ -38,7 +38,12 @@ old file open would go on reading the deleted inode, so before each use the
 path is stat'ed, and the index opened again when its inode changed.
 
 A write nobody answered within the wait raises :class:`TimeoutError`: the
-caller (the router) decides what that means for the op.
+caller (the router) decides what that means for the op. So does a write whose
+applier went silent while it waited (:class:`ApplierSilent`, a TimeoutError):
+the copy is out of service from then on, as :meth:`LocalCopy.reason` says, and
+a stopped applier answers nothing, so the write is not waited on for the rest
+of its wait (a minute) — the router asks a peer under the same op id. A read
+waiting for its floor likewise ends as soon as the copy is out of service.
 """
 
 from __future__ import annotations
@@ -81,6 +86,12 @@ HEAR_EVERY = 1.0
 REPLY_MARGIN = 1.0
 
 APPLIED_TOPIC = wire.APPLIED_TOPIC
+
+
+class ApplierSilent(TimeoutError):
+    """The applier went silent (stopped, as :meth:`LocalCopy.reason` judges
+    silence) while a write waited for its answer: it may have the request,
+    and may run it when it goes on."""
 
 
 class LocalCopy:
@@ -358,6 +369,9 @@ class LocalCopy:
             reached = self.applied
         try:
             if not await self._reach(floor, reached, self._until(request)):
+                why = self.reason()
+                if why is not None:  # it stopped meanwhile: not behind, out of service
+                    return self._answer(wire.OUT_OF_SERVICE, reason=why)
                 # For a search, what is behind is the index: say how far it is.
                 return self._answer(wire.BEHIND, applied=reached(), floor=floor)
             if search:
@@ -401,7 +415,7 @@ class LocalCopy:
             if reached() >= floor:
                 return True
             left = until - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self._is_stale():  # a stopped applier reaches no floor
                 return False
             try:
                 async with asyncio.timeout(min(left, FLOOR_POLL)):
@@ -420,13 +434,38 @@ class LocalCopy:
         rid = uuid.uuid4().hex
         fut = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        try:
+        dealer = self._dealer
+
+        async def send_and_hear() -> dict[str, Any]:
             # The send too: a DEALER with no ROUTER to hand it to waits for one.
+            await dealer.send_multipart([b"", wire.encode({**request, "id": rid})])
+            return await fut
+        try:
             async with asyncio.timeout(max(timeout, 0.0)):  # raises TimeoutError
-                await self._dealer.send_multipart([b"", wire.encode({**request, "id": rid})])
-                reply = await fut
+                reply = await self._while_heard(send_and_hear())
         finally:
             self._pending.pop(rid, None)
         reply.pop("id", None)
         reply.setdefault("node", self.node_id)
         return reply
+
+    async def _while_heard(self, awaitable) -> Any:
+        """What *awaitable* gives, while the applier is heard from: once its
+        silence says it stopped (:meth:`_is_stale`, as :meth:`reason` judges)
+        :class:`ApplierSilent` is raised rather than waiting on. Each
+        ``applied`` message is heard as it comes meanwhile, so a live
+        applier's messages keep it going however long its answer takes."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            with self._wanting():
+                while True:
+                    if self._is_stale():
+                        raise ApplierSilent(f"{STOPPED}: nothing heard from it for "
+                                            f"{self.stale:g}s while the write waited")
+                    assert self._heard_at is not None
+                    left = self._heard_at + self.stale - time.monotonic()
+                    await asyncio.wait({task}, timeout=max(left, FLOOR_POLL))
+                    if task.done():
+                        return task.result()
+        finally:
+            task.cancel()   # (a no-op once done) not awaited: this one may be cancelled itself

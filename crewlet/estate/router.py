@@ -129,6 +129,7 @@ from crewlet import log
 from crewlet.bus import JETSTREAM_TIMEOUT
 from crewlet.estate import log as estate_log
 from crewlet.estate import origins, wire
+from crewlet.estate.local import ApplierSilent
 from crewlet.estate.ops import Op, check_query
 from crewlet.estate.view import EstateView, NodeState
 
@@ -775,6 +776,8 @@ class Router:
             # The node's own applier is told who asks in the request (over NATS
             # the subject says it).
             return await self.local.ask({**request, "origin": self.origin}, timeout=wait)
+        except ApplierSilent as exc:  # it stopped while we waited: it may run the op when it goes on
+            return _NoAnswer(f"no answer: {exc}", ran=True, silent=False)
         except (TimeoutError, asyncio.TimeoutError):
             return _NoAnswer(f"no answer within {_secs(wait)}", ran=True, silent=False)
         except Exception as exc:  # the copy's trouble: a peer may still answer

@@ -111,6 +111,19 @@ def ready(node, timeout: float = 30.0) -> None:
     wait_for(answered, timeout, interval=0.1, what="the node ready (/readyz)")
 
 
+def company_known(node, timeout: float = 30.0) -> dict:
+    """Wait until the node's ingress has the company in force (``GET
+    /v1/company`` names its revision): its routes answer 503 ``no_company``
+    until then. Each role of a node hears of the company on its own, so a
+    seat held (the seats' doing) says nothing of ingress."""
+    from tests.conftest import wait_for
+
+    def heard() -> dict | None:
+        status, answer = call(node, "GET", "/v1/company")
+        return answer if status == 200 and (answer or {}).get("rev") else None
+    return wait_for(heard, timeout, interval=0.1, what="ingress has the company (GET /v1/company)")
+
+
 def ok(node, method: str, path: str, body: Any = None) -> Any:
     status, answer = call(node, method, path, body)
     assert 200 <= status < 300, (method, path, status, answer)

@@ -16,7 +16,7 @@ import re
 import pytest
 import yaml
 
-from tests.browser.conftest import call, dashboard, ok, ready, token_of
+from tests.browser.conftest import call, company_known, dashboard, ok, ready, token_of
 from tests.browser.test_dashboard import APPROVING, FAST, open_dashboard
 from tests.conftest import wait_for
 from tests.seats import SAMPLE, held, write_company
@@ -42,6 +42,7 @@ def sample_node(make_node):
     node.start(args=("--company", path))
     wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
     ready(node)
+    company_known(node)  # a conversation's start needs ingress to have it
     return node, story
 
 
@@ -263,6 +264,7 @@ def test_a_tool_call_is_approved_and_denied_in_the_chat(make_node, page):
     node.start(args=("--company", write_company(node.dir, APPROVING)))
     wait_for(lambda: held(node).get("clerk") == "t1", 30, what="seat clerk held")
     ready(node)
+    company_known(node)
     expect = open_dashboard(page, node)
     page.get_by_test_id("tab-convs").click()
     page.get_by_test_id("conv-new-seat").select_option("clerk")

@@ -18,7 +18,7 @@ import httpx2
 import pytest
 import yaml
 
-from tests.browser.conftest import base_url, call, dashboard, ok, ready, token_of
+from tests.browser.conftest import base_url, call, company_known, dashboard, ok, ready, token_of
 from tests.conftest import CREWLETCTL, wait_for
 from tests.seats import SAMPLE, held, write_company
 
@@ -78,6 +78,7 @@ def open_dashboard(page, node):
 def test_mail_sent_through_the_api_shows_its_turn_in_the_feed_within_2s(make_node, page):
     node = make_node(fleet=FAST).start(args=("--company", SAMPLE))
     wait_for(lambda: held(node).get("ceo") == "t1", 30, what="ceo held")
+    company_known(node)  # the mail route's: ingress hears of the company on its own
     # The ceo's first turn waits for its own MCP server to start (seconds):
     # worked once before the clock runs, so what is timed is the dashboard.
     first = ok(node, "POST", "/v1/seats/ceo/mail", {"text": "hello", "wait": 30})
@@ -174,6 +175,7 @@ def test_requeue_from_the_page_puts_the_dead_letter_back_in_its_mailbox(make_nod
     node = make_node(fleet=FAST)
     node.start(args=("--company", sample_with_failing_seat(node.dir)))
     wait_for(lambda: held(node).get("billing") == "t1", 30, what="seat billing held")
+    company_known(node)
     sent = ok(node, "POST", "/v1/seats/billing/mail", {"text": "send the <b>invoices</b>", "wait": 30})
     assert sent["turn"] and sent["turn"]["outcome"] == "failed", sent
 
@@ -305,6 +307,7 @@ def test_pending_approvals_are_approved_and_denied_from_the_page(make_node, page
         f.write(APPROVING)
     node.start(args=("--company", path))
     wait_for(lambda: held(node).get("clerk") == "t1", 30, what="seat clerk held")
+    company_known(node)
     http = httpx2.Client(base_url=base_url(node), timeout=60, trust_env=False,
                          headers={"Authorization": f"Bearer {token_of(node)}"})
 

@@ -67,3 +67,61 @@ async def _stall(run_dir: str) -> None:
         await copy.close()
         applied.close()
         zctx.term()
+
+
+def test_a_write_waits_for_a_live_applier_and_gives_up_once_it_is_silent(short_tmp):
+    asyncio.run(_silent(str(short_tmp)))
+
+
+async def _silent(run_dir: str) -> None:
+    """A write is not waited on for its whole wait (a minute in the router)
+    once the applier is silent, as SIGSTOP leaves it: it ends as soon as the
+    copy would be called stopped, so the router asks a peer. A live applier
+    (it keeps saying applied) is waited for however long it takes."""
+    from crewlet.estate.local import ApplierSilent
+    zctx = zmq.asyncio.Context()
+    applied = ipc.bind(zctx, run_dir, zmq.PUB, "applied")
+    estate = ipc.bind(zctx, run_dir, zmq.ROUTER, "estate")  # the applier's: it answers when told
+    copy = LocalCopy(zctx, node_id="n", run_dir=run_dir, data_dir=run_dir, stale=STALE)
+    copy.start()
+
+    def say() -> None:
+        applied.send_multipart([wire.APPLIED_TOPIC, wire.encode(wire.applied_message("n", 7, True, None))])
+    request = {"kind": wire.WRITE, "wait": 30.0}
+    try:
+        async def heard() -> None:  # a SUB misses what came before it joined: say it until heard
+            while copy.reason() is not None:
+                say()
+                await asyncio.sleep(0.05)
+        await asyncio.wait_for(heard(), 10)
+
+        # Live: it speaks every tenth of the stale time, and answers after 3x stale.
+        write = asyncio.create_task(copy.ask(dict(request)))
+        started = time.monotonic()
+        while time.monotonic() - started < STALE * 3:
+            say()
+            await asyncio.sleep(STALE / 10)
+        assert not write.done(), "a live applier's write was given up"
+        frames = await asyncio.wait_for(estate.recv_multipart(), 5)   # [who, b"", request]
+        asked = wire.decode(frames[-1])
+        await estate.send_multipart([*frames[:-1], wire.encode({"id": asked["id"], "status": wire.OK})])
+        answer = await asyncio.wait_for(write, 5)
+        assert answer["status"] == wire.OK and answer["node"] == "n"
+
+        # Silent from here (stopped): the next write ends once stale, not after its 30 s.
+        say()
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(copy.ask(dict(request)), 10)
+        except ApplierSilent:
+            pass
+        else:
+            raise AssertionError("a write to a silent applier was answered")
+        took = time.monotonic() - started
+        assert took < STALE * 4, f"a silent applier's write was waited on for {took:.2f}s"
+        assert copy.reason() == STOPPED
+    finally:
+        await copy.close()
+        applied.close()
+        estate.close()
+        zctx.term()

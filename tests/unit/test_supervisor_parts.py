@@ -227,3 +227,50 @@ def test_the_company_is_answered_without_its_seats_to_a_role_that_has_its_epoch(
     assert ask() == current and ask(epoch=None) == current and ask(epoch=4) == current
     assert ask(epoch=5) == {"rev": 3, "epoch": 5, "digest": "d"}
     assert asyncio.run(control.company(SimpleNamespace(fleet=None), {"epoch": 5})) == {"company": None}
+
+
+def test_an_ask_for_the_company_waits_for_one_other_than_the_askers_and_misses_none():
+    """A role's ask names its epoch and a wait: answered as soon as another
+    company is handed out — also the node's first, applied a moment after
+    the ask came — else at the wait's end, without the company's seats."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from supervisor import control
+
+    class Node:  # as supervisor.node.Node hands out a company (broadcast)
+        def __init__(self):
+            self.fleet = SimpleNamespace(company=None)
+            self._tick = asyncio.Event()
+
+        async def company_handed_out(self):
+            await self._tick.wait()
+
+        def hand_out(self, current):
+            self.fleet.company = current
+            tick, self._tick = self._tick, asyncio.Event()
+            tick.set()
+
+    async def main():
+        node = Node()
+        first = {"rev": 1, "epoch": 1, "digest": "d", "company": {"seats": ["…"]}}
+        asked = time.monotonic()
+        ask = asyncio.create_task(control.company(node, {"epoch": None, "wait": 10}))
+        await asyncio.sleep(0.1)
+        assert not ask.done(), "answered before any company was applied"
+        node.hand_out(first)
+        assert (await asyncio.wait_for(ask, 2))["company"] == first
+        assert time.monotonic() - asked < 2
+        # Nothing new: answered at the wait's end, without the seats.
+        asked = time.monotonic()
+        answer = await control.company(node, {"epoch": 1, "wait": 0.3})
+        assert answer == {"company": {"rev": 1, "epoch": 1, "digest": "d"}}
+        assert time.monotonic() - asked >= 0.29
+        # A company handed out before the ask is answered at once.
+        second = {**first, "rev": 2, "epoch": 2}
+        node.hand_out(second)
+        answer = await asyncio.wait_for(control.company(node, {"epoch": 1, "wait": 10}), 1)
+        assert answer == {"company": second}
+
+    asyncio.run(main())
