@@ -38,8 +38,11 @@ falls on all sides alike):
    :class:`crewlet.estate.router.Router` without a local copy, over NATS
    request/reply to the node's applier (what a node without data does) and
    (b) a Router over :class:`crewlet.estate.local.LocalCopy` pointed at the
-   node's run_dir and data_dir, over its ZeroMQ ``estate`` endpoint (what a
-   seat on the data node does); beside a **raw** ``js.publish`` round trip
+   node's run_dir and data_dir (what a seat on the data node does): since
+   2026-12-06 it publishes the op to the log itself and reads the outcome from
+   the copy once the applier's ``applied`` message says it applied it
+   (crewlet.estate.router, "Straight to the log"; before, it asked the applier
+   over its ZeroMQ ``estate`` endpoint); beside a **raw** ``js.publish`` round trip
    (one at a time, same bytes and header) to the same server. Median and p99
    ms. Target: median <= 5x raw (issue 28). A core subscription on ``estate.ops`` sees
    each op enter the log, which splits a write into request -> in the log
