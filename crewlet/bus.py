@@ -212,6 +212,29 @@ async def connect(stream, *, name: str, run_dir: str, connect_timeout: float = 2
 
 # Seconds a process's connection is given to drain when it closes.
 CLOSE_TIMEOUT = 2.0
+# The callback nats-py's ``KeyValue.watch`` gives a watch's subscription:
+# how :func:`close` tells a KV watch from the subscriptions it drains.
+KV_WATCH_CALLBACK = "KeyValue.watch.<locals>.watch_updates"
+
+
+async def _unwatch(nc: Client) -> None:
+    """Unsubscribe every KV watch of *nc*, rather than drain it: what a watch
+    would still deliver is for a reader that is going away. And a watch
+    caught opening (its consumer info asked) would hold the drain: the drain
+    drops the replies' subscription, the answer never comes, and the watch's
+    callback waits nats-py's setup for the JetStream timeout (2 s) with a
+    message in hand, which the drain waits for (a workers stop took 2 s)."""
+    for sub in list(nc._subs.values()):
+        if getattr(getattr(sub, "_cb", None), "__qualname__", None) == KV_WATCH_CALLBACK:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass  # closed already, or the connection's trouble: the drain has it
+
+
+async def _drain(nc: Client) -> None:
+    await _unwatch(nc)
+    await nc.drain()
 
 
 async def close(nc: Client, timeout: float = CLOSE_TIMEOUT) -> None:
@@ -223,9 +246,10 @@ async def close(nc: Client, timeout: float = CLOSE_TIMEOUT) -> None:
     that timed out and then flushes with its own 10 s timeout, so a broker
     that took the connection but answered nothing (SIGSTOPped) held a close
     for 12 s. A close not done by then is left running (``nats_close_abandoned``):
-    the process is ending, and its socket goes with it.
+    the process is ending, and its socket goes with it. Its KV watches are
+    not drained but unsubscribed (:func:`_unwatch`).
     """
-    closing = asyncio.create_task(nc.drain() if nc.is_connected else nc.close(), name="nats close")
+    closing = asyncio.create_task(_drain(nc) if nc.is_connected else nc.close(), name="nats close")
     done, _ = await asyncio.wait({closing}, timeout=timeout)
     if not done:
         log.event("nats_close_abandoned", "warning", timeout_s=timeout)

@@ -3,6 +3,12 @@
 ``crewletd start`` is the root supervisor (and a container's PID 1). In
 order, before any thread, loop or ZeroMQ context exists:
 
+0. restrict the umask (:func:`crewlet.private.restrict`), take systemd's
+   variables out of the environment, and start the zygote (fork+exec,
+   :mod:`supervisor.zygote`) with both: its preload (~1.4 s of imports)
+   then runs while this process imports the rest of itself and reads its
+   config, rather than after. It is named once the config says the node's
+   id; a crewletd that exits 78 below kills it first;
 1. load and validate Tier A config, and the ``--company`` file if given (its
    revision must fit the broker's message) — a problem is one line naming the
    file, key and problem, and exit 78;
@@ -13,9 +19,11 @@ order, before any thread, loop or ZeroMQ context exists:
    (:func:`crewlet.ports.preflight`) — one that cannot be bound (in use, not
    an address of this machine, not resolvable) is one line naming the file
    and key, and exit 78;
-4. become the child subreaper, title this process;
-5. start the zygote (fork+exec), then run the node's loop
-   (:class:`supervisor.node.Node`).
+4. become the child subreaper, title this process and the zygote;
+5. run the node's loop (:class:`supervisor.node.Node`).
+
+This module imports only what step 0 needs at its top; the rest is
+imported after it (that is what the zygote's preload overlaps).
 
 A child that exits 78 makes crewletd exit 78 too, the child's problem (one
 line naming the file and key, where the child said which) on stderr.
@@ -29,14 +37,9 @@ import sys
 
 import click
 
-from crewlet import ipc, log, ports, private, sysd
-from crewlet.config import ConfigError, load_node_config
-from crewlet.runtime import LEFTOVERS, run_loop
-from crewlet.estate.floor import wipe_scratch
-from crewlet.vault.keys import ensure_own
-from roles.broker import BrokerNotFound
-from supervisor import procs
+from crewlet import private, sysd
 from supervisor.procs import EXIT_CONFIG
+from supervisor.zygote import Zygote
 
 
 def _fail_config(message: str) -> None:
@@ -45,6 +48,7 @@ def _fail_config(message: str) -> None:
 
 
 def _load(path: str | None):
+    from crewlet.config import ConfigError, load_node_config
     try:
         return load_node_config(path)
     except ConfigError as exc:
@@ -54,6 +58,7 @@ def _load(path: str | None):
 def _private_data_dir(cfg) -> None:
     """The data dir is the service user's only (crewlet.private): what others
     could reach is fixed, and said; what cannot be fixed is exit 78."""
+    from crewlet import log
     try:
         fixed = private.tighten(cfg.data_dir)
     except private.NotPrivate as exc:
@@ -65,6 +70,9 @@ def _private_data_dir(cfg) -> None:
 
 def _lock_data_dir(cfg) -> int:
     """Hold ``run/crewletd.lock`` for our lifetime; refuse a second crewletd."""
+    from crewlet import ipc
+    from crewlet.estate.floor import wipe_scratch
+    from crewlet.vault.keys import ensure_own
     try:
         ipc.ensure_run_dir(cfg.run_dir)
     except (OSError, ValueError) as exc:
@@ -105,14 +113,44 @@ def cli() -> None:
                    "company yet (as `crewletctl apply` would); ignored when one is active.")
 def start(config_path: str | None, company_path: str | None) -> None:
     """Start this node: the broker, then its roles; runs until stopped."""
-    from crewlet.company import load_company
-    from crewlet.coord.control_plane import RevisionTooLarge, check_size
-    from supervisor.node import Node
-    from supervisor.zygote import Zygote
-
     # Before anything is created: every file of the node is its user's only.
     private.restrict()
     sysd.take_environment()
+    zygote = Zygote(title="crewlet zygote")  # named below, once the config says the node's id
+    zygote.start()
+    try:
+        node, lock = _prepare(config_path, company_path, zygote)
+    except BaseException:
+        zygote.kill()  # exit 78 (or an error) before the node ran: nothing left behind
+        raise
+    from crewlet import log
+    from crewlet.runtime import LEFTOVERS, run_loop
+    from roles.broker import BrokerNotFound
+    cfg = node.cfg
+    try:
+        # Bounded: a task a bounded stop left behind must not hold the exit.
+        code = run_loop(node.run(), leftovers=LEFTOVERS)
+    except BrokerNotFound as exc:
+        zygote.close()
+        _fail_config(f"{cfg.source}: {exc}")
+    finally:
+        os.close(lock)
+    log.event("crewletd_exit", code=code)
+    if code == EXIT_CONFIG:
+        click.echo(f"crewletd: configuration error: {node.config_problem or node.exit_reason}",
+                   err=True)
+    sys.exit(code)
+
+
+def _prepare(config_path: str | None, company_path: str | None, zygote: Zygote):
+    """Steps 1–4 of the module docstring; the node to run and the lock's fd."""
+    from crewlet import log, ports
+    from crewlet.company import load_company
+    from crewlet.config import ConfigError
+    from crewlet.coord.control_plane import RevisionTooLarge, check_size
+    from supervisor import procs
+    from supervisor.node import Node
+
     cfg = _load(config_path)
     seed = None
     if company_path is not None:
@@ -137,24 +175,10 @@ def start(config_path: str | None, company_path: str | None) -> None:
     except OSError as exc:  # not Linux-like enough; orphans go to init instead
         log.event("subreaper_unavailable", "warning", error=str(exc))
     procs.set_title(f"crewletd {cfg.node.id} supervisor")
-    zygote = Zygote(title=f"crewlet {cfg.node.id} zygote")
-    zygote.start()
+    zygote.retitle(f"crewlet {cfg.node.id} zygote")
     log.event("crewletd_starting", pid=os.getpid(), config=cfg.source, data_dir=cfg.data_dir,
               pid1=os.getpid() == 1)
-    try:
-        node = Node(cfg, zygote, seed=seed)
-        # Bounded: a task a bounded stop left behind must not hold the exit.
-        code = run_loop(node.run(), leftovers=LEFTOVERS)
-    except BrokerNotFound as exc:
-        zygote.close()
-        _fail_config(f"{cfg.source}: {exc}")
-    finally:
-        os.close(lock)
-    log.event("crewletd_exit", code=code)
-    if code == EXIT_CONFIG:
-        click.echo(f"crewletd: configuration error: {node.config_problem or node.exit_reason}",
-                   err=True)
-    sys.exit(code)
+    return Node(cfg, zygote, seed=seed), lock
 
 
 @cli.command("check-config")

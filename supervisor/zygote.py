@@ -7,21 +7,29 @@ starts one zygote by fork+exec before it makes any of those: a fresh
 interpreter that imports the heavy modules (the *preload* list), freezes them
 out of the garbage collector so children share their pages, and then does
 nothing but fork on request. A child forked from it is running its own code in
-a few milliseconds.
+a few milliseconds. Requests are read between the preload's imports too: one
+whose target's module is in already is forked then (the broker, which only
+execs nats-server, starts while the roles' modules are still being
+imported); the others wait for the preload, and are forked in order.
 
 Protocol (a ``SOCK_SEQPACKET`` socketpair, one msgpack map per packet):
 
 * crewletd → zygote: ``{"op": "fork", "id", "target": "pkg.mod:func",
   "kwargs", "title", "pdeathsig"}`` with the child's output pipe attached as an
   ``SCM_RIGHTS`` fd; it becomes the child's stdout and stderr.
+* crewletd → zygote: ``{"op": "title", "title"}``: the zygote's process
+  title from now on. crewletd starts its zygote before it has read its
+  config (the zygote's imports then overlap crewletd's own), so it names it
+  once it knows the node's id.
 * zygote → crewletd: ``{"op": "forked", "id", "pid"}``, and later
   ``{"op": "exited", "pid", "status"}`` with the raw wait status. Both go over
   the same ordered socket, so ``forked`` always precedes its ``exited``.
 
 The zygote is its children's parent and reaps them (SIGCHLD wakes it through a
 wakeup fd, so an exit is reported the moment it happens). It dies with crewletd
-(``PR_SET_PDEATHSIG``), and its children die with it in turn; orphans it leaves
-are re-parented to crewletd, the subreaper, which reaps them.
+(``PR_SET_PDEATHSIG``, and it exits at once should crewletd have died before
+it set that), and its children die with it in turn; orphans it leaves are
+re-parented to crewletd, the subreaper, which reaps them.
 
 In the child, before any of its own code runs: its own process group, the
 parent-death signal, default signal dispositions, the output pipe on fds 1
@@ -47,75 +55,123 @@ import msgpack
 
 from supervisor import procs
 
-# What every node's zygote imports before it forks anything.
+# What every node's zygote imports, in this order. A fork waits until its
+# target's module is imported, with every module listed before it: a target
+# not listed, or listed last, waits for the whole preload. So the broker
+# (roles.broker:exec_server, which only execs nats-server) is forked as soon
+# as its module is in, ~1 s before the roles' modules are, and starts while
+# they are imported; the roles (crewlet.runtime:run_role, last) are forked
+# from the whole preload, sharing its pages.
 DEFAULT_PRELOAD = (
-    "crewlet.runtime",
-    "crewlet.config",
     "roles.broker",
+    "crewlet.config",
     "roles.data_applier",
+    # roles.ingress in parts (~0.3 s each at most, its whole ~1 s): requests
+    # are read between them.
+    "fastapi",
+    "mcp.types",
+    "mcp.server.streamable_http_manager",
     "roles.ingress",
     "roles.seats",
     "roles.workers",
+    "crewlet.runtime",
 )
 
 _MAX_PACKET = 1 << 20
+# The environment variable telling the zygote its parent's pid (crewletd's).
+PARENT_ENV = "CREWLET_ZYGOTE_PARENT"
 
 
 # --------------------------------------------------------------------------
 # The zygote process
 # --------------------------------------------------------------------------
 
-def _serve(sock: socket.socket) -> None:
-    zygote_pid = os.getpid()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd fires
-    # Stopping is crewletd's to decide: the zygote ends on its socket's EOF or
-    # with crewletd (parent-death signal), never because a terminal or a
-    # process manager signalled a whole process group.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ, "request")
-    sel.register(wake_r, selectors.EVENT_READ, "sigchld")
+class _Serving:
+    """The zygote's side of the socket: fork requests in, reports out.
 
-    def send(msg: dict[str, Any]) -> None:
+    Invariant: ``deferred`` holds, in arrival order, the requests read but
+    not yet forked: their target's module is not preloaded yet (:meth:`may`)."""
+
+    def __init__(self, sock: socket.socket, title: str) -> None:
+        self.sock = sock
+        self.title = title
+        self.pid = os.getpid()
+        # The modules whose forks may go now; None: all (the preload is done).
+        self.loaded: set[str] | None = set()
+        self.deferred: list[tuple[dict[str, Any], list[int]]] = []
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd fires
+        # Stopping is crewletd's to decide: the zygote ends on its socket's EOF or
+        # with crewletd (parent-death signal), never because a terminal or a
+        # process manager signalled a whole process group.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ, "request")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "sigchld")
+
+    def send(self, msg: dict[str, Any]) -> None:
         try:
-            sock.send(msgpack.packb(msg, use_bin_type=True))
+            self.sock.send(msgpack.packb(msg, use_bin_type=True))
         except (BrokenPipeError, ConnectionResetError):
             sys.exit(0)  # crewletd is gone; our children follow by parent-death signal
 
-    while True:
-        for key, _ in sel.select():
+    def may(self, req: dict[str, Any]) -> bool:
+        """May *req* be forked now: is its target's module preloaded?"""
+        return self.loaded is None or req["target"].partition(":")[0] in self.loaded
+
+    def poll(self, timeout: float | None) -> bool:
+        """Serve what arrives within *timeout* (None: wait for it); whether
+        anything did. Exits the process once crewletd is gone (its socket's
+        EOF)."""
+        ready = self.sel.select(timeout)
+        for key, _ in ready:
             if key.data == "sigchld":
-                os.read(wake_r, 4096)
+                os.read(self.wake_r, 4096)
                 for pid, status in procs.reap_nohang():
-                    send({"op": "exited", "pid": pid, "status": status})
+                    self.send({"op": "exited", "pid": pid, "status": status})
                 continue
             try:
-                data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, 4)
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, _MAX_PACKET, 4)
             except ConnectionResetError:
                 data, fds = b"", []
             if not data:
-                return  # crewletd is gone
+                sys.exit(0)  # crewletd is gone
             req = msgpack.unpackb(data, raw=False)
-            try:
-                pid = os.fork()
-            except OSError as exc:  # EAGAIN at a pids limit, ENOMEM: say so, keep serving
-                for fd in fds:
-                    os.close(fd)
-                send({"op": "forked", "id": req["id"], "error": f"fork failed: {exc}"})
-                continue
-            if pid == 0:
-                _become_child(req, fds, zygote_pid, [sock.fileno(), wake_r, wake_w, sel.fileno()])
-            try:
-                os.setpgid(pid, pid)  # also done in the child: whichever runs first wins
-            except OSError:
-                pass  # the child already exec'd or exited; its own setpgid stands
+            if req.get("op") == "title":
+                self.title = req["title"]
+                procs.set_title(self.title)
+            elif self.may(req) and not self.deferred:
+                self.fork(req, fds)
+            else:
+                self.deferred.append((req, fds))  # forked in order, once its module is in
+        return bool(ready)
+
+    def release(self) -> None:
+        """Fork the deferred requests that may go now, in order."""
+        while self.deferred and self.may(self.deferred[0][0]):
+            self.fork(*self.deferred.pop(0))
+
+    def fork(self, req: dict[str, Any], fds: list[int]) -> None:
+        try:
+            pid = os.fork()
+        except OSError as exc:  # EAGAIN at a pids limit, ENOMEM: say so, keep serving
             for fd in fds:
                 os.close(fd)
-            send({"op": "forked", "id": req["id"], "pid": pid})
+            self.send({"op": "forked", "id": req["id"], "error": f"fork failed: {exc}"})
+            return
+        if pid == 0:
+            _become_child(req, fds, self.pid,
+                          [self.sock.fileno(), self.wake_r, self.wake_w, self.sel.fileno()])
+        try:
+            os.setpgid(pid, pid)  # also done in the child: whichever runs first wins
+        except OSError:
+            pass  # the child already exec'd or exited; its own setpgid stands
+        for fd in fds:
+            os.close(fd)
+        self.send({"op": "forked", "id": req["id"], "pid": pid})
 
 
 def _become_child(req: dict[str, Any], fds: list[int], zygote_pid: int,
@@ -164,19 +220,31 @@ def main(argv: list[str] | None = None) -> None:
     """Entry of ``python -m supervisor.zygote FD``."""
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[0])
-    # Die with crewletd. Should it already be gone, the socket's EOF ends us.
+    # Die with crewletd; should it be gone already (it exited 78 while this
+    # interpreter started), end now rather than after the preload.
     procs.set_parent_death_signal(signal.SIGKILL)
+    if str(os.getppid()) != os.environ.pop(PARENT_ENV, str(os.getppid())):
+        sys.exit(0)
     sock = socket.socket(fileno=fd)
-    title = os.environ.pop("CREWLET_ZYGOTE_TITLE", "crewlet zygote")
+    serving = _Serving(sock, os.environ.pop("CREWLET_ZYGOTE_TITLE", "crewlet zygote"))
     preload = os.environ.pop("CREWLET_ZYGOTE_PRELOAD", ",".join(DEFAULT_PRELOAD))
     for name in filter(None, preload.split(",")):
         importlib.import_module(name)
-    procs.set_title(title)
+        # A fork whose target's module is in now goes now (the broker's, while
+        # the roles' modules are still being imported), in request order.
+        serving.loaded.add(name)
+        while serving.poll(0):
+            pass
+        serving.release()
+    procs.set_title(serving.title)
     # Everything imported so far is shared with every child; keep the collector
     # from touching (and so copying) those pages in each of them.
     gc.collect()
     gc.freeze()
-    _serve(sock)
+    serving.loaded = None
+    serving.release()
+    while True:
+        serving.poll(None)
 
 
 # --------------------------------------------------------------------------
@@ -216,6 +284,7 @@ class Zygote:
         env = dict(os.environ)
         env["CREWLET_ZYGOTE_TITLE"] = self.title
         env["CREWLET_ZYGOTE_PRELOAD"] = ",".join(self.preload)
+        env[PARENT_ENV] = str(os.getpid())
         # The zygote imports what this process can import, wherever it came from.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         # Only its socket is passed on: no fd crewletd inherited leaks into the
@@ -230,6 +299,29 @@ class Zygote:
         self.pid = proc.pid
         theirs.close()
         self._sock = ours
+
+    def retitle(self, title: str) -> None:
+        """Give the zygote (this one, and any started after it) *title*."""
+        self.title = title
+        if self._sock is not None:
+            try:
+                self._sock.send(msgpack.packb({"op": "title", "title": title}, use_bin_type=True))
+            except OSError:
+                pass  # it died: the next one is started with the title
+
+    def kill(self) -> None:
+        """SIGKILL the zygote and reap it (synchronous): for crewletd when it
+        gives up before its loop ever ran (exit 78 on its config)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        pid, self.pid = self.pid, None
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass  # gone and reaped already
 
     def _ensure(self) -> socket.socket:
         if self._sock is None:

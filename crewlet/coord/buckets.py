@@ -59,6 +59,7 @@ secrets    <name>                                          a fleet secret, seale
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -153,8 +154,27 @@ async def limit_consumers(js: JetStreamContext, name: str, limit: int,
 
 async def open_watch(kv: KeyValue, keys: str, **options: Any):
     """``kv.watch(keys)`` whose consumer the broker drops :data:`WATCH_INACTIVE`
-    seconds after its subscriber went away (nats-py's default: five minutes)."""
-    return await kv.watch(keys, inactive_threshold=WATCH_INACTIVE, **options)
+    seconds after its subscriber went away (nats-py's default: five minutes).
+
+    Not cut in the middle by a cancel: nats-py's ``watch`` cancelled between
+    its subscribe and its consumer info (one round trip; a role stopped just
+    after it started) leaves a subscription whose callback waits the
+    JetStream timeout (2 s) on a setup that never comes, and the process's
+    drain waits for that callback (a workers stop took 2 s). Cancelled, the
+    open is let finish — given at most :data:`CLOSE_WATCH_WAIT` — and the
+    watch closed, and then the cancel goes on."""
+    opening = asyncio.ensure_future(kv.watch(keys, inactive_threshold=WATCH_INACTIVE, **options))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        # Left to end by itself if it overruns: a watch that fails to open
+        # unsubscribes (nats-py), one that opens late is the inactive threshold's.
+        opening.add_done_callback(lambda t: t.cancelled() or t.exception())
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_WATCH_WAIT):
+                watcher = await asyncio.shield(opening)
+            await close_watch(watcher)
+        raise
 
 
 async def close_watch(watcher) -> None:
@@ -223,6 +243,17 @@ WATCH_RETRY_MIN = 0.1
 WATCH_RETRY_MAX = 2.0
 
 
+def _go_on() -> None:
+    """CancelledError if this task was asked to stop. A cancel that lands as
+    a request's answer does is swallowed by Python 3.11's ``wait_for`` (which
+    nats-py's requests use, DESIGN §4): a watch cancelled while its bucket was
+    being opened went on to open its watch and wait on it for ever, and its
+    owner, waiting for it to end, with it (a duty's stop overdue)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() > 0:
+        raise asyncio.CancelledError()
+
+
 async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Callable[[Any], None],
                  *, opened: Callable[[], None] = lambda: None, listed: Callable[[], None] = lambda: None,
                  name: str = "", stopping: Callable[[], bool] = lambda: False,
@@ -258,7 +289,9 @@ async def follow(open_kv: Callable[[], Awaitable[KeyValue]], keys: str, seen: Ca
         watcher = None
         try:
             kv = await open_kv()
+            _go_on()
             watcher = await open_watch(kv, keys)
+            _go_on()
             ever_opened = True
             opened()
             until = None if refresh is None else asyncio.get_running_loop().time() + refresh

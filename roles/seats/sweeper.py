@@ -51,6 +51,7 @@ seats, under the node's one life.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from typing import Any, Awaitable, Callable
@@ -212,8 +213,15 @@ class SeatSweeper:
                 sweeping.result()
             except LeaseError as exc:
                 log.event("sweep_failed", "warning", error=str(exc))
-            # Early sweeps are spaced, so a burst of changes is one sweep.
-            await asyncio.sleep(max(0.0, self.interval / 10 - (time.monotonic() - started)))
+            # Early sweeps are spaced, so a burst of changes is one sweep. The
+            # spacing waits on the stop too: a node stopped just after a sweep
+            # (its first, at start) would otherwise wait out a tenth of the
+            # interval before giving its seats up.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, self.interval / 10 - (time.monotonic() - started))):
+                    await stopping.wait()
+            if stopping.is_set():
+                return
             waiting = asyncio.ensure_future(self._wake.wait())
             halt = asyncio.ensure_future(stopping.wait())
             await asyncio.wait({waiting, halt}, timeout=self.interval,

@@ -184,6 +184,36 @@ def test_bad_config_exits_78_with_file_key_and_problem(short_tmp):
     assert check.returncode == 78 and "supervisor.intensity" in check.stderr
 
 
+def _session_left(sid: int) -> list[psutil.Process]:
+    """Processes of session *sid* still alive (zombies aside)."""
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc)
+        except (OSError, psutil.Error):
+            pass
+    return left
+
+
+def test_exit_78_leaves_no_zygote_behind(running_node, short_tmp):
+    # crewletd starts its zygote before it reads its config: refused early
+    # (a bad key) or late (the data dir held by another crewletd), it takes
+    # the zygote with it before it exits.
+    bad = os.path.join(short_tmp, "bad.yaml")
+    with open(bad, "w") as f:
+        f.write("node:\n  id: ok\nsupervisor:\n  intensity: lots\n")
+    for path in (bad, running_node.config_path):
+        proc = subprocess.Popen([*CREWLETD, "start", "-c", path], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            assert proc.wait(30) == 78
+            assert _session_left(proc.pid) == []
+        finally:
+            for left in _session_left(proc.pid):
+                left.kill()
+
+
 def test_too_long_run_dir_exits_78(short_tmp):
     deep = os.path.join(short_tmp, "d" * 60, "e" * 60)
     path = os.path.join(short_tmp, "long.yaml")

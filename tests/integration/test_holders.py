@@ -128,3 +128,59 @@ def test_a_watch_whose_consumer_was_lost_is_listed_anew_within_two_heartbeats(na
             await asyncio.gather(watching, return_exceptions=True)
             await nc.close()
     asyncio.run(main())
+
+
+# A process's close must not wait on a watch it was opening: CLOSE_TIMEOUT
+# is what a close held by one took (a workers stop took 2 s).
+CLOSED_WITHIN = 1.0
+
+
+def test_a_watch_cancelled_while_opening_does_not_hold_the_close(natsd):
+    from crewlet import bus
+
+    async def main():
+        nc = await nats.connect(natsd.url)
+        js = nc.jetstream(timeout=2)
+        kv = await buckets.ensure(js, buckets.LEASES, 1)
+        for i in range(3):
+            await kv.put(f"seat.s{i}", b"x")
+        # Cancelled at every point of its opening: its subscribe, its consumer info.
+        for step in range(24):
+            opening = asyncio.create_task(buckets.open_watch(kv, ">"))
+            await asyncio.sleep(0.0005 * step)
+            opening.cancel()
+            try:
+                await buckets.close_watch(await opening)
+            except asyncio.CancelledError:
+                pass
+        began = time.monotonic()
+        await bus.close(nc)
+        return time.monotonic() - began
+
+    took = asyncio.run(main())
+    assert took < CLOSED_WITHIN, f"the close took {took:.2f}s"
+
+
+def test_watches_still_opening_when_the_connection_closes_do_not_hold_it(natsd):
+    from crewlet import bus
+
+    async def main():
+        nc = await nats.connect(natsd.url)
+        js = nc.jetstream(timeout=2)
+        kv = await buckets.ensure(js, buckets.LEASES, 1)
+        for i in range(3):
+            await kv.put(f"seat.s{i}", b"x")
+        opening = []
+        for _ in range(20):  # some opened, some asked for their consumer info, some not yet
+            opening.append(asyncio.create_task(buckets.open_watch(kv, ">")))
+            await asyncio.sleep(0.0003)
+        began = time.monotonic()
+        await bus.close(nc)
+        took = time.monotonic() - began
+        for task in opening:
+            task.cancel()
+        await asyncio.gather(*opening, return_exceptions=True)
+        return took
+
+    took = asyncio.run(main())
+    assert took < CLOSED_WITHIN, f"the close took {took:.2f}s"

@@ -77,3 +77,44 @@ def test_a_zygote_that_will_not_end_is_killed_after_the_timeout(short_tmp):
         sys.path.remove(short_tmp)
     assert 0.4 <= took < 5, took
     assert not psutil.pid_exists(pid), "SIGKILLed and reaped"
+
+
+def test_a_fork_goes_as_soon_as_its_module_is_preloaded_the_rest_after_the_preload(short_tmp):
+    """The broker is forked while the roles' modules are still being imported:
+    a fork whose target's module is in goes at once, one whose module comes
+    later waits for it. A title sent meanwhile is the zygote's once it serves."""
+    fast, slow = "crewlet_test_early_target", "crewlet_test_late_target"
+    with open(os.path.join(short_tmp, fast + ".py"), "w") as f:
+        f.write("def run():\n    return 0\n")
+    with open(os.path.join(short_tmp, slow + ".py"), "w") as f:
+        f.write(f"import time\ntime.sleep({SLOW_IMPORT_S})\n\ndef run():\n    return 0\n")
+    sys.path.insert(0, short_tmp)
+    try:
+        zygote = Zygote(title="test zygote", preload=(fast, slow))
+
+        async def main() -> tuple[float, float, str, list[int]]:
+            zygote.start()
+            zygote.attach()
+            zygote.retitle("test zygote renamed")
+            began = time.monotonic()
+            out_r, out_w = os.pipe()
+            try:
+                early = await zygote.fork(f"{fast}:run", {}, title="early", out_fd=out_w)
+                early_at = time.monotonic() - began
+                late = await zygote.fork(f"{slow}:run", {}, title="late", out_fd=out_w)
+                late_at = time.monotonic() - began
+                title = psutil.Process(zygote.pid).cmdline()[0]
+                codes = [await zygote.exit_of(pid) for pid in (early, late)]
+            finally:
+                os.close(out_r)
+                os.close(out_w)
+                await zygote.aclose()
+            return early_at, late_at, title, codes
+
+        early_at, late_at, title, codes = asyncio.run(main())
+    finally:
+        sys.path.remove(short_tmp)
+    assert early_at < SLOW_IMPORT_S * 0.5, f"forked {early_at:.2f}s in, not while {slow} was imported"
+    assert late_at >= SLOW_IMPORT_S * 0.8, f"forked {late_at:.2f}s in, before its module was imported"
+    assert title == "test zygote renamed"
+    assert codes == [0, 0], "both ran their target and exited 0"
