@@ -491,15 +491,18 @@ class Router:
                       error=f"{type(exc).__name__}: {exc}")
             return None
         self._raise_floor(seq)
-        if await self.local.reach(seq, local_until):
-            outcome = self.local.outcome(op)
-            if outcome is None:
-                # Applied past it and nothing kept: passed over for its origin
-                # (the applier said why: estate_op_refused).
-                return {"ok": False, "seq": seq, "code": origins.WRONG_ORIGIN,
-                        "error": f"the log's entry {seq} was passed over for its origin"}
-            return outcome
-        why = f"in the log at {seq}; this copy did not apply it within the wait"
+        try:
+            if await self.local.reach(seq, local_until):
+                outcome = self.local.outcome(op)
+                if outcome is None:
+                    # Applied past it and nothing kept: passed over for its origin
+                    # (the applier said why: estate_op_refused).
+                    return {"ok": False, "seq": seq, "code": origins.WRONG_ORIGIN,
+                            "error": f"the log's entry {seq} was passed over for its origin"}
+                return outcome
+            why = f"in the log at {seq}; this copy did not apply it within the wait"
+        except Exception as exc:  # the copy could not be read (replaced meanwhile): as not applied
+            why = f"in the log at {seq}; this copy could not be read: {type(exc).__name__}: {exc}"
         if once:
             log.event("estate_outcome_unknown", "warning", op=op.id, kind=op.kind,
                       answers={self.node_id: why})
