@@ -8,24 +8,38 @@ token to this node's own API (over loopback, as any client's), so each is
 held to the token's scopes, the API's checks and its limits — a read token's
 agent can list and read, not write. Stateless JSON answers: no session, no
 stream of the server's own (a GET or DELETE is a 405).
+
+The MCP SDK is loaded at the first request that passes those checks, not
+when ingress starts: its import is ~0.35 s of CPU, a third of what a node's
+zygote preloads, and most nodes are never asked (that request waits for it,
+up to :data:`START_WAIT`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 from typing import Any, Callable
 
-import httpx2
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
-
-from crewlet.operator.server import CALL_TIMEOUT, OperatorServer
 from crewlet.tokens import Keyring
 
 PATH = "/v1/mcp"
 _TOKEN = "crewlet.operator_token"  # where a request's token waits for its tool calls (the ASGI scope)
 TOKEN_MAX = 512
+# Seconds the first request waits for the SDK to load and the server to start
+# before it is answered 503 (it takes ~0.5 s; a loaded machine, a few).
+START_WAIT = 15.0
+
+
+def _load_sdk() -> tuple[Any, ...]:
+    """The SDK's parts this endpoint uses (imported in a worker thread: the loop goes on)."""
+    httpx2 = importlib.import_module("httpx2")
+    manager = importlib.import_module("mcp.server.streamable_http_manager")
+    security = importlib.import_module("mcp.server.transport_security")
+    operator = importlib.import_module("crewlet.operator.server")
+    return (httpx2, manager.StreamableHTTPSessionManager, security.TransportSecuritySettings,
+            operator.OperatorServer, operator.CALL_TIMEOUT)
 
 
 def own_url(listen: str) -> str:
@@ -45,18 +59,21 @@ class McpEndpoint:
         self._openapi = openapi
         self.keyring = keyring
         self.base_url = own_url(listen)
-        self._server: OperatorServer | None = None
-        self._manager: StreamableHTTPSessionManager | None = None
+        self._server = None    # the OperatorServer, once the SDK is loaded
+        self._manager = None   # the SDK's StreamableHTTPSessionManager, likewise
+        self._wanted = asyncio.Event()   # set by the first request: load and start
         self._ready = asyncio.Event()
 
     async def run(self) -> None:
-        async with httpx2.AsyncClient(base_url=self.base_url, timeout=CALL_TIMEOUT, trust_env=False) as client:
+        await self._wanted.wait()
+        httpx2, Manager, Security, OperatorServer, call_timeout = await asyncio.to_thread(_load_sdk)
+        async with httpx2.AsyncClient(base_url=self.base_url, timeout=call_timeout, trust_env=False) as client:
             self._server = OperatorServer(self._openapi, client, lambda ctx: ctx.request.scope.get(_TOKEN))
             # Token-gated, so no browser can drive it unasked (a page cannot set the
             # header): the SDK's Host and Origin guard would only refuse a proxy's Host.
-            self._manager = StreamableHTTPSessionManager(
+            self._manager = Manager(
                 app=self._server.mcp, json_response=True, stateless=True,
-                security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+                security_settings=Security(enable_dns_rebinding_protection=False))
             async with self._manager.run():
                 self._ready.set()
                 await asyncio.Event().wait()
@@ -74,8 +91,13 @@ class McpEndpoint:
                           [(b"allow", b"POST")])
             return
         if not self._ready.is_set():
-            await _answer(send, 503, "not_ready", "the MCP server is starting", [(b"retry-after", b"1")])
-            return
+            self._wanted.set()
+            try:
+                async with asyncio.timeout(START_WAIT):
+                    await self._ready.wait()
+            except TimeoutError:
+                await _answer(send, 503, "not_ready", "the MCP server is starting", [(b"retry-after", b"1")])
+                return
         scope = {**scope, _TOKEN: token}
         assert self._manager is not None
         await self._manager.handle_request(scope, receive, send)
