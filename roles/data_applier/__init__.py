@@ -197,11 +197,20 @@ def applied_message(applier: Applier) -> dict[str, Any]:
 
 
 async def publish_applied(sock, applier: Applier) -> None:
-    """The ``applied`` PUB: after every commit (and change of service), and every second."""
-    while True:
-        applier.changed.clear()
-        await sock.send_multipart([wire.APPLIED_TOPIC, wire.encode(applied_message(applier))])
-        await wait_event(applier.changed, APPLIED_EVERY)
+    """The ``applied`` PUB: after every commit (sent from the commit itself,
+    :attr:`Applier.on_commit`), on every change of service, and every second."""
+    def tell() -> None:
+        # A PUB never blocks: NOBLOCK sends now (a message past the high-water
+        # mark is dropped, as any PUB message may be; the next one says the same).
+        sock.send_multipart([wire.APPLIED_TOPIC, wire.encode(applied_message(applier))], zmq.NOBLOCK)
+    applier.on_commit = tell
+    try:
+        while True:
+            applier.changed.clear()
+            await sock.send_multipart([wire.APPLIED_TOPIC, wire.encode(applied_message(applier))])
+            await wait_event(applier.changed, APPLIED_EVERY)
+    finally:
+        applier.on_commit = None
 
 
 def stats(applier: Applier) -> dict[str, Any]:

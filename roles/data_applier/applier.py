@@ -303,8 +303,13 @@ class Applier:
         self._outcomes: dict[str, list[asyncio.Future]] = {}
         self._loop = asyncio.get_running_loop()
         self._tick = itertools.count()
-        # Set on every commit and change of service: the applied PUB waits on it.
+        # Set on every change of service, and on every commit unless on_commit
+        # tells it: the applied PUB waits on it.
         self.changed = asyncio.Event()
+        # Told of each commit at once, on the loop (the role sends the applied
+        # PUB from it: a reader waiting for its write learns of the commit
+        # without a wake of the PUB's task in between); None: ``changed`` is set.
+        self.on_commit: Callable[[], None] | None = None
         self._service_changed = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # Loops end on this as well as on a cancel: Python 3.11's wait_for
@@ -684,9 +689,12 @@ class Applier:
         # The log holds at least what was applied from it (its bounds are
         # read every few seconds; "applied 34 of log 30" would read wrong).
         self.log_last = max(self.log_last or 0, self.applied)
+        if self.on_commit is not None:
+            self.on_commit()
+        else:
+            self.changed.set()
         self._resolve(outcomes)
         self._wake()
-        self.changed.set()
         self._room.set()
         changed = sorted({name for _, o in outcomes if o.get("ok")
                           for name in (o.get("result") or {}).get(estate_skills.CHANGED, ())})
