@@ -90,7 +90,7 @@ import lmdb
 import msgpack
 
 from crewlet import private
-from crewlet.estate.ops import ANSWER_MAX_BYTES, LIST_DEFAULT, check_query
+from crewlet.estate.ops import ANSWER_MAX_BYTES, LIST_DEFAULT, TURN_RECORDS_MAX, check_query
 
 # Address space only: LMDB grows the file as it is written.
 MAP_SIZE = 1 << 36
@@ -115,10 +115,10 @@ def copy_path(data_dir: str) -> str:
     return os.path.join(data_dir, "estate")
 
 
-# Places per log seq (module doc): an op carries at most this many turn
-# records (crewlet.estate.ops.TURN_RECORDS_MAX); a place stays under 2**53
-# (exact as JSON) for log seqs below 2**43.
-TURN_PLACES = 1024
+# Places per log seq (module doc): as many as an op carries turn records at
+# most, so the two are one constant; a place stays under 2**53 (exact as
+# JSON) for log seqs below 2**43.
+TURN_PLACES = TURN_RECORDS_MAX
 
 
 def turn_place(seq: int, position: int = 0) -> int:

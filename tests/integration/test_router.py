@@ -574,17 +574,10 @@ async def test_a_data_node_answers_from_its_own_copy_and_from_peers_when_it_is_o
     assert task["task"]["title"] == "from s's own roles" and router.last_answered == "b"
 
 
-async def _subject_at(js, seq: int) -> str:
-    return (await js.get_msg(estate_log.STREAM, seq)).subject
-
-
-@fleet_test
-async def test_a_seat_on_a_data_node_writes_straight_to_the_log_and_reads_its_outcome_here(fleet):
-    """Reference, "How a request reaches the estate", with the seats' own
-    writes published by the seats (crewlet.estate.router, "Straight to the
-    log"): on their own subject, the outcome read from this node's copy,
-    nobody asked; a write already kept is not published again; while a data
-    node of protocol 3 is live (it would pass them over) they are asked for."""
+async def _seats_of_a_data_node(fleet: Fleet) -> tuple[subprocess.Popen, Applier, LocalCopy, Router, int]:
+    """Data node s (its applier a process of its own) and b, both of the
+    protocol whose appliers apply the seats' own writes; a router of s's
+    seats over s's copy, and seat cto's token, held by s."""
     from crewlet.estate import origins
     from tests.estate import grant
 
@@ -598,7 +591,21 @@ async def test_a_seat_on_a_data_node_writes_straight_to_the_log_and_reads_its_ou
     await until(local.in_service, 10, "s's copy in service")
     await until(lambda: all(n.protocol == estate_log.WRITES_READ_SINCE
                             for n in router.view.data_nodes()), 5, "the view read the protocols")
-    token = await grant(fleet.js, "cto", "s", release=False)
+    return proc, b, local, router, await grant(fleet.js, "cto", "s", release=False)
+
+
+async def _subject_at(js, seq: int) -> str:
+    return (await js.get_msg(estate_log.STREAM, seq)).subject
+
+
+@fleet_test
+async def test_a_seat_on_a_data_node_writes_straight_to_the_log_and_reads_its_outcome_here(fleet):
+    """Reference, "How a request reaches the estate", with the seats' own
+    writes published by the seats (crewlet.estate.router, "Straight to the
+    log"): on their own subject, the outcome read from this node's copy,
+    nobody asked; a write already kept is not published again; while a data
+    node of protocol 3 is live (it would pass them over) they are asked for."""
+    proc, b, local, router, token = await _seats_of_a_data_node(fleet)
 
     def seat_op(kind: str, args: dict) -> Any:
         return make_op(kind, args, node="s", seat="cto", token=token)
@@ -636,20 +643,7 @@ async def test_a_straight_write_this_copy_does_not_apply_in_time_moves_on_or_is_
     """The write is in the log but this node's applier is frozen: a tracker
     write is asked of a peer under the same id and lands once; a
     knowledge-base write is reported unknown and not published again."""
-    from crewlet.estate import origins
-    from tests.estate import grant
-
-    proc = await fleet.spawn("s")
-    b = await fleet.add("b")
-    for node in ("s", "b"):
-        await fleet.presence(node, protocol=estate_log.WRITES_READ_SINCE)
-    local = fleet.local("s")
-    router = await fleet.router("s", local=local, origin=origins.SEATS)
-    await fleet.in_service(router.view, "s", "b")
-    await until(local.in_service, 10, "s's copy in service")
-    await until(lambda: all(n.protocol == estate_log.WRITES_READ_SINCE
-                            for n in router.view.data_nodes()), 5, "the view read the protocols")
-    token = await grant(fleet.js, "cto", "s", release=False)
+    proc, b, local, router, token = await _seats_of_a_data_node(fleet)
     proc.send_signal(signal.SIGSTOP)   # its last word still says "in service"
 
     task = make_op("task.create", {"title": "moved on"}, node="s", seat="cto", token=token)
