@@ -34,6 +34,10 @@ what storing it raised, or :class:`TimeoutError` at the record's own
 deadline (an op goes on trying until the latest deadline among its
 records). An op is one message id through its retries
 (:func:`crewlet.bus.publish_until`): stored once.
+
+A record the op's check refuses (:class:`~crewlet.estate.ops.OpError`:
+nothing was sent) fails its turn alone: the records of that batch are sent
+again one an op, so only the bad one raises.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import collections
 import time
 from typing import Any, Awaitable, Callable
 
-from crewlet.estate.ops import TURN_RECORDS_MAX
+from crewlet.estate.ops import TURN_RECORDS_MAX, OpError
 
 # An op's records, encoded, at most: well under the op's own bound
 # (crewlet.estate.ops.TURN_RECORDS_MAX_BYTES) and the broker's 1 MiB payload,
@@ -74,13 +78,15 @@ class KeptTurns:
 
     Invariants: ``_waiting`` holds the records not yet in an op, oldest
     first; ``_sender`` is the task storing ops while there are any, else
-    None (so a record that finds it None starts one).
+    None (so a record that finds it None starts one); the first ``_alone``
+    of ``_waiting`` go one an op (a batch the check refused, sent again).
     """
 
     def __init__(self, send: Send):
         self._send = send
         self._waiting: collections.deque[_Waiting] = collections.deque()
         self._sender: asyncio.Task | None = None
+        self._alone = 0
         self.batches = 0   # ops stored
         self.records = 0   # records in them
 
@@ -117,6 +123,14 @@ class KeptTurns:
                     await self._send([r for r, _, _, _ in batch], max(d for _, _, d, _ in batch))
                     self.batches += 1
                     self.records += len(batch)
+                except OpError as exc:
+                    if len(batch) > 1:
+                        # Refused before anything was sent: each record again, alone.
+                        self._waiting.extendleft(reversed(batch))
+                        self._alone = len(batch)
+                        batch = []
+                        continue
+                    error = exc
                 except Exception as exc:  # said by each record's own turn
                     error = exc
                 for _, _, _, landed in batch:
@@ -131,11 +145,15 @@ class KeptTurns:
         for _, _, _, landed in items:
             _settle(landed, ConnectionError("the seats process stopped sending turn records"))
         self._waiting.clear()
+        self._alone = 0
 
     def _next_batch(self) -> list[_Waiting]:
         """The oldest waiting records that fit :data:`BATCH_BYTES` and
         :data:`~crewlet.estate.ops.TURN_RECORDS_MAX` (always at least one)."""
         batch = [self._waiting.popleft()]
+        if self._alone:
+            self._alone -= 1
+            return batch
         size = batch[0][1]
         while (self._waiting and len(batch) < TURN_RECORDS_MAX
                and size + self._waiting[0][1] <= BATCH_BYTES):

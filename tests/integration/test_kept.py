@@ -115,6 +115,28 @@ def test_a_record_waits_only_until_its_own_deadline_and_the_others_still_land(na
     _run(natsd, scenario)
 
 
+def test_a_record_the_op_refuses_fails_alone_and_the_others_of_its_batch_land(natsd):
+    async def scenario(kept, js, sent):
+        deadline = time.monotonic() + 10
+        bad = _entry(5)
+        bad["record"]["score"] = float("nan")   # an op carries no NaN: refused, nothing sent
+        # The first record goes alone and is held (no stream) while the rest queue behind it.
+        await js.delete_stream("ESTATE")
+        first = asyncio.create_task(_keep(kept, 0, deadline))
+        await _until(lambda: sent)
+        rest = [asyncio.create_task(_keep(kept, i, deadline)) for i in (1, 2)]
+        rest.append(asyncio.create_task(kept.keep(bad, 64, deadline)))
+        rest += [asyncio.create_task(_keep(kept, i, deadline)) for i in (3, 4)]
+        await asyncio.sleep(0)   # each has queued its record
+        await js.add_stream(name="ESTATE", subjects=[SUBJECT])
+        await first
+        results = await asyncio.gather(*rest, return_exceptions=True)
+        assert [type(r).__name__ for r in results] == ["NoneType", "NoneType", "OpError", "NoneType", "NoneType"]
+        assert sorted(r["trigger"] for b in await _stored(js) for r in b) == ["t0", "t1", "t2", "t3", "t4"]
+        assert sent[1] == 5 and sent[2:] == [1, 1, 1, 1, 1], sent   # the batch, then each alone
+    _run(natsd, scenario)
+
+
 def test_closing_tells_whoever_still_waits(natsd):
     async def scenario(kept, js, sent):
         await js.delete_stream("ESTATE")  # the first batch cannot land
