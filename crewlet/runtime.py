@@ -51,14 +51,16 @@ CONFIG_ERROR = "config_error"
 # The parent-death signal of role children: distinct from SIGTERM, which is a
 # request to stop, so a child orphaned by its zygote's death exits non-zero.
 PARENT_GONE = signal.SIGUSR2
-# Seconds crewletd holds a role's ask for the company while none other than
-# the role's is handed out (see companies()).
-COMPANY_WAIT = 30.0
-# Seconds a role waits for crewletd's answer with the company in force, past
-# COMPANY_WAIT (a company of 10,000 seats is ~25 MB to pack, send and unpack).
+# Seconds between a role's re-asks of the company in force (see companies()).
+COMPANY_RECHECK = 30.0
+# ... and the first time this soon after subscribing: a broadcast sent while
+# the subscription was on its way to crewletd is missed (ZeroMQ's slow
+# joiner), and a role's first ask often comes just before the node's first
+# apply (ingress then said "no company" until its next ask).
+COMPANY_FIRST_RECHECK = 1.0
+# Seconds a role waits for crewletd's answer with the company in force (a
+# company of 10,000 seats is ~25 MB to pack, send and unpack).
 COMPANY_ASK = 15.0
-# Seconds before a role asks again after crewletd refused its ask for the company.
-COMPANY_REFUSED_PAUSE = 1.0
 # Seconds the tasks still pending when a process's main coroutine ended get
 # to finish after their cancel (see run_loop).
 LEFTOVERS = 1.0
@@ -115,27 +117,41 @@ class RoleContext:
         (``{"rev", "epoch", "digest", "company"}``). Before each is given, this
         process learns the secrets it names (:func:`crewlet.redaction.learn_company`),
         so nothing a tool of it says back is kept with one in it."""
-        # Each ask names the epoch we have and waits (crewletd answers as soon
-        # as another is handed out, else after COMPANY_WAIT): the answer is
-        # what is in force when it is given, so none can be missed. (A SUB to
-        # crewletd's broadcast could miss one: a subscription reaches crewletd
-        # a moment after it is made — and a role's first ask often comes just
-        # before the node's first apply, which it then heard of only at its
-        # next ask, 30 s on: ingress said "no company" meanwhile.)
-        # With the epoch we have, the answer leaves the company out while it is
-        # still in force (10,000 seats are ~25 MB).
-        seen = None
-        while True:
-            reply = await ipc.acall(self.zmq, self.run_dir, "company", timeout=COMPANY_WAIT + COMPANY_ASK,
-                                    epoch=seen, wait=COMPANY_WAIT)
-            if not reply.get("ok"):  # refused (crewletd says why in its log): not asked again at once
-                await asyncio.sleep(COMPANY_REFUSED_PAUSE)
-                continue
-            current = (reply.get("result") or {}).get("company")
-            if current is not None and current.get("epoch") != seen:
-                seen = current.get("epoch")
-                redaction.learn_company(current.get("company"), self.config)
-                yield current
+        sub = self.zmq.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"company")
+        sub.connect(ipc.endpoint(self.run_dir, "events"))
+        try:
+            seen, asked = None, False
+            while True:
+                # A SUB's subscription may reach crewletd a moment after our
+                # request does, so a broadcast in between could be missed:
+                # besides listening, ask again every COMPANY_RECHECK seconds.
+                # Naming the epoch we have: the answer leaves the company out while
+                # it is still in force (10,000 seats are ~25 MB).
+                reply = await ipc.acall(self.zmq, self.run_dir, "company", timeout=COMPANY_ASK,
+                                        epoch=seen)
+                current = (reply.get("result") or {}).get("company")
+                if current is not None and current.get("epoch") != seen:
+                    seen = current.get("epoch")
+                    redaction.learn_company(current.get("company"), self.config)
+                    yield current
+                deadline = asyncio.get_running_loop().time() + (COMPANY_RECHECK if asked else
+                                                                 COMPANY_FIRST_RECHECK)
+                asked = True
+                while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                    if not await sub.poll(int(left * 1000) + 1):
+                        break
+                    topic, payload = await sub.recv_multipart()
+                    if topic != b"company":
+                        continue  # a prefix match: "company_applied" and the like
+                    update = ipc.unpack(payload)
+                    if update.get("epoch") != seen:
+                        seen = update.get("epoch")
+                        redaction.learn_company(update.get("company"), self.config)
+                        yield update
+        finally:
+            sub.close()
 
     def stop_budget(self) -> float:
         """Seconds a role's own stop (handing back work, releasing leases,

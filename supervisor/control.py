@@ -61,31 +61,11 @@ async def company(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
     """The company revision in force on this node (``null`` before one is applied).
     ``epoch``: the one the asker has already — while it is still in force the
     answer is ``{"rev", "epoch", "digest"}`` without the company (roles ask
-    again at once, and 10,000 seats are ~25 MB). ``wait``: seconds (at most
-    :data:`COMPANY_WAIT_MAX`) to wait for a company other than the asker's
-    epoch, answered as soon as one is handed out (a role follows the
-    company this way: :meth:`crewlet.runtime.RoleContext.companies`)."""
-    wait = args.get("wait")
-    if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait > 0:
-        until = time.monotonic() + min(float(wait), COMPANY_WAIT_MAX)
-        # No await between the look and the wait: a company handed out in
-        # between cannot be missed.
-        while not _news(node, args.get("epoch")) and (left := until - time.monotonic()) > 0:
-            try:
-                async with asyncio.timeout(left):
-                    await node.company_handed_out()
-            except TimeoutError:
-                break
+    every 30 s, and 10,000 seats are ~25 MB)."""
     current = node.fleet.company if node.fleet is not None else None
     if current is not None and args.get("epoch") is not None and args["epoch"] == current.get("epoch"):
         return {"company": {k: v for k, v in current.items() if k != "company"}}
     return {"company": current}
-
-
-def _news(node: "Node", epoch: Any) -> bool:
-    """Is a company in force on *node* whose epoch is not *epoch*?"""
-    current = node.fleet.company if node.fleet is not None else None
-    return current is not None and current.get("epoch") != epoch
 
 
 async def restart(node: "Node", args: dict[str, Any]) -> dict[str, Any]:
@@ -436,8 +416,6 @@ def _undrain_refused(node: "Node", target: str) -> None:
                            f"another: {', '.join(differ)}; upgrade {target} first")
 
 
-# The longest a role's ask for the company waits for a new one (``company``'s ``wait``).
-COMPANY_WAIT_MAX = 60.0
 # Mailbox infos asked at once by `seats`.
 SEATS_PARALLEL = 32
 # How long `seats` waits for a seat's last turn from the estate.

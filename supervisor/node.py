@@ -75,9 +75,6 @@ class Node:
         self.fleet: Fleet | None = None
         self._stop_reason: str | None = None
         self._stop = asyncio.Event()
-        # Set (and replaced) each time a company is handed out: what a role's
-        # ask for the company waits on (control.company's ``wait``).
-        self._company_tick = asyncio.Event()
         self._ctx = zmq.asyncio.Context()
         self._events: zmq.asyncio.Socket | None = None
         self.host = ProcessHost(cfg.run_dir, zygote, self._ctx, notify=self.publish)
@@ -326,10 +323,6 @@ class Node:
 
     # ---------------------------------------------------------------- status
 
-    async def company_handed_out(self) -> None:
-        """Return once the next company is handed out (:meth:`broadcast`)."""
-        await self._company_tick.wait()
-
     def broadcast(self, topic: str, payload: dict) -> None:
         """Publish *payload* on ``events`` under *topic*, without logging it.
         A company handed out is first learned from: the secrets it names, and
@@ -337,8 +330,6 @@ class Node:
         (:func:`crewlet.redaction.learn_company`, :func:`crewlet.log.forward`)."""
         if topic == "company":
             redaction.learn_company(payload.get("company"), self.cfg)
-            tick, self._company_tick = self._company_tick, asyncio.Event()
-            tick.set()
         if self._events is not None:
             try:
                 self._events.send_multipart([topic.encode(), ipc.pack(payload)], zmq.NOBLOCK)

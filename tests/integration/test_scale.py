@@ -122,7 +122,11 @@ def test_mcp_spawns_are_paced_per_sweep_window_and_other_seats_are_not(make_node
     node = make_node(fleet={"sweep": sweep, "heartbeat": 3, "lease_ttl": 9, "claims_per_sweep": 4})
     node.start(args=("--company", _company(short_tmp, 100, mcp=20)))
     wait_for(lambda: seats_stats(node).get("held") == 120, 60, what="120 seats held")
-    claims = {e["seat"]: e["ts"] for e in node.events() if e.get("event") == "seat_claimed"}
+    # (crewletd forwards its children's lines up to a quarter second late.)
+    def logged() -> dict | None:
+        found = {e["seat"]: e["ts"] for e in node.events() if e.get("event") == "seat_claimed"}
+        return found if len(found) >= 120 else None
+    claims = wait_for(logged, 10, what="every claim in the log")
     costly = sorted(t for s, t in claims.items() if s.startswith("m"))
     cheap = [t for s, t in claims.items() if s.startswith("c")]
     assert len(costly) == 20 and len(cheap) == 100
