@@ -120,7 +120,7 @@ import asyncio
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NoReturn
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -282,6 +282,12 @@ def order(asker: str, states: Iterable[NodeState], floor: int, last_answered: st
         return tier, 0 if s.id == last_answered else 1, spread(asker, s.id)
 
     return sorted((s for s in states if s.in_service and s.id not in skip), key=rank)
+
+
+def _unknown(op: Op, answers: dict[str, str]) -> NoReturn:
+    """Say that *op* may have run and nobody can vouch for its outcome, and raise it."""
+    log.event("estate_outcome_unknown", "warning", op=op.id, kind=op.kind, answers=answers)
+    raise OutcomeUnknown(op.id, answers)
 
 
 def applier_wait(wait: float) -> float:
@@ -479,10 +485,7 @@ class Router:
                                               timeout=wait if once else min(PUBLISH_TIMEOUT, wait))
         except (NatsTimeoutError, asyncio.TimeoutError, TimeoutError):
             if once:
-                why = "the log did not acknowledge the op in time: it may be in it"
-                log.event("estate_outcome_unknown", "warning", op=op.id, kind=op.kind,
-                          answers={self.node_id: why})
-                raise OutcomeUnknown(op.id, {self.node_id: why}) from None
+                _unknown(op, {self.node_id: "the log did not acknowledge the op in time: it may be in it"})
             return None    # asked for under the same id: it lands once
         except Exception as exc:
             # Not stored (no stream listening, refused, no connection): the
@@ -504,9 +507,7 @@ class Router:
         except Exception as exc:  # the copy could not be read (replaced meanwhile): as not applied
             why = f"in the log at {seq}; this copy could not be read: {type(exc).__name__}: {exc}"
         if once:
-            log.event("estate_outcome_unknown", "warning", op=op.id, kind=op.kind,
-                      answers={self.node_id: why})
-            raise OutcomeUnknown(op.id, {self.node_id: why})
+            _unknown(op, {self.node_id: why})
         self._pass_over({}, self.node_id, why, op.kind)
         return None
 
@@ -757,9 +758,7 @@ class Router:
             ran = ran or verdict == _Verdict.RAN
 
         if op is not None and ran:
-            log.event("estate_outcome_unknown", "warning", op=op.id, kind=op.kind,
-                      answers=answers)
-            raise OutcomeUnknown(op.id, answers)
+            _unknown(op, answers)
         log.event("estate_nobody_answered", "warning", what=what, answers=answers)
         raise NobodyAnswered(answers)
 
@@ -856,9 +855,7 @@ class Router:
         if op is None:
             return _Verdict.NEXT    # a read that ran changed nothing
         if op.retry == "once":
-            log.event("estate_outcome_unknown", "warning", op=op.id, kind=op.kind,
-                      answers=answers)
-            raise OutcomeUnknown(op.id, answers)
+            _unknown(op, answers)
         return _Verdict.RAN
 
     def _pass_over(self, answers: dict[str, str], node: str, why: str, what: Any) -> None:
