@@ -73,6 +73,15 @@ over the provider's own time for that request** (the server's note):
   minus the server's time, and
   ``provider_ms`` (the provider call: cooldown read, HTTP) minus it.
 
+Before the rounds, once every seat is held and its first turn done, the
+node is metered **idle** for ``--idle`` s (nothing in flight): each process's
+CPU ms per second whether or not it works. The report then splits crewlet's
+CPU per turn into that idle cost spread over the round's turns/s and **what a
+turn adds** (``CPU ms per turn over idle``), with ``others`` (crewletd, the
+zygote, ingress, workers: the processes that play no part in a turn). At
+100 in flight the idle cost is a large share of a turn's (50 turns/s); at
+1,000 it is a tenth of that.
+
 Then the workers stop issuing and the turns in flight are let finish. Sides
 alternate in ``--rounds`` interleaved rounds (the side going first alternates);
 rates are medians over rounds, latencies pooled, CPU per turn from the median
@@ -149,6 +158,8 @@ OTHER_THREAD = "Thread._bootstrap"  # the root frame of a thread that is not the
 ROOT_SHARE = 0.9                   # a frame this near the commonest is the loop's root, not a hot spot
 LOG_EVERY = 5.0                    # s between progress notes in a round
 OUTSIDE_NODE = ("provider", "bench")   # metered processes that are not crewletd's
+OTHERS = ("crewletd", "zygote", "ingress", "workers")   # the node's processes that play no part in a turn
+IDLE_SETTLE = 2.0                  # s of quiet before the idle window (the seats' first turns just ended)
 SIDES = ("crewlet", "bare", "bare aiohttp", "bare stream")
 
 
@@ -738,6 +749,37 @@ async def profile_round(node: SlowNode, seats: list[str], mail: Mail, procs: dic
 # One size
 # --------------------------------------------------------------------------
 
+async def idle_window(procs: dict[str, psutil.Process | None], seconds: float) -> dict[str, Any]:
+    """CPU ms per second of each of the node's processes over *seconds* with
+    every seat held and no turn in flight (after :data:`IDLE_SETTLE` s of
+    quiet, at most *seconds*): what the node costs whether or not it works,
+    which a round's CPU per turn includes as ``idle / turns per s``."""
+    await asyncio.sleep(min(IDLE_SETTLE, seconds))
+    meter = CpuMeter(procs).start()
+    await asyncio.sleep(seconds)
+    pct = meter.read()
+    return {"seconds": seconds, "cpu_ms_per_s": {k: (v * 10 if v is not None else None) for k, v in pct.items()}}
+
+
+def over_idle(per_turn: dict[str, float | None] | None, idle: dict[str, Any] | None,
+              per_s: float | None) -> dict[str, float] | None:
+    """CPU ms per turn over the idle cost (*per_turn* minus each process's
+    idle ms/s spread over the round's turns/s): what a turn itself adds; with
+    ``node`` (every process of crewletd's tree) and ``others`` (those that
+    play no part in a turn: crewletd, the zygote, ingress, workers)."""
+    if not per_turn or not idle or not per_s:
+        return None
+    out: dict[str, float] = {}
+    for k, v in per_turn.items():
+        base = idle["cpu_ms_per_s"].get(k)
+        if v is not None and base is not None:
+            out[k] = v - base / per_s
+    node = [v for k, v in out.items() if k not in OUTSIDE_NODE]
+    out["node"] = sum(node)
+    out["others"] = sum(v for k, v in out.items() if k in OTHERS)
+    return out
+
+
 async def measure(provider: Provider, node: SlowNode, seats: list[str], args: argparse.Namespace,
                   out: dict[str, Any], profile: bool) -> None:
     out["stage"] = "starting the provider and the node"
@@ -753,6 +795,11 @@ async def measure(provider: Provider, node: SlowNode, seats: list[str], args: ar
     out["pids"].update({"provider": server.pid, "bench": me.pid})
     mail = Mail(node.url)
     await mail.open()
+    if args.idle > 0:
+        out["stage"] = "metering the node idle"
+        out["idle"] = await idle_window(node_procs, args.idle)
+        say(f"  idle, every seat held, nothing in flight: CPU ms/s "
+            + " ".join(f"{k} {v:.1f}" for k, v in out["idle"]["cpu_ms_per_s"].items() if v is not None))
     sides: dict[str, tuple[dict[str, Any], Callable[[str], Any], str]] = {}
     clients: list[Bare] = []
     n = len(seats)
@@ -858,6 +905,8 @@ def build_report(results: list[dict[str, Any]], args: argparse.Namespace, binary
             row[side] = {"per_s": got.get("per_s"), "added_ms": got.get("added_ms"),
                          "cpu_ms_per_turn": got.get("cpu_ms_per_turn")}
         c = row["crewlet"]["per_s"]
+        row["idle"] = r.get("idle")
+        row["crewlet"]["cpu_ms_per_turn_over_idle"] = over_idle(row["crewlet"]["cpu_ms_per_turn"], r.get("idle"), c)
         row["ratio"] = ratio(c, row["bare"]["per_s"])
         row["ratio_aiohttp"] = ratio(c, row["bare aiohttp"]["per_s"])
         rows.append(row)
@@ -928,6 +977,13 @@ def print_text(rep: dict[str, Any]) -> None:
         for side in SIDES:
             if row[side]["cpu_ms_per_turn"]:
                 print(f"   CPU ms per turn, {side}: {_cpu(row[side]['cpu_ms_per_turn'])}")
+        if row.get("idle"):
+            others = sum(v for k, v in row["idle"]["cpu_ms_per_s"].items() if k in OTHERS and v is not None)
+            print(f"   CPU ms/s idle (every seat held, nothing in flight, {row['idle']['seconds']:g} s): "
+                  f"{_cpu(row['idle']['cpu_ms_per_s'])}; others {others:.1f}")
+        if row["crewlet"].get("cpu_ms_per_turn_over_idle"):
+            print(f"   CPU ms per turn over idle, crewlet (what a turn adds): "
+                  f"{_cpu(row['crewlet']['cpu_ms_per_turn_over_idle'])}")
         if r.get("held_seconds") is not None:
             print(f"   all seats held {r['held_seconds']:.1f} s after crewletd's start")
         counts = (r.get("log") or {}).get("counts") or {}
@@ -979,6 +1035,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"node.max_concurrent (default {MAX_CONCURRENT})")
     ap.add_argument("--seats-processes", type=int,
                     help="node.seats_processes: the seats pool's size (default: the node's, one a CPU)")
+    ap.add_argument("--idle", type=float,
+                    help="s the node is metered idle (every seat held, nothing in flight) before the rounds, "
+                         "to split CPU per turn into idle and what a turn adds (default 10; quick 6; 0: off)")
     ap.add_argument("--bare-stream", action="store_true", help="also a bare client asking for streams")
     ap.add_argument("--profile", type=float, help="s of py-spy on the seats process at the largest size "
                                                   "(default 20; quick 0: off)")
@@ -995,13 +1054,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs (a failed size keeps its own)")
     add_smoke(ap, argv, {"sizes": "5", "rounds": 1, "seconds": 0.5, "ramp": 0.2, "tokens": 5,
-                         "rate": 50.0, "profile": 0.0, "bare_stream": True})
+                         "rate": 50.0, "profile": 0.0, "bare_stream": True, "idle": 0.5})
     args = ap.parse_args(argv)
     quick = args.quick
     args.sizes = args.sizes or ("100" if quick else "100,1000")
     args.rounds = args.rounds or (1 if quick else 2)
     args.seconds = args.seconds or (6.0 if quick else 20.0)
     args.profile = args.profile if args.profile is not None else (0.0 if quick else 20.0)
+    args.idle = args.idle if args.idle is not None else (6.0 if quick else 10.0)
     try:
         args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     except ValueError:
