@@ -58,10 +58,10 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from crewlet.coord.holders import LIFE
-from crewlet.coord.lease import Held, Leases
+from crewlet.coord.lease import Held, Leases, Owner
 
 __all__ = ["LIFE", "Claim", "Life", "key"]
 
@@ -117,11 +117,24 @@ class Life:
         self.held = held
         return held
 
-    async def renew(self) -> Held | None:
+    async def renew(self, seen: Owner | None = None) -> Held | None:
         """Renew once; None if the life was lost. Raises :class:`LeaseError`
-        when the outcome is unknown (the caller acts while :meth:`fresh`)."""
+        when the outcome is unknown (the caller acts while :meth:`fresh`).
+
+        *seen*: the life as a watch of the bucket last showed it. When that is
+        this very life written since our last renewal by a sibling of the
+        seats pool (same boot, token and ``proc``: the pool renews it as one),
+        the write expects the sibling's revision rather than our own stale
+        one. Otherwise every member's renewal found its sibling's in the way
+        each interval, and cost a refused write and a read before the write
+        that lands. A *seen* that is behind is refused like any stale view,
+        and read again (:meth:`Leases.renew`)."""
         assert self.held is not None
-        self.held = await self.leases.renew(self.held, proc=self.proc)
+        held = self.held
+        if seen is not None and seen.revision > held.revision and seen.boot == self.leases.boot \
+                and seen.token == held.token and seen.info.get("proc") == self.proc:
+            held = replace(held, revision=seen.revision)
+        self.held = await self.leases.renew(held, proc=self.proc)
         return self.held
 
     def lose(self) -> None:

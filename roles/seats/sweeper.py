@@ -348,7 +348,7 @@ class SeatSweeper:
             await self._drop_all("life stale on waking")
             return
         try:
-            renewed = await self.life.renew()
+            renewed = await self.life.renew(self.holders.raw(self.life.key))
         except LeaseError as exc:
             if not self.life.fresh():
                 self.life.lose()

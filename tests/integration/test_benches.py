@@ -220,6 +220,8 @@ def check_slow_turns(rep: dict[str, Any]) -> None:
     for side in ("crewlet", "bare", "bare aiohttp", "bare stream"):
         figure(row, side, "per_s")
     figure(row, "ratio")
+    figure(row, "idle", "cpu_ms_per_s", "seats")
+    figure(row, "crewlet", "cpu_ms_per_turn_over_idle", "others")
 
 
 def check_broker_stop(rep: dict[str, Any]) -> None:

@@ -160,3 +160,42 @@ def test_a_sweep_that_would_decide_nothing_again_skips_its_walks_until_something
         await sweeper.sweep()
         assert sweeper.skipped == skipped and "c" in sweeper.held
     _run(natsd, body)
+
+
+def test_pool_members_renewing_in_turn_write_once_a_renewal(natsd):
+    """Two members of a seats pool renew one life (the same boot, token and
+    proc). Each renewal that is given the life as the watch shows it expects
+    the sibling's revision: one write, none refused. Without it, every
+    renewal after the sibling's is refused first (two writes)."""
+    async def body(js, holders, changes):
+        a = Life(Leases(js, "n", "boot-n", ttl=30), "n", "pool")
+        b = Life(Leases(js, "n", "boot-n", ttl=30), "n", "pool")
+        assert await a.begin() is not None
+        assert await b.begin() is not None  # adopted: the pool's life, one token
+        assert a.token == b.token
+        writes: list[str] = []
+
+        async def heard(msg):
+            writes.append(msg.subject)
+        sub = await js._nc.subscribe(f"$KV.{buckets.LEASES.name}.{a.key}", cb=heard)
+        await js._nc.flush()
+
+        async def renew_in_turn(member: Life, watched: bool) -> int:
+            latest = max(a.held.revision, b.held.revision)
+            await until(lambda: (o := holders.raw(a.key)) is not None and o.revision == latest,
+                        what="the watch has the sibling's renewal")
+            before = len(writes)
+            held = await member.renew(holders.raw(a.key) if watched else None)
+            assert held is not None and held.token == a.token
+            await js._nc.flush()
+            await until(lambda: len(writes) > before, what="the renewal's write heard")
+            return len(writes) - before
+
+        assert [await renew_in_turn(m, True) for m in (a, b, a, b)] == [1, 1, 1, 1]
+        assert [await renew_in_turn(m, False) for m in (a, b)] == [2, 2]
+        # A life seen under another token is not ours to expect: the write reads, and keeps it.
+        stale = holders.raw(a.key)
+        other = type(stale)(stale.node, stale.boot, stale.token + 1, stale.revision + 10, stale.info)
+        assert (await a.renew(other)) is not None
+        await sub.unsubscribe()
+    _run(natsd, body)
