@@ -109,7 +109,7 @@ def test_a_revision_with_a_part_missing_is_refused_by_the_node_and_the_last_stay
     refused = node.wait_event("company_refused", timeout=30, rev=rev)
     assert refused["error"] == (f"revision {rev}: part {body['parts'] - 1} of {body['parts']} "
                                 f"(config/{part_key(body['upload'], body['parts'] - 1)}) is missing")
-    assert [e for e in node.events() if e.get("event") == "company_read_failed" and e.get("rev") == rev]
+    node.wait_event("company_read_failed", 10, rev=rev)
 
     def reported() -> bool:
         fleet = (node.status() or {}).get("fleet") or {}

@@ -86,7 +86,8 @@ def test_wedged_loop_exits_75_and_is_restarted_with_that_reason(make_node):
                                             "reason": "wedged event loop"}
     node.wait_event("event_loop_wedged", role="workers")
     # The stack dump says where the loop was stuck.
-    assert "time.sleep(fault.seconds)" in node.read_log() or "_inject" in node.read_log()
+    wait_for(lambda: "time.sleep(fault.seconds)" in node.read_log() or "_inject" in node.read_log(), 5,
+             what="the stack dump forwarded")
 
 
 def test_silent_child_is_killed_for_lost_heartbeat(make_node):

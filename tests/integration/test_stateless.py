@@ -90,4 +90,4 @@ def test_a_node_without_data_takes_its_share_of_the_notify_group(make_node, nats
     wait_for(lambda: read_nats(natsd.url, idle), 20, what="NOTIFY drained")
     texts = read_nats(natsd.url, lambda nc, js: mail_of("w", nc, js))
     assert sorted(texts) == ["delivery 0", "delivery 1", "delivery 2"], texts
-    assert any(e.get("event") == "notify_attached" and e.get("role") == "seats" for e in node.events())
+    node.wait_event("notify_attached", 10, role="seats")
