@@ -230,7 +230,17 @@ def test_sign_in_refuses_a_wrong_token_and_every_text_is_escaped(make_node, page
     assert page.evaluate("localStorage.getItem('crewlet.token')") is None
     assert page.evaluate("sessionStorage.getItem('crewlet.token')") is None
 
-    # A stored token the node refuses (a 401 on the feed): back to the sign-in box.
+    # A stored token the node refuses (a 401 on the feed): back to the sign-in box. The
+    # page's other reads with it are held on their way (the network's timing, not the
+    # node's answer) until the person has signed in again.
+    held = []
+
+    def hold_stale(route):
+        if route.request.headers.get("authorization") == "Bearer stale" and "/v1/events" not in route.request.url:
+            held.append(route)
+        else:
+            route.continue_()
+    page.route("**/v1/**", hold_stale)
     page.evaluate("localStorage.setItem('crewlet.token', 'stale')")
     page.reload()
     expect(page.get_by_test_id("signin-error")).to_contain_text("did not accept the saved token")
@@ -239,6 +249,15 @@ def test_sign_in_refuses_a_wrong_token_and_every_text_is_escaped(make_node, page
     page.get_by_test_id("signin-token").fill(token_of(node))
     page.get_by_test_id("signin-submit").click()
     expect(page.get_by_test_id("connection")).to_have_attribute("data-state", "live")
+    # The stale token's reads answered 401 only now: they sign nobody out.
+    assert held, "the stale token read nothing but the feed"
+    for route in held:
+        route.continue_()
+    for route in held:
+        assert route.request.response().status == 401
+    page.unroute("**/v1/**")
+    with pytest.raises(AssertionError):  # waited for a sign-out 1.5 s after their refusals: none came
+        expect(page.get_by_test_id("connection")).not_to_have_attribute("data-state", "live", timeout=1500)
     expect(signin).to_be_hidden()
     assert page.evaluate("sessionStorage.getItem('crewlet.token')") == token_of(node)
     assert page.evaluate("localStorage.getItem('crewlet.token')") is None  # "keep me signed in" not ticked

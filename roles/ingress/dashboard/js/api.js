@@ -66,6 +66,11 @@ export class ApiError extends Error {
   }
 }
 
+// The token each response's request was sent with: a refusal of a token that
+// is no longer the page's (a request in flight while the person signed in
+// again) signs nobody out.
+const sentWith = new WeakMap();
+
 /** A request with the token: the fetch Response (a stream is read by its caller).
  *  `headers` are added; `body` is sent as JSON. Unreachable: ApiError status 0. */
 export async function request(path, options) {
@@ -73,25 +78,29 @@ export async function request(path, options) {
   const all = { Accept: "application/json", Authorization: "Bearer " + with_token, ...headers };
   if (body !== undefined) all["Content-Type"] = "application/json";
   try {
-    return await fetch(path, {
+    const response = await fetch(path, {
       method, headers: all, signal, cache: "no-store", credentials: "omit",
       body: body === undefined ? undefined : JSON.stringify(body),
     });
+    sentWith.set(response, with_token);
+    return response;
   } catch (e) {
     if (e.name === "AbortError") throw e;
     throw new ApiError(0, "unreachable", "the node did not answer; is it running?");
   }
 }
 
-/** A refusal as an ApiError (its problem+json read); a 401 with the current
- *  token signs the page out. */
-export async function refusal(response, with_token) {
+/** A refusal as an ApiError (its problem+json read); a 401 of the page's
+ *  current token (the one the request was sent with, or *with_token*) signs
+ *  the page out. */
+export async function refusal(response, with_token = sentWith.get(response)) {
   let data = null;
   try {
     data = await response.json();
   } catch (e) { /* not JSON */ }
   const detail = (data && typeof data.detail === "string" && data.detail) ||
     `${response.status} ${response.statusText}`;
+  // Checked after the body was read: the page may have signed in again meanwhile.
   if (response.status === 401 && (with_token === undefined || with_token === token)) emit("signed-out", "refused");
   return new ApiError(response.status, data && data.code, detail, data && typeof data === "object" ? data : null);
 }

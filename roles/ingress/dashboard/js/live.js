@@ -71,7 +71,7 @@ export async function connect() {
     return;
   }
   if (generation !== conn.generation) return;
-  if (response.status === 401) return emit("signed-out", "refused");
+  if (response.status === 401) return emit("signed-out", "refused");  // this stream's token: the current one
   if (response.status === 403) {
     return emit("signed-out", "forbidden");
   }
