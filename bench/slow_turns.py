@@ -758,7 +758,8 @@ async def idle_window(procs: dict[str, psutil.Process | None], seconds: float) -
     meter = CpuMeter(procs).start()
     await asyncio.sleep(seconds)
     pct = meter.read()
-    return {"seconds": seconds, "cpu_ms_per_s": {k: (v * 10 if v is not None else None) for k, v in pct.items()}}
+    ms_per_s = {k: (v * 10 if v is not None else None) for k, v in pct.items()}   # % of a core -> ms/s
+    return {"seconds": seconds, "cpu_ms_per_s": ms_per_s}
 
 
 def over_idle(per_turn: dict[str, float | None] | None, idle: dict[str, Any] | None,
@@ -798,7 +799,7 @@ async def measure(provider: Provider, node: SlowNode, seats: list[str], args: ar
     if args.idle > 0:
         out["stage"] = "metering the node idle"
         out["idle"] = await idle_window(node_procs, args.idle)
-        say(f"  idle, every seat held, nothing in flight: CPU ms/s "
+        say("  idle, every seat held, nothing in flight: CPU ms/s "
             + " ".join(f"{k} {v:.1f}" for k, v in out["idle"]["cpu_ms_per_s"].items() if v is not None))
     sides: dict[str, tuple[dict[str, Any], Callable[[str], Any], str]] = {}
     clients: list[Bare] = []
@@ -906,7 +907,8 @@ def build_report(results: list[dict[str, Any]], args: argparse.Namespace, binary
                          "cpu_ms_per_turn": got.get("cpu_ms_per_turn")}
         c = row["crewlet"]["per_s"]
         row["idle"] = r.get("idle")
-        row["crewlet"]["cpu_ms_per_turn_over_idle"] = over_idle(row["crewlet"]["cpu_ms_per_turn"], r.get("idle"), c)
+        row["crewlet"]["cpu_ms_per_turn_over_idle"] = over_idle(row["crewlet"]["cpu_ms_per_turn"],
+                                                                r.get("idle"), c)
         row["ratio"] = ratio(c, row["bare"]["per_s"])
         row["ratio_aiohttp"] = ratio(c, row["bare aiohttp"]["per_s"])
         rows.append(row)

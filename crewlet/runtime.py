@@ -121,8 +121,18 @@ class RoleContext:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"company")
         sub.connect(ipc.endpoint(self.run_dir, "events"))
+        seen, asked = None, False
+
+        def news(company: dict[str, Any] | None) -> bool:
+            """Is *company* one other than the last given? Its secrets are learned first."""
+            nonlocal seen
+            if company is None or company.get("epoch") == seen:
+                return False
+            seen = company.get("epoch")
+            redaction.learn_company(company.get("company"), self.config)
+            return True
+
         try:
-            seen, asked = None, False
             while True:
                 # A SUB's subscription may reach crewletd a moment after our
                 # request does, so a broadcast in between could be missed:
@@ -132,12 +142,10 @@ class RoleContext:
                 reply = await ipc.acall(self.zmq, self.run_dir, "company", timeout=COMPANY_ASK,
                                         epoch=seen)
                 current = (reply.get("result") or {}).get("company")
-                if current is not None and current.get("epoch") != seen:
-                    seen = current.get("epoch")
-                    redaction.learn_company(current.get("company"), self.config)
+                if news(current):
                     yield current
-                deadline = asyncio.get_running_loop().time() + (COMPANY_RECHECK if asked else
-                                                                 COMPANY_FIRST_RECHECK)
+                pause = COMPANY_RECHECK if asked else COMPANY_FIRST_RECHECK
+                deadline = asyncio.get_running_loop().time() + pause
                 asked = True
                 while (left := deadline - asyncio.get_running_loop().time()) > 0:
                     if not await sub.poll(int(left * 1000) + 1):
@@ -146,9 +154,7 @@ class RoleContext:
                     if topic != b"company":
                         continue  # a prefix match: "company_applied" and the like
                     update = ipc.unpack(payload)
-                    if update.get("epoch") != seen:
-                        seen = update.get("epoch")
-                        redaction.learn_company(update.get("company"), self.config)
+                    if news(update):
                         yield update
         finally:
             sub.close()

@@ -236,7 +236,8 @@ def test_sign_in_refuses_a_wrong_token_and_every_text_is_escaped(make_node, page
     held = []
 
     def hold_stale(route):
-        if route.request.headers.get("authorization") == "Bearer stale" and "/v1/events" not in route.request.url:
+        stale = route.request.headers.get("authorization") == "Bearer stale"
+        if stale and "/v1/events" not in route.request.url:
             held.append(route)
         else:
             route.continue_()

@@ -57,9 +57,10 @@ async def _stored(js) -> list[list[dict]]:
     return [[r["record"] for r in Op.decode(data).args["records"]] for _, data, _ in await _entries(js)]
 
 
-async def _until(check) -> None:
-    while not check():
-        await asyncio.sleep(0.01)
+async def _until(check, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.01)
 
 
 def _entry(i: int, size: int = 0) -> dict:
@@ -127,11 +128,12 @@ def test_a_record_the_op_refuses_fails_alone_and_the_others_of_its_batch_land(na
         rest = [asyncio.create_task(_keep(kept, i, deadline)) for i in (1, 2)]
         rest.append(asyncio.create_task(kept.keep(bad, 64, deadline)))
         rest += [asyncio.create_task(_keep(kept, i, deadline)) for i in (3, 4)]
-        await asyncio.sleep(0)   # each has queued its record
+        await _until(lambda: len(kept._waiting) == 5)   # each has queued its record
         await js.add_stream(name="ESTATE", subjects=[SUBJECT])
         await first
         results = await asyncio.gather(*rest, return_exceptions=True)
-        assert [type(r).__name__ for r in results] == ["NoneType", "NoneType", "OpError", "NoneType", "NoneType"]
+        assert [type(r).__name__ for r in results] == ["NoneType", "NoneType", "OpError",
+                                                       "NoneType", "NoneType"]
         assert sorted(r["trigger"] for b in await _stored(js) for r in b) == ["t0", "t1", "t2", "t3", "t4"]
         assert sent[1] == 5 and sent[2:] == [1, 1, 1, 1, 1], sent   # the batch, then each alone
     _run(natsd, scenario)

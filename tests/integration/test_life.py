@@ -12,7 +12,7 @@ import nats
 
 from crewlet.coord import buckets
 from crewlet.coord.holders import Holders
-from crewlet.coord.lease import Leases
+from crewlet.coord.lease import Leases, Owner
 from crewlet.coord.life import Life
 from tests.estate import until
 
@@ -195,7 +195,7 @@ def test_pool_members_renewing_in_turn_write_once_a_renewal(natsd):
         assert [await renew_in_turn(m, False) for m in (a, b)] == [2, 2]
         # A life seen under another token is not ours to expect: the write reads, and keeps it.
         stale = holders.raw(a.key)
-        other = type(stale)(stale.node, stale.boot, stale.token + 1, stale.revision + 10, stale.info)
+        other = Owner(stale.node, stale.boot, stale.token + 1, stale.revision + 10, stale.info)
         assert (await a.renew(other)) is not None
         await sub.unsubscribe()
     _run(natsd, body)
