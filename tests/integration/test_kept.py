@@ -16,6 +16,7 @@ from crewlet.estate import apply, ops, store
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import Op, make_op
 from roles.seats.kept import BATCH_BYTES, KeptTurns
+from tests.estate import until
 
 SUBJECT = estate_log.seats_subject("n1")
 
@@ -55,12 +56,6 @@ async def _entries(js) -> list[tuple[int, bytes, str]]:
 async def _stored(js) -> list[list[dict]]:
     """Every op in the stream, oldest first, as its records."""
     return [[r["record"] for r in Op.decode(data).args["records"]] for _, data, _ in await _entries(js)]
-
-
-async def _until(check, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.01)
 
 
 def _entry(i: int, size: int = 0) -> dict:
@@ -124,11 +119,11 @@ def test_a_record_the_op_refuses_fails_alone_and_the_others_of_its_batch_land(na
         # The first record goes alone and is held (no stream) while the rest queue behind it.
         await js.delete_stream("ESTATE")
         first = asyncio.create_task(_keep(kept, 0, deadline))
-        await _until(lambda: sent)
+        await until(lambda: sent, what="the first record being sent")
         rest = [asyncio.create_task(_keep(kept, i, deadline)) for i in (1, 2)]
         rest.append(asyncio.create_task(kept.keep(bad, 64, deadline)))
         rest += [asyncio.create_task(_keep(kept, i, deadline)) for i in (3, 4)]
-        await _until(lambda: len(kept._waiting) == 5)   # each has queued its record
+        await until(lambda: len(kept._waiting) == 5, what="each record queued")
         await js.add_stream(name="ESTATE", subjects=[SUBJECT])
         await first
         results = await asyncio.gather(*rest, return_exceptions=True)
@@ -145,7 +140,7 @@ def test_closing_tells_whoever_still_waits(natsd):
         for started in (False, True):  # closed before its sender first ran, and while it tries
             waiting = asyncio.create_task(_keep(kept, 1, time.monotonic() + 30))
             if started:
-                await asyncio.wait_for(_until(lambda: sent), 5)  # its batch is being sent
+                await until(lambda: sent, 5, "its batch being sent")
             else:
                 await asyncio.sleep(0)  # keep() ran up to its wait; the sender has not
             await kept.close()
