@@ -2,7 +2,8 @@
 
 Tools: ``echo(text)``, ``add(a, b)``, ``fail()`` (an error result),
 ``crash()`` (the process exits 3 at once, mid-call) and ``nap(seconds)`` (a
-slow tool, so a test can act while a turn is in it).
+slow tool, so a test can act while a turn is in it; it says ``napping
+<seconds>`` on its stderr as it begins).
 
 ``--effects`` adds ``effect(path, text, nap_before, nap_after)``: an external
 side effect, one line appended to *path* between two naps, so a kill may land
@@ -53,7 +54,9 @@ def fail() -> str:
 
 @server.tool()
 async def nap(seconds: float) -> str:
-    """Answers after *seconds*."""
+    """Answers after *seconds*; says ``napping <seconds>`` on its stderr as it
+    begins, so a test can act while a turn is surely in it."""
+    print(f"napping {seconds:g}", file=sys.stderr, flush=True)
     await anyio.sleep(seconds)
     return f"slept {seconds}"
 
