@@ -30,7 +30,7 @@ from tests.conftest import CREWLETCTL, start_all, wait_for
 from tests.fleet.test_fleet import apply, fleet_node, seats_of
 from tests.fleet.test_reform import Client, start_streaming
 from tests.integration.test_conversations import _blocks
-from tests.seats import MCP_SERVER, held, read_nats, send_all_to, turn_records, write_company
+from tests.seats import MCP_SERVER, held, read_nats, send_all_to, turn_records, wait_napping, write_company
 
 pytestmark = pytest.mark.fleet
 
@@ -146,8 +146,7 @@ def test_a_rolling_upgrade_drains_each_node_in_turn_under_load(natsd, make_node)
         # In the first node's hands when it drains: a turn that outlives the
         # deadline, and a conversation run it drives (its stream read through it).
         send_all_to(natsd.url, [("w", "long job", "long-1")])
-        wait_for(lambda: any((c.get("stats") or {}).get("running") for c in first.status()["children"]
-                             if c["name"] == "seats"), 30, what="the long turn running on the first node")
+        wait_napping(first, "w", NAP)  # the long turn running on the first node, surely in its tool
         conv, run, seen = start_streaming(api, words=2, seat="s0")
         mail.start()
         wait_for(lambda: len(mail.sent) >= 20, 10, what="the load under way before the first drain")
@@ -222,7 +221,7 @@ def test_a_rolling_upgrade_drains_each_node_in_turn_under_load(natsd, make_node)
         # (Cut short again if the node it went to is drained before it ends.)
         assert long[0]["node"] == node_id(first) and long[0]["outcome"] == "interrupted", long
         # No turn started on the first node between its /readyz 503 and its stop.
-        unready_at, back_at = steps[0]["unready_at"], steps[0]["from"] + steps[0]["back_s"]
+        unready_at = steps[0]["unready_at"]
         late = [r for r in records if r["node"] == node_id(first) and unready_at + 0.5 < r["started_at"]
                 and r["trigger"] != "long-1" and r["started_at"] < steps[0]["from"] + steps[0]["stopped_s"]]
         assert late == [], late

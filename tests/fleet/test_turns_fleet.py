@@ -16,7 +16,8 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.fleet.test_fleet import apply, fleet_node
-from tests.seats import MCP_SERVER, ctl_json, deferrals, held, read_nats, turn_records, worker_company, write_company
+from tests.seats import (MCP_SERVER, ctl_json, deferrals, held, read_nats, turn_records, wait_napping,
+                         worker_company, write_company)
 from tests.integration.wire import WireServer
 
 pytestmark = pytest.mark.fleet
@@ -54,8 +55,7 @@ def test_a_graceful_stop_hands_a_turn_in_progress_to_the_successor(natsd, make_n
     wait_for(lambda: held(a).get("w") == "a", 20, what="a holds w")
     b = fleet_node(make_node, natsd, "b").start()
     ctl_json(a, "send", "w", "long job", "--trigger", "job-1")
-    wait_for(lambda: any(c["name"] == "seats" and (c.get("stats") or {}).get("running")
-                         for c in a.status()["children"]), 20, what="the turn running on a")
+    wait_napping(a, "w", 20)  # (a turn whose tool failed would be over, nothing to hand over)
     a.proc.send_signal(signal.SIGTERM)
     assert a.wait_exit(30) == 0
     wait_for(lambda: held(b).get("w") == "b", 20, what="b took w over")
@@ -148,16 +148,7 @@ def test_killing_the_node_mid_turn_loses_no_message(natsd, make_node):
     owner_id = wait_for(lambda: held(nodes[0]).get("w"), 20, what="w held")
     owner = next(n for n in nodes if n.config["node"]["id"] == owner_id)
     ctl_json(nodes[0], "send", "w", "job 7", "--trigger", "job-7")
-
-    def napping() -> bool:
-        return any(e.get("event") == "mcp_server_output" and e.get("seat") == "w"
-                   and e.get("line") == "napping 10" for e in owner.events())
-
-    try:
-        wait_for(napping, 30, what="the owner's turn in its nap")
-    except AssertionError:
-        mcp = [e for e in owner.events() if str(e.get("event", "")).startswith(("mcp_", "turn", "tool"))]
-        raise AssertionError(f"the owner's turn never napped; its MCP and turn events: {mcp}") from None
+    wait_napping(owner, "w", 10)
     seen = time.monotonic()
     owner.kill_tree()
     # The line is forwarded up to 0.25 s late: a kill within the nap's 10 s of it is mid-turn.
