@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent import futures
 
 import pytest
 
@@ -162,6 +163,11 @@ def test_a_rolling_upgrade_drains_each_node_in_turn_under_load(natsd, make_node)
                 status, body = wait_for(lambda: (r := readiness(api))[0] == 503 and r, 10,
                                         what="/readyz 503 on the drained node")
                 step["unready_s"] = time.monotonic() - t0
+                # The run it drove goes on elsewhere; its stream is read through
+                # it from now, while it drains: once drained it stops at once
+                # (--stop), and a read begun only then may find it gone.
+                reading, pool = Client(first), futures.ThreadPoolExecutor(1)
+                stream = pool.submit(read_run, reading, conv, run, seen)
                 assert body["draining"]["by"].startswith("crewletctl@"), body
                 step["unready_at"] = time.time()
                 # A new run through it is refused, naming the reason: a client goes elsewhere.
@@ -176,8 +182,12 @@ def test_a_rolling_upgrade_drains_each_node_in_turn_under_load(natsd, make_node)
                 row = fleet_row(peer, vid)
                 assert row["duties"] == [] and row["conversations"] == 0, row
                 assert (row.get("estate") or {}).get("in_service"), row
-                # The run it drove goes on elsewhere; its stream, read through it, ends once.
-                events = read_run(api, conv, run, seen)
+                # The run's stream, read through it, ends once.
+                try:
+                    events = stream.result(timeout=60)
+                finally:
+                    reading.close()
+                    pool.shutdown(wait=False)
                 ids = [e[0] for e in events]
                 assert ids == sorted(set(ids)), "every event once, in order"
                 assert [e[1] for e in events].count("run.completed") == 1, [e[1] for e in events]
