@@ -236,13 +236,14 @@ class Node:
                 pass
         return out
 
+    def events_named(self, name: str, **match: Any) -> list[dict]:
+        """The log's *name* events (those whose fields equal *match*), in order."""
+        return [ev for ev in self.events()
+                if ev.get("event") == name and all(ev.get(k) == v for k, v in match.items())]
+
     def wait_event(self, name: str, timeout: float = 10.0, **match: Any) -> dict:
-        def find():
-            for ev in self.events():
-                if ev.get("event") == name and all(ev.get(k) == v for k, v in match.items()):
-                    return ev
-            return None
-        return wait_for(find, timeout, what=f"event {name} {match}")
+        return wait_for(lambda: next(iter(self.events_named(name, **match)), None), timeout,
+                        what=f"event {name} {match}")
 
     def read_log(self) -> str:
         try:

@@ -20,7 +20,7 @@ from crewlet.credentials import client_url as credentials_url
 from crewlet.estate import log as estate_log
 from crewlet.estate.ops import Op
 from crewlet.queue.jetstream import JetStreamMailboxes
-from tests.conftest import CREWLETCTL, wait_for
+from tests.conftest import CREWLETCTL
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE = os.path.join(HERE, "..", "etc", "company.yaml")
@@ -72,21 +72,14 @@ def write_company(dir: str, text: str, name: str = "company.yaml") -> str:
     return path
 
 
-def napping(node, seat: str, seconds: float) -> bool:
-    """*seat*'s turn on *node* is in the MCP test server's ``nap(seconds)``:
-    the server said so on its stderr, in the node's log. Stronger than the
-    stats' running turn, which may be one whose tool call failed and that is
-    over before a test acts on it."""
-    line = f"napping {seconds:g}"
-    return any(e.get("event") == "mcp_server_output" and e.get("seat") == seat and e.get("line") == line
-               for e in node.events())
-
-
 def wait_napping(node, seat: str, seconds: float, timeout: float = 30) -> None:
-    """Wait until :func:`napping`; failing, say what *node* logged of its MCP
-    servers and turns."""
+    """Wait until *seat*'s turn on *node* is in the MCP test server's
+    ``nap(seconds)``: the server said so on its stderr, in the node's log.
+    Stronger than the stats' running turn, which may be one whose tool call
+    failed and that is over before a test acts on it. Failing, say what
+    *node* logged of its MCP servers and turns."""
     try:
-        wait_for(lambda: napping(node, seat, seconds), timeout, what=f"{seat}'s turn in its nap")
+        node.wait_event("mcp_server_output", timeout, seat=seat, line=f"napping {seconds:g}")
     except AssertionError:
         seen = [e for e in node.events() if str(e.get("event", "")).startswith(("mcp_", "turn", "tool"))]
         raise AssertionError(f"{seat}'s turn never napped on {node.config['node']['id']}; "

@@ -763,10 +763,9 @@ def test_a_killed_applier_converges_to_an_uninterrupted_copy(make_node, short_tm
         ctx.term()
     # Each incarnation that got as far as following the log did so from its
     # own copy's applied + 1 (one killed while starting never says so).
-    def following() -> list[int]:
-        return [e["start"] for e in node.events() if e.get("event") == "estate_log_following"]
-    wait_for(lambda: len(following()) >= 2, 10, what="two incarnations' log lines forwarded")
-    starts = following()
+    wait_for(lambda: len(node.events_named("estate_log_following")) >= 2, 10,
+             what="two incarnations' log lines forwarded")
+    starts = [e["start"] for e in node.events_named("estate_log_following")]
     assert starts == sorted(starts) and starts[-1] > 1, starts
     # crewletctl status shows the child's stats.
     stats = wait_for(lambda: node.children()["data_applier"].get("stats"), 5, what="stats")

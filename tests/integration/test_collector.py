@@ -242,14 +242,12 @@ def test_the_duty_on_a_node_collects_orphans_after_grace_and_never_a_named_objec
             for nc in ncs:
                 await nc.close()
     run(main(), 150)
-    def said(name: str) -> list[dict]:
-        return [e for e in n.events() if e.get("event") == name]
     # The log's lines come a moment after the report the test waited on (crewletd forwards them).
-    wait_for(lambda: any(e["removed"] == 1 for e in said("objects_collected")) and said("object_collected"),
+    wait_for(lambda: n.events_named("objects_collected", removed=1) and n.events_named("object_collected"),
              10, what="the removing walk's log lines forwarded")
-    walks = said("objects_collected")
+    walks = n.events_named("objects_collected")
     assert any(e["kept_young"] == 1 for e in walks), walks   # the orphan seen, and kept while young
-    removed = said("object_collected")
+    removed = n.events_named("object_collected")
     assert len(removed) == 1 and removed[0]["size"] == 700 and removed[0]["age_s"] >= FILES["grace"]
     assert any(e["removed"] == 1 and e["error"] is None for e in walks), walks
 

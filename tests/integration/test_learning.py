@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 import urllib.request
 
-import pytest
-
 from crewlet.coord import duty_reports
 from crewlet.skills import format as skill_format
 from tests.conftest import wait_for
@@ -180,12 +178,10 @@ def test_old_episodes_become_one_summary_per_seat_and_counterparty(natsd, make_n
     wait_for(lambda: [e.get("compacted") for e in episodes(n, "pm")] == [5], 40,
              what="the fifth compacted in")
     # The provider was asked once per compaction, never again for one that landed.
-    def compacted() -> list[dict]:
-        return [e for e in n.events() if e.get("event") == "learning_compacted"]
     # The log's lines come a moment late (crewletd forwards them): both are read until they agree.
-    wait_for(lambda: report(natsd)["totals"]["steps"] == len(compacted()), 10,
+    wait_for(lambda: report(natsd)["totals"]["steps"] == len(n.events_named("learning_compacted")), 10,
              what="the report and the log caught up")
-    compactions = compacted()
+    compactions = n.events_named("learning_compacted")
     assert report(natsd)["totals"]["provider_calls"] == len(compactions) >= 2
     # A compacted episode alone is not summarised again, pass after pass.
     at = report(natsd)["at"]
@@ -322,7 +318,7 @@ def test_a_holder_killed_mid_pass_leaves_the_rest_to_another_node_and_no_step_tw
         found = wait_for(lambda: len(d := drafts(b)) == 3 and d, 60, what="three drafts, the rest by t2")
         assert len({d["cluster"] for d in found}) == 3 and len({d["name"] for d in found}) == 3
         def drafted() -> list[dict]:
-            return [e for n in (a, b) for e in n.events() if e.get("event") == "learning_drafted"]
+            return [e for n in (a, b) for e in n.events_named("learning_drafted")]
         wait_for(lambda: len(drafted()) >= len(found), 10, what="every draft's log line forwarded")
         assert sorted(e["cluster"] for e in drafted()) == sorted(d["cluster"] for d in found), drafted()
         asked = [r.body["messages"][-1]["content"] for r in srv.received()]

@@ -100,7 +100,7 @@ def test_two_thousand_seats_are_served_within_seconds_of_a_start_and_of_a_crash(
     assert took < BOOT_BOUND, took
     # kill -9 of the seats child: the next one adopts the life, every seat at once.
     pid = node.process_pids()["seats"]
-    lives_before = len([e for e in node.events() if e.get("event") == "seats_life_begun"])
+    lives_before = len(node.events_named("seats_life_begun"))
     os.kill(pid, signal.SIGKILL)
     t1 = time.monotonic()
     wait_for(lambda: node.process_pids().get("seats") not in (None, pid)
@@ -109,8 +109,8 @@ def test_two_thousand_seats_are_served_within_seconds_of_a_start_and_of_a_crash(
     took = time.monotonic() - t1
     print(f"seats child killed -> {SEATS} seats at work again: {took:.1f}s")
     # The next child's own line (forwarded a moment late), not an earlier one.
-    events = wait_for(lambda: (ev := [e for e in node.events() if e.get("event") == "seats_life_begun"])
-                      and len(ev) > lives_before and ev, 10, what="the next child's seats_life_begun")
+    events = wait_for(lambda: len(ev := node.events_named("seats_life_begun")) > lives_before and ev, 10,
+                      what="the next child's seats_life_begun")
     assert events[-1]["adopted"] == SEATS, events  # no seat claimed anew
     # Quiet, ~1.3 s with the 1 s stats cadence the test reads through; paced,
     # 40 minutes again.

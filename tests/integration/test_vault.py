@@ -24,6 +24,7 @@ import pytest
 
 from crewlet import tokens
 from tests.conftest import CREWLETCTL, wait_for
+from tests.estate import until
 from tests.integration.test_hooks_api import api_url, github_delivery, http, new_id, post_hook
 from tests.integration.wire import Canned, WireServer, openai_reply
 from tests.seats import ctl_json, held, write_company
@@ -53,7 +54,7 @@ def secret(node, *args: str, value: str | None = None) -> subprocess.CompletedPr
 
 def changed(node, role: str, name: str, version: int) -> bool:
     """Has *role* said it holds version *version* of secret *name*?"""
-    return any(f'"secret_changed"' in line and f'"role":"{role}"' in line.replace(" ", "")
+    return any('"secret_changed"' in line and f'"role":"{role}"' in line.replace(" ", "")
                and f'"secret":"{name}"' in line.replace(" ", "") and f'"version":{version}' in line.replace(" ", "")
                for line in node.read_log().splitlines())
 
@@ -215,9 +216,7 @@ def test_versions_graces_reseal_and_a_version_this_process_cannot_open(natsd):
                     while await follower.value(name) != value:
                         await asyncio.sleep(0.01)
             await holds("llm", "value-two")  # may be read directly, before the listing
-            async with asyncio.timeout(5):
-                while not follower.listed:
-                    await asyncio.sleep(0.01)
+            await until(lambda: follower.listed, 5, "the follower's listing")
             assert await follower.accepted("llm") == ["value-two", "value-one"]
 
             # Sealed with the new line, which this follower lacks: it keeps v2.
