@@ -84,7 +84,11 @@ class Delivery:
     # Messages the mailbox held after this one, never delivered yet, as the
     # broker counted them when it handed this one over (None: not told). A
     # turn loop that knows every message since is announced to it (a wake)
-    # need not look again when this is 0 (roles/seats/turns.py).
+    # need not look again when this is 0 (roles/seats/turns.py). It may lag a
+    # send the broker has just acknowledged (nats-server counts a stored
+    # message for its consumers after the publish's ack), so it can say 0
+    # with mail behind: that mail's wake is still to come, and the loop looks
+    # again on it. It is never a reason to drop or skip mail.
     pending: int | None = None
 
 
