@@ -53,6 +53,18 @@ async def _one(box, wait: float = AT_ONCE) -> Delivery:
     return d
 
 
+async def _counted(mb: Mailboxes, seat: str, pending: int, wait: float = AT_ONCE) -> dict:
+    """*seat*'s mailbox info once it counts *pending* messages undelivered, or
+    as it is at the deadline. The broker's count may lag a send it has just
+    acknowledged (nats-server counts a stored message for the stream's
+    consumers after the publish's ack, off the publish path), so a check of
+    the count waits for it to come up, not for it to be exact at once."""
+    deadline = time.monotonic() + wait
+    while (info := await mb.info(seat))["pending"] < pending and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return info
+
+
 async def _send_all(mb: Mailboxes, seat: str, count: int, tag: str) -> list[int]:
     return [await mb.send(seat, f"{tag}{i}", trigger=f"{seat}-{tag}{i}") for i in range(count)]
 
@@ -176,7 +188,7 @@ async def check_nothing_is_prefetched(factory: Factory) -> None:
         await a.ensure([seat])
         await _send_all(a, seat, 2, "p")
         da = await _one(a.attach(seat))
-        info = await b.info(seat)
+        info = await _counted(b, seat, 1)
         assert info["in_flight"] == 1, info
         assert info["pending"] == 1, info
         db = await b.attach(seat).next()                     # no wait: it is there now
@@ -333,18 +345,15 @@ async def check_a_delivery_says_what_is_behind_it(factory: Factory) -> None:
     that cannot tell says None.
 
     The count is the broker's as it hands a message over, and may lag a send
-    it has just acknowledged: nats-server tells a stream's consumers of a
-    stored message after the publish's ack, off the publish path (its
-    signalConsumersLoop), and a delivery made before that says 0 for mail
-    behind it (seen once in CI under load: [0, 0, 0]). So the deliveries are
-    fetched once the mailbox's own count shows all three sent."""
+    it has just acknowledged (see _counted): a delivery made before the
+    broker counted the mail behind it says 0 (seen once in CI under load:
+    [0, 0, 0]). So the deliveries are fetched once the mailbox's own count
+    shows all three sent."""
     async with factory() as (a, _b):
         seat = _seat("behind")
         await a.ensure([seat])
         await _send_all(a, seat, 3, "p")
-        counted = time.monotonic() + AT_ONCE
-        while (await a.info(seat))["pending"] < 3 and time.monotonic() < counted:
-            await asyncio.sleep(0.01)
+        await _counted(a, seat, 3)
         box = a.attach(seat)
         got = [await _one(box) for _ in range(3)]
         for d in got:
