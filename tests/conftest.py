@@ -6,6 +6,7 @@ are conditions with deadlines (:func:`wait_for`), never bare sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -282,6 +283,25 @@ class Node:
         except psutil.NoSuchProcess:
             return set()
 
+    def brokers_left(self) -> list[psutil.Process] | None:
+        """The node's own brokers, if every role below crewletd has stopped
+        (its zygote lives on until crewletd ends); None while a role runs.
+        [] when crewletd is gone."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        brokers = []
+        try:
+            for p in psutil.Process(self.proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if p.status() == psutil.STATUS_ZOMBIE or p.name().endswith(" zygote"):
+                        continue
+                    if p.name() != "nats-server":
+                        return None
+                    brokers.append(p)
+        except psutil.NoSuchProcess:
+            return []
+        return brokers
+
     def kill_tree(self) -> set[int]:
         """``kill -9`` on crewletd's whole process tree; returns the pids hit."""
         pids = self.tree_pids()
@@ -353,6 +373,10 @@ def make_fleet_secret(path: str) -> str:
     return path
 
 
+# Seconds the nodes of a test are given to stop at its end before SIGKILL.
+TEARDOWN_GRACE = 20.0
+
+
 class Nodes:
     """A factory of nodes in one short temp dir: ``nodes(**config_overrides)``
     writes a config (:func:`node_config`) and gives the :class:`Node`, not
@@ -393,13 +417,28 @@ class Nodes:
         return node
 
     def close(self) -> None:
-        for node in self.nodes:  # all told at once: they stop side by side
+        """Stop every node: SIGTERM to all at once (they stop side by side),
+        their roles stopped as crewletd stops them; then the brokers, once
+        every node's roles are down, by SIGKILL. A broker's own clean stop
+        walks its mailboxes one by one (about 10 ms each, measured: 10 s from
+        1,000 up), and a test's broker is thrown away. Whatever is left at
+        the deadline is killed."""
+        for node in self.nodes:
             if node.proc is not None and node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + TEARDOWN_GRACE
+        while time.monotonic() < deadline:
+            left = [node.brokers_left() for node in self.nodes]
+            if all(brokers is not None for brokers in left):
+                for broker in itertools.chain.from_iterable(left):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        broker.kill()
+                break
+            time.sleep(0.05)
         for node in self.nodes:
             if node.proc is not None:
                 try:
-                    node.proc.wait(20)
+                    node.proc.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
             node.kill_all()
