@@ -159,7 +159,7 @@ def test_the_same_delivery_posted_to_two_nodes_is_one_mail(fleet):
         t.start()
     for t in threads:
         t.join(60)
-    failed = [e for n in (b, c) for e in n.events() if e.get("event") == "webhook_store_failed"]
+    failed = [e for n in (b, c) for e in n.events_named("webhook_store_failed")]
     assert {n: s for n, (s, _) in answers.items()} == {"fb": 200, "fc": 200}, (answers, failed)
     assert settled_mail(a, [first, both]) == {first: {"cto": 1}, both: {"cto": 1}}
 

@@ -100,7 +100,7 @@ def test_thirty_seats_over_three_nodes_held_once_and_evenly(natsd, make_node, sh
     # The seats have no MCP servers: claims are not paced, yet nobody took
     # more than its share (every node's life was counted from the start).
     for node in nodes:
-        claims = [e for e in node.events() if e.get("event") == "seat_claimed"]
+        claims = node.events_named("seat_claimed")
         assert len(claims) <= 11, (node.config["node"], len(claims))
 
 

@@ -82,7 +82,7 @@ def row(node, node_id: str) -> dict | None:
 
 
 def events(node, name: str, since: float = 0.0) -> list[dict]:
-    return [e for e in node.events() if e.get("event") == name and e.get("ts", 0) >= since]
+    return [e for e in node.events_named(name) if e.get("ts", 0) >= since]
 
 
 def test_each_tick_is_worked_once_while_the_holder_is_killed_and_the_duty_moves(natsd, make_node):

@@ -118,8 +118,7 @@ def test_the_trim_waits_for_a_copy_in_service_that_has_not_applied(natsd, make_n
         fleet_node(make_node, natsd, "a", node={"roles": ["data", "workers"]}, estate=UPKEEP),
         fleet_node(make_node, natsd, "b", node={"roles": ["data"]}, estate=UPKEEP,
                    debug={"faults": [{"role": "data_applier", "kind": "lag", "seconds": LAG}]})])
-    began = wait_for(lambda: next((e for e in b.events() if e.get("event") == "fault_injected"
-                                   and e.get("kind") == "lag"), None), 20, what="b's copy held back")
+    began = wait_for(lambda: next(iter(b.events_named("fault_injected", kind="lag")), None), 20, what="b's copy held back")
     held_at = applied(b)
     run(publish_to(natsd.url, random_log(23, 450)))
     last = run(log_last(natsd.url))

@@ -27,7 +27,7 @@ seats:
 
 
 def _event(node, name: str) -> dict | None:
-    return next((e for e in node.events() if e.get("event") == name), None)
+    return next(iter(node.events_named(name)), None)
 
 
 def test_late_renewals_hold_every_turn_back_until_a_renewal_is_fresh(make_node):
@@ -53,4 +53,4 @@ def test_late_renewals_hold_every_turn_back_until_a_renewal_is_fresh(make_node):
     # Held back while the renewals were late; started only after they went again.
     assert record["started_at"] >= over["ts"] - 0.05, (record["started_at"], over["ts"])
     assert held(node).get("w") == node.config["node"]["id"], "the seat was kept throughout"
-    assert not [e for e in node.events() if e.get("event") == "seat_lost"]
+    assert not node.events_named("seat_lost")

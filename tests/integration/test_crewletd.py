@@ -458,5 +458,5 @@ def test_a_seat_no_live_node_may_hold_is_said_once_and_shown_in_status(make_node
     node.wait_event("fleet_resolved_seat_unplaceable", 10)
     wait_for(lambda: held(node).get("on-mars") == "t1", 10, what="the seat held once placeable")
     assert "may hold" not in ctl(node, "status").stdout
-    said = [e for e in node.events() if e.get("event") == "fleet_seat_unplaceable"]
+    said = node.events_named("fleet_seat_unplaceable")
     assert len(said) == 1, said

@@ -31,7 +31,7 @@ def test_a_forged_fence_does_not_lock_the_seat_out_and_the_data_dir_is_private(m
         f.write("x")
     os.chmod(os.path.join(data_dir, "estate", "leftover"), 0o644)
     node.start()
-    tightened = [e for e in node.events() if e.get("event") == "data_dir_tightened"]
+    tightened = node.events_named("data_dir_tightened")
     assert tightened and tightened[0]["count"] >= 3, tightened
 
     apply(node, write_company(short_tmp, estate_company("z")))

@@ -154,7 +154,7 @@ def test_a_cluster_of_alike_turns_is_drafted_once_and_promoted_when_it_grows(nat
     wait_for(lambda: report(natsd)["totals"]["steps"] == 2, 10, what="draft and promotion counted")
     r = report(natsd)
     assert r["totals"]["provider_calls"] == 1 and r["totals"]["ops"] == 2 and r["errors"] == []
-    assert wait_for(lambda: [e for e in n.events() if e.get("event") == "learning_drafted"], 5,
+    assert wait_for(lambda: n.events_named("learning_drafted"), 5,
                     what="the draft said in the log")[0]["own"] is True
     wait_for(lambda: "crewlet_learning_steps_total 2.0" in metrics(n), 20, what="/metrics counting the steps")
     shown = metrics(n)
@@ -209,7 +209,7 @@ def test_a_pass_run_again_by_another_node_repeats_nothing(natsd, make_node):
     assert r["counts"]["provider_calls"] == 0 and r["counts"]["ops"] == 0, r
     assert r["totals"]["steps"] == before["totals"]["steps"] and r["new"] == 0
     assert drafts(b) == [draft]
-    assert not [e for e in b.events() if e.get("event") == "learning_drafted"]
+    assert not b.events_named("learning_drafted")
 
 
 CURATED = COMPANY.replace("seats:\n", """  curator:
@@ -241,7 +241,7 @@ def test_the_learning_provider_drafts_and_prose_becomes_a_valid_skill(natsd, mak
     assert meta.cluster == draft["cluster"] and meta.seats == ("pm",) and meta.tools == ("task_create",)
     assert "Read it, create a task" in body and "# Triage" not in body   # the seat's provider was not asked
     # crewletd forwards a child's lines up to supervisor.process.FORWARD_EVERY late.
-    (drafted,) = wait_for(lambda: [e for e in n.events() if e.get("event") == "learning_drafted"], 5,
+    (drafted,) = wait_for(lambda: n.events_named("learning_drafted"), 5,
                           what="the draft said in the log")
     assert drafted["own"] is False and drafted["skill"] == draft["name"]
 

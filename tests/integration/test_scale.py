@@ -127,7 +127,7 @@ def test_mcp_spawns_are_paced_per_sweep_window_and_other_seats_are_not(make_node
     wait_for(lambda: seats_stats(node).get("held") == 120, 60, what="120 seats held")
     # (crewletd forwards its children's lines up to a quarter second late.)
     def logged() -> dict | None:
-        found = {e["seat"]: e["ts"] for e in node.events() if e.get("event") == "seat_claimed"}
+        found = {e["seat"]: e["ts"] for e in node.events_named("seat_claimed")}
         return found if len(found) >= 120 else None
     claims = wait_for(logged, 10, what="every claim in the log")
     costly = sorted(t for s, t in claims.items() if s.startswith("m"))

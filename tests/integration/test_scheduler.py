@@ -126,7 +126,7 @@ def test_a_tick_sent_again_is_worked_once(natsd, make_node):
         await kv.update("schedule.beat", json.dumps(record).encode(), last=entry.revision)
         return record["settled"]
     read_nats(natsd.url, rewind)
-    wait_for(lambda: [e for e in n.events() if e.get("event") == "schedule_fired" and e.get("duplicate")],
+    wait_for(lambda: n.events_named("schedule_fired", duplicate=True),
              20, what="ticks sent again, and dropped as repeats")
     wait_for(lambda: len(done(natsd, "beat")) >= 7, 30, interval=0.3, what="beats going on")
     worked = done(natsd, "beat")

@@ -142,4 +142,4 @@ def test_the_node_stopping_frees_every_seat_of_the_pool_in_one_write(make_node):
     assert tokens(node) == before
     node.proc.send_signal(signal.SIGTERM)
     assert node.proc.wait(30) == 0
-    assert any(e.get("event") == "seats_life_ended" for e in node.events())
+    assert node.events_named("seats_life_ended")

@@ -284,7 +284,7 @@ def test_an_ack_a_kill_cut_off_is_sent_again_by_the_next_seats_child(make_node):
         return any(r["trigger"] == "after-1" and r["outcome"] == "done" for r in read(node, turn_records))
     wait_for(after, 30, what="the next mail worked")
     assert not [r for r in read(node, turn_records) if r["trigger"] == "acked-1"], "not delivered again"
-    assert not [e for e in node.events() if e.get("event") == "turn_recovered"], "no crash counted"
+    assert not node.events_named("turn_recovered"), "no crash counted"
 
 
 POISON_COMPANY = """
@@ -322,8 +322,7 @@ def test_mail_whose_turn_kills_the_seats_process_is_dead_lettered_and_the_others
     assert letter["seat"] == "victim" and letter["reason"] == POISON_REASON
     assert POISON_REASON == f"in hand at {POISON_CRASHES} crashes of the seats process"
     node.wait_event("turn_poison", 5, seat="victim", trigger="poison", crashes=POISON_CRASHES)
-    recovered = [e["crashes"] for e in node.events()
-                 if e.get("event") == "turn_recovered" and e.get("seat") == "victim"]
+    recovered = [e["crashes"] for e in node.events_named("turn_recovered", seat="victim")]
     assert recovered[-POISON_CRASHES:] == list(range(1, POISON_CRASHES + 1)), recovered
 
     # The seats process that dead-lettered it stays up, and both seats work.
