@@ -114,6 +114,8 @@ CREATE_ATTEMPTS = 3
 SEND_PATIENCE = 10.0
 RETRY_PAUSE = 0.1
 ACK_ATTEMPTS = 2                     # a confirmed ack/NAK/TERM is sent this many times
+# A fetch that waits and hears "no responders" asks again after this (see JetStreamMailbox.next).
+NO_RESPONDERS_PAUSE = 0.1
 
 _NS = 1_000_000_000
 _DAY = 86_400
@@ -136,6 +138,11 @@ class _Refused(MailboxError):
 
 class _Unanswered(MailboxError):
     """The JetStream API did not answer in time."""
+
+
+class _NoResponders(MailboxError):
+    """A fetch heard "no responders": the seat has no mailbox, or its
+    consumer has no leader yet."""
 
 
 def api_prefix(js: JetStreamContext) -> str:
@@ -263,7 +270,17 @@ class JetStreamMailbox(Mailbox):
         deadline = time.monotonic() + max(wait, 0.0)
         while True:
             left = max(0.0, deadline - time.monotonic()) if wait > 0 else 0.0
-            d = await self._owner._fetch(self.seat, left)
+            try:
+                d = await self._owner._fetch(self.seat, left)
+            except _NoResponders:
+                # No mailbox, or one whose leader is still being chosen: on a
+                # cluster a consumer just made answers only after its first
+                # election (seen: a fetch right after ensure). Asked again
+                # while the wait lasts; a fetch that does not wait is told at once.
+                if deadline - time.monotonic() < NO_RESPONDERS_PAUSE:
+                    raise
+                await asyncio.sleep(NO_RESPONDERS_PAUSE)
+                continue
             if d is None or d.deliveries <= DELIVERY_BUDGET:
                 return d
             try:
@@ -612,7 +629,7 @@ class JetStreamMailboxes(Mailboxes):
             if status in _NO_MESSAGE or (status == "409" and "Leadership" in description):
                 return None
             if status == "503":
-                raise MailboxError(f"seat {seat} has no mailbox")
+                raise _NoResponders(f"seat {seat} has no mailbox")
             raise MailboxError(f"fetch from {seat}'s mailbox: {status} {description}")
         meta = ack_meta(msg.reply)
         assert meta is not None

@@ -243,6 +243,36 @@ def test_a_fetch_that_gave_up_gives_its_message_back(natsd):
     run(main())
 
 
+def test_a_waiting_fetch_asks_again_while_the_mailbox_does_not_answer(natsd):
+    """A fetch that hears "no responders" (no mailbox, or, on a cluster, a
+    consumer just made whose leader is still being chosen) says so at once
+    when it does not wait, asks again while its wait lasts, and gets the mail
+    of a mailbox that answers meanwhile."""
+    async def main():
+        nc = await nats.connect(natsd.url)
+        mb = JetStreamMailboxes(nc.jetstream(timeout=2), nc)
+        await mb.ensure_streams(replicas=1, max_consumers=100)
+        began = time.monotonic()
+        with pytest.raises(MailboxError, match="has no mailbox"):
+            await mb.attach("nobody").next()
+        assert time.monotonic() - began < 1.0
+        began = time.monotonic()
+        with pytest.raises(MailboxError, match="has no mailbox"):
+            await mb.attach("nobody").next(wait=1.0)
+        assert time.monotonic() - began >= 0.9 - jsq.NO_RESPONDERS_PAUSE, "told before its wait was spent"
+        # The mailbox comes to answer while a fetch waits: the fetch gets its mail.
+        waiting = asyncio.ensure_future(mb.attach("soon").next(wait=10))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        await mb.ensure(["soon"])
+        await mb.send("soon", "here")
+        d = await asyncio.wait_for(waiting, 10)
+        assert d is not None and d.data == b"here"
+        await mb.attach("soon").ack(d)
+        await nc.close()
+    run(main())
+
+
 def test_a_later_publish_rides_the_next_write_or_goes_within_its_time(natsd):
     """crewlet.bus.publish_later (a turn's ack): it waits in the connection's
     buffer for another write — and goes with it, in order — or is written on
