@@ -74,12 +74,24 @@ def _order(seat: str, node: str) -> bytes:
 
 
 def plan(me: NodeView, seats: list[SeatView], nodes: list[NodeView], owners: dict[str, str],
-         held: set[str], *, spawns: int, spawn_limit: int, releases: int) -> Plan:
+         held: set[str], *, spawns: int, spawn_limit: int, releases: int,
+         pool: tuple[int, int, int] | None = None) -> Plan:
     """Decide one sweep for node *me*.
 
     *nodes* are the live seats-nodes (including *me*); *owners* maps each held
     seat to its holder's node id; *held* are the seats *me* holds; *spawns*
     what is left of this window's *spawn_limit*.
+
+    *pool*: for a member of a seats pool of several, planning over its own
+    subset *seats*: ``(node_share, node_held, slack)``, the node's fair share
+    over all seats, what the whole node holds, and the pool's size less one.
+    Other nodes do not know the members' subsets, so a subset can have seats
+    its member may not take (it is at its share) and another node will not
+    (it is at its own). So a member at its share claims one seat a
+    sweep more while the node is below the node's share; and it releases its
+    surplus only once the node holds more than the node's share and *slack*
+    (two members taking the last place at once must not then give it back
+    and take it in turn).
     """
     if me.id not in {n.id for n in nodes}:
         nodes = [*nodes, me]
@@ -94,6 +106,8 @@ def plan(me: NodeView, seats: list[SeatView], nodes: list[NodeView], owners: dic
     unfit = sorted(s for s in held if s not in by_name or not may_hold(by_name[s], me))
     keep = sorted((s for s in held if s not in unfit), key=scarce_first)
     surplus = list(reversed(keep[share:]))  # give up the most widely placeable first
+    if pool is not None and pool[1] <= pool[0] + pool[2]:
+        surplus = []  # the node is within its share (and the pool's slack): keep
     release = (unfit + surplus)[:releases]
     free = sorted((s.name for s in seats if s.name not in owners and may_hold(s, me)),
                   key=scarce_first)
@@ -101,6 +115,8 @@ def plan(me: NodeView, seats: list[SeatView], nodes: list[NodeView], owners: dic
     # it would wait for a surplus release that never comes.
     only_here = [s for s in free if reach[s] == 1]
     room = max(0, share - len(keep) - len(only_here))
+    if pool is not None and room == 0 and pool[1] < pool[0]:
+        room = 1  # the node is short of its share: one more, this sweep
     others = [s for s in free if reach[s] > 1]
     claim: list[str] = []
     for seat in only_here + others:

@@ -62,7 +62,7 @@ from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Held, LeaseError, Leases
 from crewlet.coord.life import Life
 from crewlet.coord.life import key as life_key
-from crewlet.coord.sweep import NodeView, SeatView, cost, plan
+from crewlet.coord.sweep import NodeView, SeatView, cost, fair_share, plan
 from roles.seats.pool import Pool
 
 # on_claim(seat, held, fence): fence says a holder before us may still be writing.
@@ -121,6 +121,7 @@ class SeatSweeper:
         # None until the first company revision arrives: before that the sweep
         # only renews (everything would look "not in the company" otherwise).
         self.seats: list[SeatView] | None = None
+        self.every: list[SeatView] | None = None  # all the company's seats, in a pool of several
         self._costs: dict[str, int] = {}
         self.held: dict[str, Held] = {}
         self.started: set[str] = set()
@@ -154,9 +155,12 @@ class SeatSweeper:
 
     def set_company(self, company: dict[str, Any]) -> None:
         # Only this member's share: the plan is made over it (roles/seats/pool.py).
-        self.seats = [SeatView(s["name"], dict(s.get("placement", {}).get("labels", {})),
-                               cost=len(s.get("mcp") or ()))
-                      for s in company.get("seats", []) if self.pool.mine(s["name"])]
+        every = [SeatView(s["name"], dict(s.get("placement", {}).get("labels", {})),
+                          cost=len(s.get("mcp") or ()))
+                 for s in company.get("seats", [])]
+        self.seats = [s for s in every if self.pool.mine(s.name)]
+        # The whole company's, for the node's share (a pool of several: see plan()).
+        self.every = None if self.pool.alone else every
         self._costs = {s.name: s.cost for s in self.seats}
         self._company_changes += 1
         self.wake()
@@ -271,10 +275,16 @@ class SeatSweeper:
         await self._start_waiting()
         owners = {k.removeprefix("seat."): o.node for k, o in self.holders.of("seat.").items()}
         # What we hold is ours whether or not the watch has shown our claim yet.
-        decision = plan(self.me, self.seats, live, {**owners, **dict.fromkeys(self.held, self.me.id)},
+        owners = {**owners, **dict.fromkeys(self.held, self.me.id)}
+        pooled = None
+        if self.every is not None:
+            nodes = live if self.me.id in {n.id for n in live} else [*live, self.me]
+            pooled = (fair_share(self.me, self.every, nodes),
+                      sum(1 for node in owners.values() if node == self.me.id), self.pool.size - 1)
+        decision = plan(self.me, self.seats, live, owners,
                         set(self.held), spawns=self._budget(self._spawned, self.spawns),
                         spawn_limit=self.spawns,
-                        releases=self._budget(self._releases, self.releases))
+                        releases=self._budget(self._releases, self.releases), pool=pooled)
         if not decision.claim and not decision.release:
             self._quiet = self._inputs(live)  # after the walks: they may have adopted, dropped, started
         for seat in decision.release:

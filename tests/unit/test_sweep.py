@@ -119,3 +119,51 @@ def test_the_share_still_bounds_what_cheap_claims_take():
     seats = [SeatView(f"s{i:04d}") for i in range(3000)]
     p = plan(nodes[0], seats, nodes, {}, set(), **LIMITS)
     assert len(p.claim) == 1000
+
+
+def _pool_sweep(me: NodeView, mine: list[SeatView], every: list[SeatView], nodes: list[NodeView],
+                owners: dict[str, str], held: set[str], size: int, **limits) -> Plan:
+    """One pool member's sweep, as roles/seats/sweeper.py plans it."""
+    node_held = sum(1 for o in owners.values() if o == me.id)
+    return plan(me, mine, nodes, owners, held, **limits,
+                pool=(fair_share(me, every, nodes), node_held, size - 1))
+
+
+def test_a_pool_beside_a_node_that_took_a_skewed_half_still_holds_every_seat():
+    """The other node holds 15 of 30 — 4 of member 0's subset of 12, 11 of member
+    1's of 18 — so member 0's own share (6) leaves 2 of its seats to nobody.
+    The pool's members take them while the node is short of its share, and
+    nothing is then given back and taken again."""
+    pool, solo = NodeView("pool"), NodeView("solo")
+    nodes = [pool, solo]
+    every = [SeatView(f"s{i:02d}") for i in range(30)]
+    subsets = [every[:12], every[12:]]
+    owners = {s.name: "solo" for s in subsets[0][:4] + subsets[1][:11]}
+    held = [set(), set()]
+    for rounds in range(20):
+        for member in (0, 1):
+            p = _pool_sweep(pool, subsets[member], every, nodes, owners, held[member], 2, **LIMITS)
+            for seat in p.release:
+                del owners[seat]
+                held[member].discard(seat)
+            for seat in p.claim:
+                if owners.setdefault(seat, "pool") == "pool":
+                    held[member].add(seat)
+        if len(owners) == 30:
+            break
+    assert len(owners) == 30, f"unheld after {rounds + 1} sweeps: {sorted(s.name for s in every if s.name not in owners)}"
+    assert counts(owners, nodes) == {"pool": 15, "solo": 15}
+    before = dict(owners)
+    for _ in range(10):
+        for member in (0, 1):
+            p = _pool_sweep(pool, subsets[member], every, nodes, owners, held[member], 2, **LIMITS)
+            assert not p.claim and not p.release, p
+    assert owners == before
+    # Planned over their subsets alone, the members leave member 0's two to nobody.
+    owners = {s.name: "solo" for s in subsets[0][:4] + subsets[1][:11]}
+    for _ in range(20):
+        for member in (0, 1):
+            held_now = {s.name for s in subsets[member] if owners.get(s.name) == "pool"}
+            for seat in plan(pool, subsets[member], nodes, owners, held_now, **LIMITS).claim:
+                owners.setdefault(seat, "pool")
+    assert len(owners) == 28
