@@ -266,6 +266,7 @@ async def test_a_write_from_a_node_without_data_lands_and_a_floored_read_sees_it
     asker = asker_with_first(wrote_on, ["a", "b", "c"], not_first=True)
     reader = await fleet.router(asker, node_floor=NodeFloor(fleet.data_dir("stateless")))
     assert reader.floor == seq
+    await fleet.in_service(reader.view, "a", "b", "c")  # its own view: the appliers' records seen
     answer = await reader.read("task.get", {"id": f"T{seq}"})
     assert answer["task"]["title"] == "ship the estate"
     assert reader.last_answered not in (None, wrote_on)
