@@ -49,6 +49,16 @@ class NodeView:
 
 
 @dataclass(frozen=True)
+class NodeShare:
+    """A seats pool member's view of its whole node, beside its own subset
+    (see :func:`plan`). Invariant: every figure is over the whole company and
+    every member of the node's pool, not over one member's subset."""
+    share: int  # the node's fair share over all the company's seats
+    held: int  # what all the node's members hold, by the lease watch
+    slack: int  # the pool's size less one: members that may take a last place at once
+
+
+@dataclass(frozen=True)
 class Plan:
     share: int
     claim: list[str]
@@ -75,7 +85,7 @@ def _order(seat: str, node: str) -> bytes:
 
 def plan(me: NodeView, seats: list[SeatView], nodes: list[NodeView], owners: dict[str, str],
          held: set[str], *, spawns: int, spawn_limit: int, releases: int,
-         pool: tuple[int, int, int] | None = None) -> Plan:
+         pool: NodeShare | None = None) -> Plan:
     """Decide one sweep for node *me*.
 
     *nodes* are the live seats-nodes (including *me*); *owners* maps each held
@@ -83,8 +93,7 @@ def plan(me: NodeView, seats: list[SeatView], nodes: list[NodeView], owners: dic
     what is left of this window's *spawn_limit*.
 
     *pool*: for a member of a seats pool of several, planning over its own
-    subset *seats*: ``(node_share, node_held, slack)``, the node's fair share
-    over all seats, what the whole node holds, and the pool's size less one.
+    subset *seats*, the whole node's :class:`NodeShare`.
     Other nodes do not know the members' subsets, so a subset can have seats
     its member may not take (it is at its share) and another node will not
     (it is at its own). So a member at its share claims one seat a
@@ -106,7 +115,7 @@ def plan(me: NodeView, seats: list[SeatView], nodes: list[NodeView], owners: dic
     unfit = sorted(s for s in held if s not in by_name or not may_hold(by_name[s], me))
     keep = sorted((s for s in held if s not in unfit), key=scarce_first)
     surplus = list(reversed(keep[share:]))  # give up the most widely placeable first
-    if pool is not None and pool[1] <= pool[0] + pool[2]:
+    if pool is not None and pool.held <= pool.share + pool.slack:
         surplus = []  # the node is within its share (and the pool's slack): keep
     release = (unfit + surplus)[:releases]
     free = sorted((s.name for s in seats if s.name not in owners and may_hold(s, me)),
@@ -115,7 +124,7 @@ def plan(me: NodeView, seats: list[SeatView], nodes: list[NodeView], owners: dic
     # it would wait for a surplus release that never comes.
     only_here = [s for s in free if reach[s] == 1]
     room = max(0, share - len(keep) - len(only_here))
-    if pool is not None and room == 0 and pool[1] < pool[0]:
+    if pool is not None and room == 0 and pool.held < pool.share:
         room = 1  # the node is short of its share: one more, this sweep
     others = [s for s in free if reach[s] > 1]
     claim: list[str] = []

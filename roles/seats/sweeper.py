@@ -62,7 +62,7 @@ from crewlet.coord.holders import Holders
 from crewlet.coord.lease import Held, LeaseError, Leases
 from crewlet.coord.life import Life
 from crewlet.coord.life import key as life_key
-from crewlet.coord.sweep import NodeView, SeatView, cost, fair_share, plan
+from crewlet.coord.sweep import NodeShare, NodeView, SeatView, cost, fair_share, plan
 from roles.seats.pool import Pool
 
 # on_claim(seat, held, fence): fence says a holder before us may still be writing.
@@ -137,6 +137,10 @@ class SeatSweeper:
         # sweep walks.
         self._quiet: tuple | None = None
         self._company_changes = 0  # grows with each set_company
+        # The node's fair share over every seat (a pool of several), and what
+        # it was computed from: (company changes, live nodes). It is a walk
+        # over the whole company, so it is done again only when those change.
+        self._node_share: tuple[tuple, int] | None = None
         self.skipped = 0  # sweeps skipped so
 
     # -------------------------------------------------------------- the API
@@ -279,8 +283,9 @@ class SeatSweeper:
         pooled = None
         if self.every is not None:
             nodes = live if self.me.id in {n.id for n in live} else [*live, self.me]
-            pooled = (fair_share(self.me, self.every, nodes),
-                      sum(1 for node in owners.values() if node == self.me.id), self.pool.size - 1)
+            pooled = NodeShare(share=self._share_of_node(nodes),
+                               held=sum(1 for node in owners.values() if node == self.me.id),
+                               slack=self.pool.size - 1)
         decision = plan(self.me, self.seats, live, owners,
                         set(self.held), spawns=self._budget(self._spawned, self.spawns),
                         spawn_limit=self.spawns,
@@ -328,6 +333,13 @@ class SeatSweeper:
         them under a member that still works them."""
         life = self.life.held
         return self.pool.alone or life is None or not self.holders.bound_to(self.me.id, life.token)
+
+    def _share_of_node(self, nodes: list[NodeView]) -> int:
+        """The node's fair share over the whole company (a pool of several)."""
+        key = (self._company_changes, tuple((n.id, tuple(sorted(n.labels.items()))) for n in nodes))
+        if self._node_share is None or self._node_share[0] != key:
+            self._node_share = (key, fair_share(self.me, self.every or [], nodes))
+        return self._node_share[1]
 
     def _inputs(self, live: list[NodeView]) -> tuple:
         """Everything a sweep's walks and plan read, in a form compared whole:

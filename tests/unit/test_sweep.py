@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crewlet.coord.sweep import NodeView, Plan, SeatView, cost, fair_share, may_hold, plan
+from crewlet.coord.sweep import NodeShare, NodeView, Plan, SeatView, cost, fair_share, may_hold, plan
 
 LIMITS = {"spawns": 4, "spawn_limit": 4, "releases": 2}
 
@@ -126,7 +126,7 @@ def _pool_sweep(me: NodeView, mine: list[SeatView], every: list[SeatView], nodes
     """One pool member's sweep, as roles/seats/sweeper.py plans it."""
     node_held = sum(1 for o in owners.values() if o == me.id)
     return plan(me, mine, nodes, owners, held, **limits,
-                pool=(fair_share(me, every, nodes), node_held, size - 1))
+                pool=NodeShare(fair_share(me, every, nodes), node_held, size - 1))
 
 
 def test_a_pool_beside_a_node_that_took_a_skewed_half_still_holds_every_seat():
