@@ -49,7 +49,7 @@ def _external(make_node, guarded, creds: str | None, node_id: str):
 
 
 @pytest.mark.timeout(90)
-def test_a_node_on_an_external_broker_signs_in_with_its_credentials_file(make_node, guarded, short_tmp):
+def test_a_node_on_an_external_broker_signs_in_with_its_credentials_file(guarded, make_node, short_tmp):
     node = _external(make_node, guarded, _creds(short_tmp, "ext.creds", f"{USER}:{PASSWORD}"), "ext")
     node.start(wait_ready=False)
     kids = node.wait_running(timeout=45)
@@ -63,7 +63,7 @@ def test_a_node_on_an_external_broker_signs_in_with_its_credentials_file(make_no
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("line", [None, f"{USER}:not-the-password"])
-def test_without_the_right_credentials_the_broker_refuses_the_node(make_node, guarded, short_tmp, line):
+def test_without_the_right_credentials_the_broker_refuses_the_node(guarded, make_node, short_tmp, line):
     creds = None if line is None else _creds(short_tmp, "wrong.creds", line)
     node = _external(make_node, guarded, creds, "refused")
     node.start(wait_ready=False)

@@ -31,7 +31,7 @@ def _litter(data_dir: str) -> list[str]:
     return paths
 
 
-def test_a_stateless_node_s_scratch_store_is_wiped_at_every_boot(make_node, natsd):
+def test_a_stateless_node_s_scratch_store_is_wiped_at_every_boot(natsd, make_node):
     node = make_node(node={"id": "scratchy", "roles": ["seats"]}, fleet=FAST,
                      stream={"type": "nats", "servers": [natsd.url]})
     data_dir = node.config["data_dir"]
@@ -58,7 +58,7 @@ def test_a_stateless_node_s_scratch_store_is_wiped_at_every_boot(make_node, nats
                  what="the seats role running")
 
 
-def test_a_node_without_data_takes_its_share_of_the_notify_group(make_node, natsd):
+def test_a_node_without_data_takes_its_share_of_the_notify_group(natsd, make_node):
     """No ingress runs on a node without data; its seats role is its share of
     the NOTIFY group: a delivery stored by any node (here, the test) becomes
     mail to its seat, once, with nobody else attached."""

@@ -1,6 +1,7 @@
 """The duty runner's stop (roles/workers/runner.py), with leases that never
 answer: the runner returns as soon as it is told to stop, even in the middle
-of a renewal, and a duty's loop ends on a cancel a request swallowed.
+of a renewal, and a duty's loop ends on a cancel a request swallowed (at its next round, or
+at its pause between rounds).
 
 No processes, no broker: the leases here are a stand-in whose renewals
 hang, as a lease write does without quorum (it waits its patience).
@@ -13,7 +14,7 @@ import time
 
 from crewlet.config import NodeConfig
 from crewlet.coord.lease import Held
-from roles.workers.duties import Duty, going_on
+from roles.workers.duties import Duty, going_on, rest
 from roles.workers.runner import DutyRunner
 
 
@@ -89,3 +90,31 @@ def test_a_duty_loop_ends_after_a_cancel_that_a_request_swallowed():
         assert rounds == 1
 
     asyncio.run(main())
+
+
+def test_a_duty_whose_cancel_was_swallowed_ends_at_its_pause_not_after_it():
+    """The round's request swallows the cancel and the round finishes; the
+    pause that follows (a whole interval) must not hold the role's stop up."""
+    async def swallowing_request() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+    async def duty(pause) -> None:
+        while going_on():
+            await swallowing_request()
+            await pause(3600)
+
+    async def main(pause) -> bool:
+        task = asyncio.create_task(duty(pause))
+        await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+        ended = task.done()
+        task.cancel()  # the bare sleep's case: ended by a second cancel
+        await asyncio.wait({task}, timeout=1.0)
+        return ended
+
+    assert asyncio.run(main(rest)) is True
+    assert asyncio.run(main(asyncio.sleep)) is False  # a bare sleep waits out the pause

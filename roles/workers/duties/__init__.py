@@ -42,6 +42,15 @@ def going_on() -> bool:
     return True
 
 
+async def rest(seconds: float) -> None:
+    """A duty's pause between its rounds: :func:`going_on` first. A cancel
+    swallowed during the round (above) ends the duty here, not once the pause
+    is over: a role stopping waits for its duties (roles/workers/runner.py's
+    ``DUTY_END_WAIT``), and a pause is often the duty's whole interval."""
+    going_on()
+    await asyncio.sleep(seconds)
+
+
 def _registry() -> tuple[Duty, ...]:
     from roles.workers.duties import (collector, fleet_shape, learning, maintenance, reconcile, scheduler,
                                       sender)

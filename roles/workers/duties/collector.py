@@ -81,7 +81,7 @@ from crewlet.estate.router import Router
 from crewlet.objects import slot
 from crewlet.objects.base import ObjectStore
 from crewlet.objects.files import is_file_object, store_of
-from roles.workers.duties import Duty, going_on
+from roles.workers.duties import Duty, going_on, rest
 
 NAME = "collector"
 # Rows a file.list page asks for: the most a query gives, so a company of a
@@ -310,7 +310,7 @@ async def run(ctx) -> None:
             # A walk that could not read the rows (the copies not in service yet,
             # as at a node's start) is tried again soon, not a whole interval on.
             every = ctx.config.files.collect_every
-            await asyncio.sleep(min(every, UNREAD_RETRY) if found.get("named") is None else every)
+            await rest(min(every, UNREAD_RETRY) if found.get("named") is None else every)
     finally:
         await store.close()
 

@@ -33,7 +33,7 @@ from typing import Any, Iterable
 from crewlet import log
 from crewlet.coord import capacity
 from crewlet.coord.sweep import NodeView, SeatView, may_hold
-from roles.workers.duties import Duty, going_on
+from roles.workers.duties import Duty, going_on, rest
 
 ROLES = ("data", "ingress", "seats", "workers")
 # Names of unplaceable seats a report carries; the count says how many in all.
@@ -109,7 +109,7 @@ async def run(ctx) -> None:
         for name in reported.keys() - now.keys():
             log.event(name.replace("fleet_", "fleet_resolved_", 1), **{"was": reported[name]})
         reported = now
-        await asyncio.sleep(ctx.interval)
+        await rest(ctx.interval)
 
 
 DUTY = Duty("fleet_shape", run)

@@ -106,7 +106,7 @@ from crewlet.estate.ops import LIST_MAX, TASK_BODY_MAX, make_op, op_id
 from crewlet.learning.cluster import Cluster, cluster, covered
 from crewlet.skills import format as skill_format
 from crewlet.vault import Vault
-from roles.workers.duties import Duty, going_on
+from roles.workers.duties import Duty, going_on, rest
 
 NAME = "learning"
 # The old-episode cutoff is rounded down to this many seconds (or to
@@ -584,7 +584,7 @@ async def run(ctx) -> None:
                 await work.run_pass(company)
             every = company.learning.every if company is not None else UNHEARD
             wait = every - (time.monotonic() - last) if last is not None else UNHEARD
-            await asyncio.sleep(max(0.05, min(ctx.interval, wait)))
+            await rest(max(0.05, min(ctx.interval, wait)))
     except Deposed as exc:
         # Another holder runs the passes: stop here. The runner finds the lease
         # lost at its next tend (or, were it still ours, starts us again).

@@ -52,7 +52,7 @@ from crewlet.company import Company
 from crewlet.coord import duty_reports
 from crewlet.estate.ops import TURN_TRIM_DEFAULT, make_op, op_id
 from crewlet.queue.jetstream import JetStreamMailboxes
-from roles.workers.duties import Duty, going_on, log_trim
+from roles.workers.duties import Duty, going_on, log_trim, rest
 from roles.workers.duties.mailbox_retirement import Retirement, Trimmer
 
 NAME = "maintenance"
@@ -195,7 +195,7 @@ async def run(ctx) -> None:
             if due or company.retention != retention:
                 last_sweep, retention = time.monotonic(), company.retention
                 await work.sweep(company, kept)
-        await asyncio.sleep(ctx.interval)
+        await rest(ctx.interval)
 
 
 DUTY = Duty(NAME, run)

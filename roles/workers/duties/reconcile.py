@@ -42,7 +42,7 @@ from crewlet.company.model import Integration
 from crewlet.hooks.base import safe_id
 from crewlet.queue import notify
 from crewlet.vault import Vault
-from roles.workers.duties import Duty, going_on
+from roles.workers.duties import Duty, going_on, rest
 
 PAGE = 100              # deliveries a page (GitHub's most)
 PAGES_MAX = 20          # pages a look reads at most: 2,000 deliveries
@@ -216,7 +216,7 @@ async def run(ctx) -> None:
                                   error=f"{type(exc).__name__}: {exc}")
                 # Not before the company is heard (a holder starts before its role has it): soon.
                 nxt = min(due.values(), default=now + (IDLE if company is not None else UNHEARD))
-                await asyncio.sleep(max(0.2, min(nxt - time.monotonic(), IDLE)))
+                await rest(max(0.2, min(nxt - time.monotonic(), IDLE)))
     finally:
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)

@@ -38,7 +38,6 @@ scheduled time, how late), ``schedule_ticks_skipped`` (missed ticks
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -50,7 +49,7 @@ from crewlet.queue.base import MailboxError
 from crewlet.queue.jetstream import JetStreamMailboxes
 from crewlet.queue.post import post
 from crewlet.schedules import iso, plan, trigger
-from roles.workers.duties import Duty, going_on
+from roles.workers.duties import Duty, going_on, rest
 
 NAME = "scheduler"
 # Seconds between looks at the company in force while no tick is due.
@@ -156,7 +155,7 @@ class Scheduler:
                         log.event("schedule_failed", "warning", schedule=s.name,
                                   error=f"{type(exc).__name__}: {exc}")
             wake = min([now + LOOK_EVERY, *self.next_at.values()])
-            await asyncio.sleep(min(LOOK_EVERY, max(0.0, wake - time.time())) + WAKE_SLACK)
+            await rest(min(LOOK_EVERY, max(0.0, wake - time.time())) + WAKE_SLACK)
 
 
 async def run(ctx) -> None:

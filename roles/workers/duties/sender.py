@@ -51,7 +51,7 @@ from crewlet.coord import buckets
 from crewlet.coord.valve import Deposed, Valve
 from crewlet.mailer import Mailer
 from crewlet.queue.jetstream import api_prefix, create_consumer
-from roles.workers.duties import Duty, going_on
+from roles.workers.duties import Duty, going_on, rest
 
 CONSUMER = groups.durable(groups.SENDER)
 VALVE = "email"                    # the valve's key in the rate bucket
@@ -109,7 +109,7 @@ class Sender:
         try:
             while going_on():
                 if self.rate() is None:
-                    await asyncio.sleep(NO_COMPANY_PAUSE)
+                    await rest(NO_COMPANY_PAUSE)
                     continue
                 try:
                     msgs = await psub.fetch(1, timeout=FETCH_WAIT)
