@@ -62,10 +62,6 @@ def test_a_node_without_data_takes_its_share_of_the_notify_group(natsd, make_nod
     """No ingress runs on a node without data; its seats role is its share of
     the NOTIFY group: a delivery stored by any node (here, the test) becomes
     mail to its seat, once, with nobody else attached."""
-    import asyncio
-
-    import nats
-
     from crewlet.queue import notify
     from tests.seats import held, mail_of, read_nats, write_company
 
